@@ -1,0 +1,189 @@
+/* Alltoall, paper 001 sections 4.3 and 5.3, paper 002 for the model.
+ * Every exchange goes writer's ring -> reader, with per-call stamps.
+ *  bruck        ceil(log p) steps of packed blocks (small blocks).
+ *  all_at_once  each rank posts a piece of every block at once, readers
+ *               staggered (step s reads rank - s) so no two read one writer.
+ *  pairwise     p-1 steps, XOR partner (p a power of two) or shift, big
+ *               staging chunks (the large-message baseline).
+ *  tiled        pairwise cut into tiles sized to the shared cache, so the
+ *               staged tile is still in cache when the partner copies it. */
+#include "sc_internal.h"
+#include <stdlib.h>
+
+enum { BRUCK, ALL_AT_ONCE, PAIRWISE, TILED };
+
+#define A2A_TAG (-1)
+
+/* Ring geometry of a rank's channel for pieces of `piece` bytes. */
+typedef struct { char *base; int64_t stride, nslots; } ring_t;
+static ring_t ring(sc_comm_t *c, int ch, int64_t piece, int64_t nslots_max)
+{
+    ring_t r;
+    if (piece <= SC_INLINE) {
+        r.base = post_line(c, ch)->data;
+        r.stride = SC_INLINE;
+        r.nslots = 1;
+    } else {
+        r.base = chan_buf(c, ch);
+        r.stride = (piece + 63) & ~63LL;
+        r.nslots = c->chan_bytes / r.stride;
+        if (r.nslots > nslots_max) r.nslots = nslots_max;
+    }
+    return r;
+}
+static char *slot(const ring_t *r, int64_t i) { return r->base + (i % r->nslots) * r->stride; }
+
+/* One piece from this rank's ring to `dst` as event i, then one piece
+ * from `src`'s ring as its event i.  `reader_of(j)` names who read event j. */
+static int put(sc_comm_t *c, uint64_t op, const ring_t *r, int64_t i, int reader_old, const char *from, int64_t n, int64_t block)
+{
+    int rc;
+    if (i >= r->nslots && (rc = wait_line(c, ack_line(c, reader_old, c->rank), stamp(op, i - r->nslots + 1), reader_old)))
+        return rc;
+    if (i == 0) put_meta(post_line(c, c->rank), block, A2A_TAG);
+    sc_copy(slot(r, i), from, n, 0);
+    post_line_val(post_line(c, c->rank), stamp(op, i + 1));
+    return SC_OK;
+}
+static int get(sc_comm_t *c, uint64_t op, const ring_t *r, int64_t i, int src, char *to, int64_t n, int64_t block, int nt)
+{
+    int rc;
+    if ((rc = wait_line(c, post_line(c, src), stamp(op, i + 1), src))) return rc;
+    if (i == 0 && (rc = check_meta(c, post_line(c, src), src, block, A2A_TAG))) return rc;
+    sc_copy(to, slot(r, i), n, nt);
+    post_line_val(ack_line(c, c->rank, src), stamp(op, i + 1));
+    return SC_OK;
+}
+
+/* pairwise and tiled: step s sends to dst(s), receives from src(s); each
+ * block moves in ceil(block / tile) events through a ring of tiles. */
+static int steps(sc_comm_t *c, uint64_t op, const char *sb, char *rb, int64_t block, int64_t tile)
+{
+    int p = c->size, me = c->rank, pow2 = !(p & (p - 1)), rc, nt = block >= c->nt_bytes;
+    if (tile > block) tile = block;
+    if (tile < 1) tile = 1;
+    int64_t per = (block + tile - 1) / tile;
+    if (per < 1) per = 1;
+    ring_t w = ring(c, me, tile, 1 << 30);
+    int64_t i = 0;
+    int last_dst = -1;
+    for (int s = 1; s < p; s++) {
+        int dst = pow2 ? me ^ s : (me + s) % p, src = pow2 ? me ^ s : (me - s + p) % p;
+        ring_t rr = ring(c, src, tile, 1 << 30);
+        for (int64_t t = 0; t < per; t++, i++) {
+            int64_t off = t * tile, n = block - off < tile ? block - off : tile;
+            int64_t old = i - w.nslots;
+            int old_dst = -1;
+            if (old >= 0) {
+                int os = (int)(old / per) + 1;
+                old_dst = pow2 ? me ^ os : (me + os) % p;
+            }
+            if ((rc = put(c, op, &w, i, old_dst, sb + dst * block + off, n, block))) return rc;
+            if ((rc = get(c, op, &rr, i, src, rb + src * block + off, n, block, nt))) return rc;
+        }
+        if (last_dst >= 0) owe(c, me, last_dst, stamp(op, i - per));
+        last_dst = dst;
+    }
+    if (last_dst >= 0) owe(c, me, last_dst, stamp(op, i));
+    return SC_OK;
+}
+
+static int all_at_once(sc_comm_t *c, uint64_t op, const char *sb, char *rb, int64_t block)
+{
+    int p = c->size, me = c->rank, rc, nt = block >= c->nt_bytes;
+    int64_t half = c->chan_bytes / 2, piece = half / (p - 1) & ~63LL;
+    if (piece > block) piece = block;
+    if (piece < 1) piece = 1;
+    int64_t rounds = block ? (block + piece - 1) / piece : 1;
+    for (int64_t k = 0; k < rounds; k++) {
+        int64_t off = k * piece, n = block - off < piece ? block - off : piece;
+        if (n < 0) n = 0;
+        if (k >= 2)
+            for (int j = 1; j < p; j++) {
+                int d = (me + j) % p;
+                if ((rc = wait_line(c, ack_line(c, d, me), stamp(op, k - 1), d))) return rc;
+            }
+        char *mine = chan_buf(c, me) + (k % 2) * half;
+        if (k == 0) put_meta(post_line(c, me), block, A2A_TAG);
+        for (int j = 1; j < p; j++) sc_copy(mine + (j - 1) * piece, sb + ((me + j) % p) * block + off, n, 0);
+        post_line_val(post_line(c, me), stamp(op, k + 1));
+        for (int s = 1; s < p; s++) {
+            int w = (me - s + p) % p;
+            if ((rc = wait_line(c, post_line(c, w), stamp(op, k + 1), w))) return rc;
+            if (k == 0 && (rc = check_meta(c, post_line(c, w), w, block, A2A_TAG))) return rc;
+            sc_copy(rb + w * block + off, chan_buf(c, w) + (k % 2) * half + (s - 1) * piece, n, nt);
+            post_line_val(ack_line(c, me, w), stamp(op, k + 1));
+        }
+    }
+    for (int j = 1; j < p; j++) owe(c, me, (me + j) % p, stamp(op, rounds));
+    return SC_OK;
+}
+
+/* Bruck: rotate so block i is bound for rank + i, then at step m move the
+ * blocks whose index has bit m to rank + m; finally block i came from
+ * rank - i.  Blocks too large for the ring go in column pieces. */
+static int bruck(sc_comm_t *c, uint64_t op, const char *sb, char *rb, int64_t block)
+{
+    int p = c->size, me = c->rank, rc = SC_OK, nt = block >= c->nt_bytes;
+    int64_t most = 0, piece = block, cap = c->chan_bytes / 2;
+    for (int m = 1; m < p; m <<= 1) {
+        int64_t cnt = 0;
+        for (int i = 0; i < p; i++) cnt += (i & m) != 0;
+        if (cnt > most) most = cnt;
+    }
+    if (most * block > SC_INLINE && most * piece > cap) piece = (cap / most) & ~63LL;
+    if (piece < 1) piece = 1;
+    char *tmp = malloc(block * p + 1);
+    if (!tmp) return sc_fail(c, SC_ENOMEM, me, block * p, 0);
+    for (int i = 0; i < p; i++) memcpy(tmp + i * block, sb + ((me + i) % p) * block, block);
+    int64_t t = 0;
+    int last[1024] = {0};
+    for (int64_t off = 0; off < block || (block == 0 && off == 0); off += piece) {
+        int64_t n = block - off < piece ? block - off : piece;
+        for (int m = 1; m < p; m <<= 1, t++) {
+            int dst = (me + m) % p, src = (me - m + p) % p;
+            /* one slot geometry for the whole call: slots of different steps never overlap */
+            ring_t w = ring(c, me, most * piece, 2), r = ring(c, src, most * piece, 2);
+            if (t >= w.nslots) {
+                /* event t - nslots went to the partner of that step */
+                int64_t old = t - w.nslots, steps_per = 0;
+                for (int mm = 1; mm < p; mm <<= 1) steps_per++;
+                int od = (me + (1 << (old % steps_per))) % p;
+                if ((rc = wait_line(c, ack_line(c, od, me), stamp(op, old + 1), od))) goto out;
+            }
+            if (t == 0) put_meta(post_line(c, me), block, A2A_TAG);
+            char *o = slot(&w, t);
+            for (int i = 0; i < p; i++) if (i & m) { memcpy(o, tmp + i * block + off, n); o += n; }
+            post_line_val(post_line(c, me), stamp(op, t + 1));
+            if ((rc = wait_line(c, post_line(c, src), stamp(op, t + 1), src))) goto out;
+            if (t == 0 && (rc = check_meta(c, post_line(c, src), src, block, A2A_TAG))) goto out;
+            const char *in = slot(&r, t);
+            for (int i = 0; i < p; i++) if (i & m) { memcpy(tmp + i * block + off, in, n); in += n; }
+            post_line_val(ack_line(c, me, src), stamp(op, t + 1));
+            last[dst] = (int)(t + 1);
+        }
+        if (block == 0) break;
+    }
+    for (int d = 0; d < p; d++) if (last[d]) owe(c, me, d, stamp(op, last[d]));
+    for (int i = 0; i < p; i++) sc_copy(rb + ((me - i + p) % p) * block, tmp + i * block, block, nt);
+out:
+    free(tmp);
+    return rc;
+}
+
+int sc_alltoall(sc_comm_t *c, int alg, const char *sb, char *rb, int64_t block)
+{
+    uint64_t op = ++c->op;
+    int me = c->rank, rc = SC_OK;
+    if (c->size > 1) {
+        if (alg != BRUCK && (rc = drain(c, me))) return rc;
+        switch (alg) {
+        case BRUCK: rc = drain(c, me); if (!rc) rc = bruck(c, op, sb, rb, block); return rc;
+        case ALL_AT_ONCE: rc = all_at_once(c, op, sb, rb, block); break;
+        case PAIRWISE: rc = steps(c, op, sb, rb, block, c->chan_bytes / 2); break;
+        default: rc = steps(c, op, sb, rb, block, c->tile_bytes); break;
+        }
+    }
+    if (!rc) sc_copy(rb + me * block, sb + me * block, block, block >= c->nt_bytes);
+    return rc;
+}

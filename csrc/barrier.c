@@ -1,0 +1,47 @@
+/* Barrier, paper 001 section 4.1: a gather phase up a tree, a release
+ * phase down it.
+ *  original      MVAPICH-1.1 dual queue: packed gather and release queues,
+ *                rank 0 polls every entry (false sharing included).
+ *  padded        one queue, one line per rank, used for gather (k = 1) and
+ *                release (k = 2); flat tree under rank 0.
+ *  hierarchical  the same queue over a node leader / socket leaders /
+ *                children tree planned by Python from the topology. */
+#include "sc_internal.h"
+
+static int original(sc_comm_t *c, uint64_t op)
+{
+    sc_line_t *q = line_at(c, c->off_q, 0);
+    _Atomic uint64_t *gq = (_Atomic uint64_t *)(c->base + c->off_q + SC_LINE), *rq = gq + c->size;
+    uint64_t s = stamp(op, 1);
+    int rc;
+    if (c->rank) {
+        post_val(&gq[c->rank], &q->sleepers, s);
+        return wait_val(c, &rq[c->rank], &q->sleepers, s, 0);
+    }
+    for (int r = 1; r < c->size; r++)
+        if ((rc = wait_val(c, &gq[r], &q->sleepers, s, r))) return rc;
+    for (int r = 1; r < c->size; r++) post_val(&rq[r], &q->sleepers, s);
+    return SC_OK;
+}
+
+static int tree(sc_comm_t *c, int alg, uint64_t op)
+{
+    int parent = c->bar_parent[alg], n = c->bar_nchild[alg], rc;
+    const int32_t *child = c->bar_child[alg];
+    sc_line_t *me = bar_line(c, c->rank);
+    for (int i = 0; i < n; i++)
+        if ((rc = wait_line(c, bar_line(c, child[i]), stamp(op, 1), child[i]))) return rc;
+    if (parent >= 0) {
+        post_line_val(me, stamp(op, 1));
+        if ((rc = wait_line(c, bar_line(c, parent), stamp(op, 2), parent))) return rc;
+    }
+    if (n) post_line_val(me, stamp(op, 2));
+    return SC_OK;
+}
+
+int sc_barrier(sc_comm_t *c, int alg)
+{
+    uint64_t op = ++c->op;
+    if (c->size == 1) return SC_OK;
+    return alg == 0 ? original(c, op) : tree(c, alg, op);
+}

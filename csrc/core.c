@@ -1,0 +1,200 @@
+/* Layout of a communicator's segment, rank registration, failure
+ * detection, and the slow path of every wait. */
+#include "sc_internal.h"
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <sched.h>
+#include <time.h>
+#include <unistd.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+
+#define SC_MAGIC 0x5c0111u
+#define PAGE 4096
+
+static int64_t up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+int64_t sc_layout(sc_comm_t *c)
+{
+    int64_t p = c->size, o = SC_LINE;            /* header line first */
+    c->off_state = o;  o = up(o + p * (int64_t)sizeof(sc_state_t), SC_LINE);
+    c->off_mutex = o;  o = up(o + p * 64, SC_LINE);
+    c->off_bar = o;    o += p * SC_LINE;
+    c->off_q = o;      o = up(o + SC_LINE + 2 * p * 8, SC_LINE);   /* sleepers line, gather, release */
+    c->off_post = o;   o += (p + 1) * SC_LINE;
+    c->off_ack = o;    o += p * (p + 1) * SC_LINE;
+    c->off_chk = o;    o += 2 * p * SC_LINE;
+    c->off_chan = o = up(o, PAGE);
+    o += p * c->chan_bytes;
+    c->off_stripe = o = up(o, PAGE);
+    o += c->stripe_bytes;
+    c->total = up(o, PAGE);
+    return c->total;
+}
+
+static sc_state_t *state(sc_comm_t *c, int r) { return (sc_state_t *)(c->base + c->off_state) + r; }
+static pthread_mutex_t *mutex(sc_comm_t *c, int r) { return (pthread_mutex_t *)(c->base + c->off_mutex + 64 * (int64_t)r); }
+
+int sc_attach(sc_comm_t *c, char *base)
+{
+    c->base = base;
+    return hdr(c)->magic == SC_MAGIC && hdr(c)->size == c->size ? SC_OK : SC_EABORT;
+}
+
+/* Run once by the segment's creator, before any rank maps it. */
+int sc_init_shared(sc_comm_t *c)
+{
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    for (int r = 0; r < c->size; r++)
+        if (pthread_mutex_init(mutex(c, r), &a)) return SC_ENOMEM;
+    pthread_mutexattr_destroy(&a);
+    hdr(c)->size = c->size;
+    hdr(c)->magic = SC_MAGIC;
+    return SC_OK;
+}
+
+/* A rank holds its own robust mutex for its whole life: when the process
+ * dies, however it dies, the kernel marks the mutex owner-dead, which any
+ * peer can see with a trylock (no pid reuse or zombie ambiguity). */
+int sc_register(sc_comm_t *c, int32_t pid)
+{
+    int rc = pthread_mutex_lock(mutex(c, c->rank));
+    if (rc == EOWNERDEAD) pthread_mutex_consistent(mutex(c, c->rank));
+    else if (rc) return SC_EABORT;
+    state(c, c->rank)->pid = pid;
+    atomic_store(&state(c, c->rank)->state, ST_ALIVE);
+    return SC_OK;
+}
+
+void sc_deregister(sc_comm_t *c)
+{
+    atomic_store(&state(c, c->rank)->state, ST_DONE);
+    pthread_mutex_unlock(mutex(c, c->rank));
+}
+
+void sc_set_abort(sc_comm_t *c, int32_t rank, int32_t code)
+{
+    uint32_t zero = 0;
+    atomic_compare_exchange_strong(&hdr(c)->abort_word, &zero, (uint32_t)(rank + 1) | (uint32_t)code << 16);
+}
+
+int32_t sc_abort_word(sc_comm_t *c) { return (int32_t)atomic_load(&hdr(c)->abort_word); }
+int32_t sc_rank_state(sc_comm_t *c, int32_t r) { return atomic_load(&state(c, r)->state); }
+int32_t sc_rank_pid(sc_comm_t *c, int32_t r) { return state(c, r)->pid; }
+
+int sc_fail(sc_comm_t *c, int code, int32_t who, int64_t a, int64_t b)
+{
+    c->err_code = code;
+    c->err_rank = who;
+    c->err_a = a;
+    c->err_b = b;
+    if (code == SC_EDEAD) sc_set_abort(c, who, 2);
+    if (code == SC_EMISMATCH) sc_set_abort(c, c->rank, 3);
+    return code;
+}
+
+/* Is rank r gone?  Dead (owner-dead mutex) or finished (deregistered). */
+static int gone(sc_comm_t *c, int r)
+{
+    int st = atomic_load(&state(c, r)->state);
+    if (st == ST_DONE || st == ST_DEAD) return 1;
+    if (st != ST_ALIVE) return 0;
+    int rc = pthread_mutex_trylock(mutex(c, r));
+    if (rc == EBUSY) return 0;
+    if (rc == EOWNERDEAD) {
+        pthread_mutex_consistent(mutex(c, r));
+        atomic_store(&state(c, r)->state, ST_DEAD);
+    }
+    if (rc == 0 || rc == EOWNERDEAD) pthread_mutex_unlock(mutex(c, r));
+    return 1;
+}
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* Job-wide health, checked between spin batches: the abort word every
+ * time, peer liveness every liveness_ns.  `who` is the rank whose flag we
+ * wait on: only its clean exit is an error for us (others may have left
+ * legitimately); any crash anywhere is. */
+static int health(sc_comm_t *c, int who, int64_t t, int64_t *next_live)
+{
+    uint32_t w = atomic_load_explicit(&hdr(c)->abort_word, memory_order_relaxed);
+    if (w) return sc_fail(c, SC_EABORT, (int32_t)(w & 0xffff) - 1, w >> 16, 0);
+    if (t < *next_live) return SC_OK;
+    *next_live = t + c->liveness_ns;
+    for (int r = 0; r < c->size; r++) {
+        if (r == c->rank || !gone(c, r)) continue;
+        if (r == who || atomic_load(&state(c, r)->state) == ST_DEAD)
+            return sc_fail(c, SC_EDEAD, r, atomic_load(&state(c, r)->state), 0);
+    }
+    return SC_OK;
+}
+
+static void futex_wait(_Atomic uint64_t *v, uint32_t expect, int64_t ns)
+{
+    struct timespec ts = { ns / 1000000000LL, ns % 1000000000LL };
+    syscall(SYS_futex, (uint32_t *)v, FUTEX_WAIT, expect, &ts, NULL, 0);   /* low half, little endian */
+}
+
+void sc_wake(_Atomic uint64_t *v) { syscall(SYS_futex, (uint32_t *)v, FUTEX_WAKE, INT_MAX, NULL, NULL, 0); }
+
+/* Spin with pause while the peer is likely running, then yield the core
+ * (cheap hand-off when ranks outnumber cores), then sleep on the futex with
+ * a timeout so that health is still checked while asleep. */
+int sc_wait_slow(sc_comm_t *c, _Atomic uint64_t *v, _Atomic uint32_t *sl, uint64_t target, int who)
+{
+    int64_t t0 = now_ns(), next_live = t0 + c->liveness_ns;
+    for (;;) {
+        for (int i = 0; i < 32; i++) {
+            cpu_relax();
+            if (reached(atomic_load_explicit(v, memory_order_acquire), target)) return SC_OK;
+        }
+        int64_t t = now_ns();
+        int rc = health(c, who, t, &next_live);
+        if (rc) return reached(atomic_load_explicit(v, memory_order_acquire), target) ? SC_OK : rc;
+        if (t - t0 < c->spin_ns) continue;
+        if (t - t0 < c->spin_ns + c->yield_ns) {
+            sched_yield();
+            continue;
+        }
+        atomic_fetch_add(sl, 1);
+        uint64_t cur = atomic_load(v);
+        if (!reached(cur, target)) futex_wait(v, (uint32_t)cur, c->sleep_ns);
+        atomic_fetch_sub(sl, 1);
+    }
+}
+
+/* Cross-rank agreement on a call's signature (SHMCOLL_CHECK): every rank
+ * publishes (kind, root, nbytes), a barrier, then every rank compares all.
+ * All ranks see the same table, so all raise together and the communicator
+ * stays usable.  Two line sets alternate so a fast rank's next check cannot
+ * overwrite a line a slow rank is still reading. */
+int sc_check(sc_comm_t *c, int64_t kind, int64_t root, int64_t nbytes)
+{
+    uint64_t op = ++c->op;
+    int64_t set = (int64_t)(op & 1) * c->size;
+    sc_line_t *me = line_at(c, c->off_chk, set + c->rank);
+    me->meta[0] = kind;
+    me->meta[1] = root;
+    memcpy(me->data, &nbytes, sizeof nbytes);
+    post_line_val(me, stamp(op, 1));
+    int rc = sc_barrier(c, 1);
+    if (rc) return rc;
+    for (int r = 0; r < c->size; r++) {
+        sc_line_t *l = line_at(c, c->off_chk, set + r);
+        int64_t nb;
+        memcpy(&nb, l->data, sizeof nb);
+        if (l->meta[0] != kind) { c->err_code = SC_EMISMATCH; c->err_rank = r; c->err_a = kind; c->err_b = l->meta[0]; return SC_EMISMATCH + 100; }
+        if (l->meta[1] != root) { c->err_code = SC_EMISMATCH; c->err_rank = r; c->err_a = root; c->err_b = l->meta[1]; return SC_EMISMATCH + 200; }
+        if (nb != nbytes) { c->err_code = SC_EMISMATCH; c->err_rank = r; c->err_a = nbytes; c->err_b = nb; return SC_EMISMATCH + 300; }
+    }
+    return SC_OK;
+}

@@ -1,0 +1,60 @@
+"""`shmcoll run | topo | bench | options`."""
+import argparse
+import sys
+
+
+def _run(argv):
+    ap = argparse.ArgumentParser(prog="shmcoll run", description="Run CMD on N pinned ranks (like mpiexec).")
+    ap.add_argument("-n", "--np", type=int, required=True, dest="n")
+    ap.add_argument("--bind", default="core", choices=["core", "socket", "numa", "none"])
+    ap.add_argument("--map", default="compact", choices=["compact", "scatter"])
+    ap.add_argument("--topology", default=None, help="virtual topology SxC[xN], e.g. 2x4")
+    ap.add_argument("--timeout", type=float, default=None)
+    ap.add_argument("cmd", nargs=argparse.REMAINDER, help="-- script.py | -m module | -c code | program")
+    a = ap.parse_args(argv)
+    cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
+    if not cmd:
+        ap.error("no command given (shmcoll run -n 4 -- script.py)")
+    from .launcher import run
+    return run(a.n, cmd, bind=a.bind, map=a.map, topology=a.topology, timeout=a.timeout)
+
+
+def _topo(argv):
+    ap = argparse.ArgumentParser(prog="shmcoll topo", description="Print the node's (or a virtual) topology.")
+    ap.add_argument("--topology", default=None)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    from .topology import topology
+    t = topology(a.topology)
+    if a.json:
+        import json
+        print(json.dumps(t.to_dict(), indent=1))
+    else:
+        print(t.describe())
+    return 0
+
+
+def _options(argv):
+    from . import options
+    print(options.describe(options.resolve()))
+    return 0
+
+
+def _bench(argv):
+    from .bench import main
+    return main(argv)
+
+
+COMMANDS = {"run": _run, "topo": _topo, "bench": _bench, "options": _options}
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in COMMANDS:
+        print("usage: shmcoll {run,topo,bench,options} ...", file=sys.stderr)
+        return 2
+    return COMMANDS[argv[0]](argv[1:]) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

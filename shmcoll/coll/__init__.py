@@ -1,0 +1,1 @@
+"""One module per collective; the selection table is in select.py."""

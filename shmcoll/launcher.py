@@ -1,0 +1,249 @@
+"""One node's launcher and worker pool.
+
+launch(fn, n) forks n pinned ranks from ordinary Python and returns their
+results; `shmcoll run -n N -- CMD` execs CMD per rank like mpiexec.  The
+parent is the watchdog: a rank that dies or raises sets the job's abort
+word so every other rank raises within the liveness period instead of
+waiting; ranks die with the launcher (PR_SET_PDEATHSIG), and the segment's
+name was unlinked before any rank started, so nothing is ever left in
+/dev/shm."""
+import base64
+import ctypes
+import os
+import pickle
+import select
+import signal
+import subprocess
+import sys
+import time
+import traceback
+
+from .comm import Comm
+from .device import Device, make_plan
+from .errors import PeerFailure, RemoteTraceback
+from .topology import topology as _topology
+
+BINDS = ("core", "socket", "numa", "none")
+_world = None
+
+
+class Job:
+    """A job's plan and segment, owned by the launching process."""
+
+    def __init__(self, nprocs, bind="core", map="compact", topology=None, options=None):
+        if bind not in BINDS:
+            raise ValueError(f"bind must be one of {', '.join(BINDS)}, not {bind!r}")
+        topo = _topology(topology)
+        self.bind = bind
+        self.plan = make_plan(nprocs, topo, topo.placement(nprocs, bind, map), options)
+        self.device = Device.create(self.plan)
+
+    def close(self):
+        self.device.close()
+
+
+def _die_with_parent(parent):
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)           # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _pin(job, rank):
+    if job.bind != "none":
+        os.sched_setaffinity(0, job.plan.slots[rank].cpus)
+
+
+def _rank_main(job, rank, fn, args, out):
+    global _world
+    code, dev = 0, None
+    try:
+        dev = job.device.for_rank(rank)
+        dev.register(os.getpid())
+        _world = Comm(dev)
+        payload = (True, fn(_world, *args), None)
+    except BaseException as e:
+        if dev is not None:
+            dev.abort(rank, 1)
+        payload, code = (False, e, traceback.format_exc()), 1
+    try:
+        data = pickle.dumps(payload)
+    except Exception as e:
+        data = pickle.dumps((False, RuntimeError(f"rank {rank}: result not picklable: {e!r}"), None))
+        code = 1
+    with os.fdopen(out, "wb") as f:
+        f.write(data)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def launch(fn, nprocs, args=(), *, bind="core", map="compact", topology=None, timeout=None, options=None):
+    """Run fn(comm, *args) on nprocs forked, pinned ranks; return their
+    results in rank order.  A rank's exception is re-raised here with its
+    rank (exc.rank) and remote traceback; on timeout every rank is killed."""
+    job = Job(nprocs, bind, map, topology, options)
+    parent, procs = os.getpid(), {}
+    try:
+        for rank in range(nprocs):
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    os.close(r)
+                    for fd in procs.values():
+                        os.close(fd[1])
+                    _die_with_parent(parent)
+                    _pin(job, rank)
+                finally:
+                    _rank_main(job, rank, fn, args, w)
+            os.close(w)
+            procs[pid] = (rank, r)
+        return _collect(job, procs, timeout)
+    finally:
+        for pid in procs:
+            _kill(pid)
+        job.close()
+
+
+def _kill(pid):
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+
+
+def _collect(job, procs, timeout):
+    """Read every rank's result while watching for deaths (pidfds)."""
+    n = len(procs)
+    data, status = {r: bytearray() for r, _ in procs.values()}, {}
+    pipes = {fd: rank for rank, fd in procs.values()}
+    pidfds = {os.pidfd_open(pid): (pid, rank) for pid, (rank, _) in procs.items()}
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        while pipes or pidfds:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                running = sorted(r for _, r in pidfds.values())
+                raise TimeoutError(f"shmcoll.launch: ranks {running} still running after {timeout} s; killed")
+            ready, _, _ = select.select(list(pipes) + list(pidfds), [], [], left)
+            for fd in ready:
+                if fd in pipes:
+                    chunk = os.read(fd, 1 << 20)
+                    if chunk:
+                        data[pipes[fd]] += chunk
+                        continue
+                    os.close(fd)
+                    del pipes[fd]
+                else:
+                    pid, rank = pidfds.pop(fd)
+                    os.close(fd)
+                    _, st = os.waitpid(pid, 0)
+                    del procs[pid]
+                    status[rank] = st
+                    if st:
+                        job.device.abort(rank, 2 if os.WIFSIGNALED(st) else 1)
+    finally:
+        for fd in list(pipes) + list(pidfds):
+            os.close(fd)
+    return _results(n, data, status)
+
+
+def _results(n, data, status):
+    out, errors = [None] * n, []
+    for rank in range(n):
+        if data[rank]:
+            ok, value, tb = pickle.loads(bytes(data[rank]))
+            if ok:
+                out[rank] = value
+                continue
+        else:
+            st = status.get(rank, 0)
+            why = f"was killed by signal {os.WTERMSIG(st)}" if os.WIFSIGNALED(st) else f"exited with status {os.waitstatus_to_exitcode(st)}"
+            value, tb = PeerFailure(rank, why + " without a result"), None
+        errors.append((rank, value, tb))
+    if errors:
+        # the cause, not its echoes: prefer a rank whose error is its own
+        rank, exc, tb = min(errors, key=lambda e: (isinstance(e[1], PeerFailure), e[0]))
+        exc.rank = rank
+        if hasattr(exc, "add_note"):
+            exc.add_note(f"(raised on shmcoll rank {rank} of {n})")
+        if tb:
+            raise exc from RemoteTraceback(f"\n--- rank {rank} ---\n{tb}")
+        raise exc
+    return out
+
+
+def init():
+    """The world communicator of this process: the job's when started by
+    `shmcoll run`, else a one-rank world (like an MPI singleton)."""
+    global _world
+    if _world is not None:
+        return _world
+    env = os.environ.get("SHMCOLL_PLAN")
+    if env:
+        from .segment import Segment
+        rank, fd, plan = int(os.environ["SHMCOLL_RANK"]), int(os.environ["SHMCOLL_FD"]), pickle.loads(base64.b64decode(env))
+        dev = Device(plan, rank, Segment.from_fd(fd, plan.size))
+    else:
+        job = Job(1, bind="none")
+        dev = job.device.for_rank(0)
+    dev.register(os.getpid())
+    _world = Comm(dev)
+    hook = sys.excepthook
+
+    def abort_then_report(*exc):
+        dev.abort(dev.rank, 1)
+        hook(*exc)
+    sys.excepthook = abort_then_report
+    return _world
+
+
+def run(nprocs, cmd, *, bind="core", map="compact", topology=None, timeout=None, options=None, grace=3.0):
+    """mpiexec: run cmd on every rank; return the first failing rank's exit
+    status (128 + signal for a signal), 0 if all succeed, 124 on timeout."""
+    job = Job(nprocs, bind, map, topology, options)
+    if cmd and (cmd[0] in ("-m", "-c") or cmd[0].endswith(".py")):
+        cmd = [sys.executable] + list(cmd)
+    env = dict(os.environ, SHMCOLL_SIZE=str(nprocs), SHMCOLL_FD=str(job.device.segment.fd),
+               SHMCOLL_PLAN=base64.b64encode(pickle.dumps(job.plan)).decode())
+    parent, procs = os.getpid(), []
+    first = None
+    try:
+        for rank in range(nprocs):
+            def prep(rank=rank):
+                _die_with_parent(parent)
+                _pin(job, rank)
+            procs.append(subprocess.Popen(cmd, env=dict(env, SHMCOLL_RANK=str(rank)),
+                                          pass_fds=(job.device.segment.fd,), preexec_fn=prep))
+        job.device.segment.close_fd()
+        pidfds = {os.pidfd_open(p.pid): r for r, p in enumerate(procs)}
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while pidfds:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0)
+            if first is not None:
+                left = grace if left is None else min(left, grace)
+            ready, _, _ = select.select(list(pidfds), [], [], left)
+            if not ready:
+                if first is None:
+                    print(f"shmcoll run: timeout after {timeout} s; killing ranks "
+                          f"{sorted(pidfds.values())}", file=sys.stderr)
+                    first = (None, 124)
+                break
+            for fd in ready:
+                rank = pidfds.pop(fd)
+                os.close(fd)
+                code = procs[rank].wait()
+                if code and first is None:
+                    first = (rank, 128 - code if code < 0 else code)
+                    job.device.abort(rank, 2 if code < 0 else 1)
+        return 0 if first is None else first[1]
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        job.close()

@@ -1,0 +1,51 @@
+"""Tunable parameters with one written-down precedence:
+call argument (``options=``) > environment (``SHMCOLL_<NAME>``) > built-in
+default (None: derived from the topology by shmcoll.device).  Unknown names
+are rejected so a typo never silently does nothing."""
+import os
+
+DEFAULTS = {
+    "chan_bytes": 2 << 20,      # per-rank channel: eager buffer and chunk ring
+    "chunk_bytes": None,        # bcast pipeline chunk (default: a quarter of L2)
+    "tile_bytes": None,         # alltoall tile (default: from the shared cache)
+    "stripe_slots": None,       # numa bcast: striped segments (default: 2 x max(nodes, groups))
+    "bcast_k": None,            # limited bcast: readers per segment (default: ranks per socket, <= 4)
+    "nt_bytes": 1 << 20,        # copies out of messages this large stream past the cache
+    "check": 0,                 # cross-rank argument agreement on every call
+    "spin_ns": None,            # spin before yielding (default: 50 us, ~0 when oversubscribed)
+    "yield_ns": 2_000_000,      # yield before sleeping on the futex
+    "sleep_ns": 20_000_000,     # futex timeout: health is re-checked this often while asleep
+    "liveness_ns": 50_000_000,  # how often a waiting rank checks that its peers live
+    "barrier_algorithm": None,
+    "bcast_algorithm": None,
+    "alltoall_algorithm": None,
+}
+
+
+def resolve(options=None, environ=os.environ):
+    """Return {name: (value, source)} for every parameter."""
+    options = dict(options or {})
+    unknown = set(options) - set(DEFAULTS)
+    if unknown:
+        raise ValueError(f"unknown shmcoll option(s): {', '.join(sorted(unknown))}")
+    out = {}
+    for name, default in DEFAULTS.items():
+        env = environ.get("SHMCOLL_" + name.upper())
+        if name in options and options[name] is not None:
+            out[name] = (options[name], "argument")
+        elif env not in (None, ""):
+            out[name] = (env if name.endswith("algorithm") else _int(name, env), "environment")
+        else:
+            out[name] = (default, "default")
+    return out
+
+
+def _int(name, text):
+    try:
+        return int(float(text)) if "e" in text.lower() else int(text, 0)
+    except ValueError:
+        raise ValueError(f"SHMCOLL_{name.upper()}={text!r} is not an integer") from None
+
+
+def describe(resolved):
+    return "\n".join(f"{k:20} {v!r:>14}  ({src})" for k, (v, src) in resolved.items())
