@@ -152,6 +152,7 @@ void sc_wake(_Atomic uint64_t *v) { syscall(SYS_futex, (uint32_t *)v, FUTEX_WAKE
 int sc_wait_slow(sc_comm_t *c, _Atomic uint64_t *v, _Atomic uint32_t *sl, uint64_t target, int who)
 {
     int64_t t0 = now_ns(), next_live = t0 + c->liveness_ns;
+    if (c->gil_release && !c->gil_saved) c->gil_saved = ((void *(*)(void))c->gil_release)();
     for (;;) {
         for (int i = 0; i < 32; i++) {
             cpu_relax();

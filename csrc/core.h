@@ -9,6 +9,8 @@
 #define SC_EDEAD -2      /* a peer process died */
 #define SC_EMISMATCH -3  /* a peer's call does not match ours (err_a/err_b) */
 #define SC_ENOMEM -4
+#define SC_FALLBACK -100 /* fast entry declined: take the checked Python path */
+#define SC_NCLASS 65     /* size classes: bit length of the byte count */
 
 typedef struct sc_line sc_line_t;
 
@@ -46,6 +48,11 @@ typedef struct sc_comm {
     int64_t total;
     /* attached */
     char *base;
+    /* automatic choice per collective (0 barrier, 1 bcast, 2 alltoall) and size class */
+    int8_t auto_alg[195];
+    /* set by the Python fast entries: release the GIL once a wait goes slow */
+    void *gil_release;
+    void *gil_saved;
     /* private state */
     uint64_t op;
     uint64_t *pend;          /* [(size + 1) * size] acks owed before reuse */
@@ -72,3 +79,5 @@ int sc_bcast(sc_comm_t *c, int alg, char *buf, int64_t nbytes, int32_t root);
 int sc_alltoall(sc_comm_t *c, int alg, const char *sbuf, char *rbuf, int64_t block);
 
 void sc_copy(char *dst, const char *src, int64_t n, int nt);
+
+void *sc_py_entry(int i);

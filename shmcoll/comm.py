@@ -14,8 +14,9 @@ from ._core import ffi, lib
 from .coll import select
 from .errors import PeerFailure
 
-_barrier, _bcast, _alltoall, _check = lib.sc_barrier, lib.sc_bcast, lib.sc_alltoall, lib.sc_check
+_bcast, _alltoall, _check = lib.sc_bcast, lib.sc_alltoall, lib.sc_check
 _KIND = {"bcast": 1, "alltoall": 2}
+_FALLBACK = lib.SC_FALLBACK
 
 
 class Comm:
@@ -27,7 +28,10 @@ class Comm:
         self.slots = device.plan.slots
         self._broken = None
         self._forced = {op: select.forced(op, self.plan.params) for op in select.MODULES}
-        self._bar = select.algorithm_id("barrier", select.choose("barrier", self, 0))
+        select.fill_table(self)
+        fast = device.entries()
+        self._fbarrier, self._fbcast, self._falltoall = fast["barrier"], fast["bcast"], fast["alltoall"]
+        self._ids = {op: dict(ids) for op, ids in select.IDS.items()}
 
     def Get_rank(self):
         return self.rank
@@ -56,22 +60,25 @@ class Comm:
             raise PeerFailure(self._broken.rank if isinstance(self._broken, PeerFailure) else self.rank,
                               f"failed earlier on this communicator ({self._broken}); it cannot be used")
 
-    def _algorithm(self, op, algorithm, nbytes):
+    def _algorithm(self, op, algorithm, nbytes=0):
+        """C id of an algorithm name (-1: the automatic choice)."""
         if algorithm is None:
-            algorithm = select.choose(op, self, nbytes)
+            return -1
         try:
-            return select.algorithm_id(op, algorithm)
-        except ValueError as e:
-            self._bad(e)
+            return self._ids[op][algorithm]
+        except (KeyError, TypeError):
+            try:
+                return select.algorithm_id(op, algorithm)
+            except ValueError as e:
+                self._bad(e)
 
     def selected(self, op, nbytes):
         """The algorithm that algorithm=None uses for op at nbytes."""
-        select.algorithms(op)
-        return select.choose(op, self, nbytes)
+        return select.selected(self, op, nbytes)
 
     # -- collectives ---------------------------------------------------------
     def Barrier(self, algorithm=None):
-        rc = _barrier(self._c, self._bar if algorithm is None else self._algorithm("barrier", algorithm, 0))
+        rc = self._fbarrier(-1 if algorithm is None else self._algorithm("barrier", algorithm))
         if rc:
             self._usable()
             self._fail(rc, "Barrier")
@@ -79,13 +86,21 @@ class Comm:
     barrier = Barrier
 
     def Bcast(self, buf, root=0, algorithm=None):
+        rc = self._fbcast(buf, root, -1 if algorithm is None else self._algorithm("bcast", algorithm))
+        if rc == _FALLBACK:
+            self._bcast_checked(buf, root, algorithm)
+        elif rc:
+            self._usable()
+            self._fail(rc, "Bcast")
+
+    def _bcast_checked(self, buf, root, algorithm):
         self._usable()
         try:
             ptr, nbytes, _ = buffers.view(buf, "buf", writable=True)
             self._root(root)
         except (TypeError, ValueError) as e:
             self._bad(e)
-        alg = self._algorithm("bcast", algorithm, nbytes)
+        alg = self._pick("bcast", algorithm, nbytes)
         if self._c.check and (rc := _check(self._c, _KIND["bcast"], root, nbytes)):
             self._fail(rc, "Bcast")
         rc = _bcast(self._c, alg, ptr, nbytes, root)
@@ -105,6 +120,14 @@ class Comm:
         return obj if self.rank == root else pickle.loads(buf)
 
     def Alltoall(self, sendbuf, recvbuf, algorithm=None):
+        rc = self._falltoall(sendbuf, recvbuf, -1 if algorithm is None else self._algorithm("alltoall", algorithm))
+        if rc == _FALLBACK:
+            self._alltoall_checked(sendbuf, recvbuf, algorithm)
+        elif rc:
+            self._usable()
+            self._fail(rc, "Alltoall")
+
+    def _alltoall_checked(self, sendbuf, recvbuf, algorithm):
         self._usable()
         try:
             sptr, sbytes, _ = buffers.view(sendbuf, "sendbuf", writable=False)
@@ -119,7 +142,7 @@ class Comm:
         except (TypeError, ValueError) as e:
             self._bad(e)
         block = sbytes // self.size
-        alg = self._algorithm("alltoall", algorithm, block)
+        alg = self._pick("alltoall", algorithm, block)
         if self._c.check and (rc := _check(self._c, _KIND["alltoall"], -1, block)):
             self._fail(rc, "Alltoall")
         rc = _alltoall(self._c, alg, sptr, rptr, block)
@@ -142,6 +165,10 @@ class Comm:
         recv = np.empty_like(send)
         self.Alltoall(send, recv)
         return [pickle.loads(recv[i, :table[i, self.rank]].tobytes()) for i in range(self.size)]
+
+    def _pick(self, op, algorithm, nbytes):
+        alg = self._algorithm(op, algorithm)
+        return alg if alg >= 0 else select.algorithm_id(op, select.selected(self, op, nbytes))
 
     def _root(self, root):
         if not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:

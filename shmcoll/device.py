@@ -4,6 +4,7 @@ Python plans here once per communicator (layout, NUMA placement of every
 channel, wait policy, barrier trees); the C engine then runs each
 collective phase in one call.  Collectives use only Device and the C entry
 points, never the segment directly."""
+import ctypes
 from dataclasses import dataclass, field
 
 from . import options as _options
@@ -56,6 +57,10 @@ def make_plan(nranks, topo, slots, options=None):
 def _round(x, a):
     return -(-x // a) * a
 
+
+_new_cfunction = ctypes.pythonapi.PyCFunction_NewEx
+_new_cfunction.restype = ctypes.py_object
+_new_cfunction.argtypes = (ctypes.c_void_p, ctypes.py_object, ctypes.py_object)
 
 INT_FIELDS = ("chan_bytes", "chunk_bytes", "tile_bytes", "stripe_bytes", "stripe_slots", "bcast_k",
               "nt_bytes", "check", "spin_ns", "yield_ns", "sleep_ns", "liveness_ns")
@@ -129,6 +134,12 @@ class Device:
     def stripe_range(self, i):
         width = self.plan.params["stripe_bytes"] // self.plan.params["stripe_slots"]
         return self.c.off_stripe + i * width, width
+
+    def entries(self):
+        """The C fast entries bound to this context: {"barrier": fn, ...}."""
+        self_ = int(ffi.cast("uintptr_t", self.c))
+        return {name: _new_cfunction(int(ffi.cast("uintptr_t", lib.sc_py_entry(i))), self_, None)
+                for i, name in enumerate(("barrier", "bcast", "alltoall"))}
 
     def register(self, pid):
         if lib.sc_register(self.c, pid) != 0:

@@ -30,5 +30,23 @@ def forced(op, params):
     return name
 
 
-def choose(op, comm, nbytes):
-    return comm._forced.get(op) or MODULES[op].choose(comm, nbytes)
+OPS = ("barrier", "bcast", "alltoall")   # row order of the C table
+NCLASS = 65
+
+
+def size_class(nbytes):
+    return int(nbytes).bit_length()
+
+
+def fill_table(comm):
+    """Decide once per communicator and size class (bit length of the byte
+    count, judged at the class's largest size); C reads the table per call."""
+    for row, op in enumerate(OPS):
+        for k in range(NCLASS):
+            name = comm._forced.get(op) or MODULES[op].choose(comm, (1 << k) - 1)
+            comm._c.auto_alg[row * NCLASS + k] = IDS[op][name]
+
+
+def selected(comm, op, nbytes):
+    algorithms(op)
+    return MODULES[op].ALGORITHMS[comm._c.auto_alg[OPS.index(op) * NCLASS + size_class(nbytes)]]
