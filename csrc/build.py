@@ -19,6 +19,7 @@ ffibuilder.set_source(
     sources=[os.path.join("csrc", f) for f in SOURCES],
     include_dirs=[HERE],
     libraries=["pthread"],
+    py_limited_api=False,   # pyfast.c uses the full CPython API
     extra_compile_args=["-O3", "-std=gnu11", "-march=x86-64-v2", "-Wall", "-Wno-unused-function"],
 )
 

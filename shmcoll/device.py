@@ -69,7 +69,7 @@ INT_FIELDS = ("chan_bytes", "chunk_bytes", "tile_bytes", "stripe_bytes", "stripe
 class Device:
     def __init__(self, plan, rank, segment):
         self.plan, self.rank, self.segment = plan, rank, segment
-        self.c = c = self._context(plan, rank)
+        self.c, self._keep = c, _ = self._context(plan, rank)
         self._base = ffi.from_buffer(segment.mmap)
         if lib.sc_attach(c, ffi.cast("char *", self._base)) != 0:
             raise RuntimeError("shared segment does not hold a shmcoll communicator of this size")
@@ -80,7 +80,7 @@ class Device:
         c.rank, c.size = rank, plan.nranks
         for name in INT_FIELDS:
             setattr(c, name, plan.params[name])
-        keep = [c]
+        keep = []
         for alg, (parents, children) in plan.trees.items():
             kids = ffi.new("int32_t[]", children[rank] or [0]) if rank >= 0 else ffi.NULL
             keep.append(kids)
@@ -91,27 +91,19 @@ class Device:
         keep.append(pend)
         c.pend = pend
         lib.sc_layout(c)
-        Device._keep[id(c)] = keep
-        return c
-
-    _keep = {}
+        return c, keep
 
     @staticmethod
     def layout(plan):
-        c = Device._context(plan, -1)
-        size = c.total
-        Device._keep.pop(id(c))
-        return size
+        return Device._context(plan, -1)[0].total
 
     @classmethod
     def create(cls, plan):
         """Creator side (launcher): segment placed per NUMA node and initialised."""
-        c = cls._context(plan, -1)
-        seg = Segment.create(plan.size, cls._placement(plan, c))
-        cls._keep.pop(id(c))
+        seg = Segment.create(plan.size, cls._placement(plan, cls._context(plan, -1)[0]))
         dev = cls.__new__(cls)
         dev.plan, dev.rank, dev.segment = plan, -1, seg
-        dev.c = cls._context(plan, 0)
+        dev.c, dev._keep = cls._context(plan, 0)
         dev._base = ffi.from_buffer(seg.mmap)
         dev.c.base = ffi.cast("char *", dev._base)
         lib.sc_init_shared(dev.c)

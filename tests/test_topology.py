@@ -6,7 +6,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from shmcoll import topology as T
+import importlib
+
+T = importlib.import_module("shmcoll.topology")  # the package exports the function topology()
 
 FIX = Path(__file__).parent / "fixtures"
 S2N4 = str(FIX / "sys-2s4n")
