@@ -34,6 +34,16 @@ static ring_t ring(sc_comm_t *c, int ch, int64_t nbytes, int64_t chunk)
     r.nchunks = nbytes ? (nbytes + r.chunk - 1) / r.chunk : 1;   /* an empty call still posts once */
     return r;
 }
+/* Chunks small enough that a message of a few chunks still pipelines
+ * (the root fills chunk i+1 while readers copy chunk i), never below 8 KiB
+ * where a hand-off would cost more than the copy it overlaps. */
+static int64_t pipe_chunk(sc_comm_t *c, int64_t nbytes)
+{
+    int64_t ch = (nbytes / 8 + 63) & ~63LL;
+    if (ch < 8192) ch = 8192;
+    return ch < c->chunk_bytes ? ch : c->chunk_bytes;
+}
+
 static char *slot(const ring_t *r, int64_t i) { return r->base + (i % r->nslots) * r->stride; }
 static int64_t len(const ring_t *r, int64_t i) { int64_t n = r->nbytes - i * r->chunk; return n < r->chunk ? n : r->chunk; }
 
@@ -53,7 +63,8 @@ static int binomial(sc_comm_t *c, uint64_t op, char *buf, int64_t nbytes, int ro
     int low = vr ? vr & -vr : 1 << 30;
     if (vr) parent = (vr - low + root) % p;
     for (int m = 1; m < low && vr + m < p; m <<= 1) kids[nk++] = (vr + m + root) % p;
-    ring_t me = ring(c, c->rank, nbytes, c->chunk_bytes), up = ring(c, parent < 0 ? root : parent, nbytes, c->chunk_bytes);
+    int64_t chunk = pipe_chunk(c, nbytes);
+    ring_t me = ring(c, c->rank, nbytes, chunk), up = ring(c, parent < 0 ? root : parent, nbytes, chunk);
     if (nk && (rc = drain(c, c->rank))) return rc;
     for (int64_t i = 0; i < me.nchunks; i++) {
         const char *src = buf + i * me.chunk;
@@ -121,7 +132,7 @@ static int flat(sc_comm_t *c, int alg, uint64_t op, char *buf, int64_t nbytes, i
 {
     int p = c->size, vr = (c->rank - root + p) % p, ch = alg == NUMA ? p : root;
     int64_t k = alg == ORIGINAL || c->bcast_k < 1 ? p : c->bcast_k, g = alg == ORIGINAL ? 1 : (p - 1 + k - 1) / k;
-    ring_t r = ring(c, ch, nbytes, c->chunk_bytes);
+    ring_t r = ring(c, ch, nbytes, pipe_chunk(c, nbytes));
     if (g > 1 && nbytes > SC_INLINE) {
         /* segments of one round must fit twice in the ring (double buffering) */
         int64_t seg = (nbytes + g - 1) / g;

@@ -153,8 +153,9 @@ int sc_wait_slow(sc_comm_t *c, _Atomic uint64_t *v, _Atomic uint32_t *sl, uint64
 {
     int64_t t0 = now_ns(), next_live = t0 + c->liveness_ns;
     if (c->gil_release && !c->gil_saved) c->gil_saved = ((void *(*)(void))c->gil_release)();
+    int batch = c->spin_ns ? 32 : 1;       /* oversubscribed: yield at once, the peer needs this core */
     for (;;) {
-        for (int i = 0; i < 32; i++) {
+        for (int i = 0; i < batch; i++) {
             cpu_relax();
             if (reached(atomic_load_explicit(v, memory_order_acquire), target)) return SC_OK;
         }

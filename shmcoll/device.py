@@ -43,7 +43,8 @@ def make_plan(nranks, topo, slots, options=None):
     per_socket = max(sum(1 for s in slots if s.socket == slots[0].socket), 1)
     p["bcast_k"] = int(p["bcast_k"] or max(1, min(4, per_socket)))
     groups = -(-max(nranks - 1, 1) // p["bcast_k"])
-    p["stripe_slots"] = int(p["stripe_slots"] or 2 * max(len(topo.nodes), groups))
+    nodes = len(topo.nodes)
+    p["stripe_slots"] = int(p["stripe_slots"] or -(-max(8, 2 * groups) // nodes) * nodes)
     p["stripe_bytes"] = max(p["chan_bytes"] // PAGE // p["stripe_slots"], 1) * PAGE * p["stripe_slots"]
     real_cpus = set().union(*(s.cpus for s in slots)) if slots else set()
     oversubscribed = nranks > len(real_cpus)

@@ -6,9 +6,9 @@ import os
 
 DEFAULTS = {
     "chan_bytes": 2 << 20,      # per-rank channel: eager buffer and chunk ring
-    "chunk_bytes": None,        # bcast pipeline chunk (default: a quarter of L2)
+    "chunk_bytes": None,        # largest bcast pipeline chunk (default: a quarter of L2)
     "tile_bytes": None,         # alltoall tile (default: from the shared cache)
-    "stripe_slots": None,       # numa bcast: striped segments (default: 2 x max(nodes, groups))
+    "stripe_slots": None,       # numa bcast: striped segments (default: >= 8 and 2 x groups, a multiple of nodes)
     "bcast_k": None,            # limited bcast: readers per segment (default: ranks per socket, <= 4)
     "nt_bytes": 1 << 20,        # copies out of messages this large stream past the cache
     "check": 0,                 # cross-rank argument agreement on every call

@@ -3,7 +3,10 @@ plan the trees from the rank placement once per communicator.
 
   original      dual packed queues, rank 0 gathers and releases (id 0)
   padded        one padded queue, flat tree under rank 0 (id 1)
-  hierarchical  node leader <- socket leaders <- children (id 2)
+  hierarchical  node leader <- socket leaders <- children (id 2); when
+                ranks outnumber cores, the ranks pinned to the same CPUs first
+                gather under a core leader, so the hand-offs on one core are
+                local yields and only leaders cross cores.
 """
 ALGORITHMS = ("original", "padded", "hierarchical")
 
@@ -12,12 +15,18 @@ def trees(slots):
     """{alg id: (parent per rank, children per rank)} for the tree barriers."""
     n = len(slots)
     flat = ([-1] + [0] * (n - 1), [list(range(1, n))] + [[] for _ in range(n - 1)])
-    leader = {}
+    socket_leader, core_leader = {}, {}
     for r, s in enumerate(slots):
-        leader.setdefault(s.socket, r)
+        socket_leader.setdefault(s.socket, r)
+        core_leader.setdefault((s.socket, s.cpus), r)
     parents, children = [-1] * n, [[] for _ in range(n)]
     for r, s in enumerate(slots):
-        up = leader[s.socket] if leader[s.socket] != r else (0 if r else -1)
+        if core_leader[s.socket, s.cpus] != r:
+            up = core_leader[s.socket, s.cpus]
+        elif socket_leader[s.socket] != r:
+            up = socket_leader[s.socket]
+        else:
+            up = 0 if r else -1
         parents[r] = up
         if up >= 0:
             children[up].append(r)
@@ -25,7 +34,8 @@ def trees(slots):
 
 
 def choose(comm, nbytes=0):
-    """Hierarchical pays off once ranks span sockets; on one socket the flat
-    padded queue is one level shorter."""
+    """Hierarchical pays off once ranks span sockets or share cores; else
+    the flat padded queue is one level shorter."""
     sockets = {s.socket for s in comm.slots}
-    return "hierarchical" if len(sockets) > 1 and comm.size > 2 else "padded"
+    shared = len({s.cpus for s in comm.slots}) < comm.size
+    return "hierarchical" if comm.size > 2 and (len(sockets) > 1 or shared) else "padded"

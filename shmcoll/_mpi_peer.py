@@ -1,0 +1,142 @@
+"""Standalone mpi4py benchmark: the MPI peer that shmcoll is measured against.
+
+Run it with a peer virtualenv's own launcher and interpreter, e.g.
+``/tmp/peer-mpich/bin/mpiexec -n 2 -bind-to core /tmp/peer-mpich/bin/python -I
+shmcoll/_mpi_peer.py --ops barrier,bcast --json out.json``.
+
+It must never import shmcoll (the peer venv does not have it).  mpi4py is only
+imported inside ``main`` so that ``shmcoll.bench`` can import this module and
+reuse ``OPS`` and ``measure``: both sides then build, validate and time every
+operation with literally the same code (the method of /work/shared/PEERS.md).
+"""
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+
+OPS = {}
+
+
+def op(fn):
+    """Register ``fn(comm, nbytes, **kw) -> (run, check)`` under its name.
+
+    ``run()`` performs the collective once on preallocated buffers; ``check()``
+    runs it once on a known pattern and returns whether this rank's result
+    matches numpy's.  ``kw`` is forwarded to the collective (shmcoll passes
+    ``algorithm=``; mpi4py gets nothing).  Adding allgather, allreduce or gather
+    is one more such function.
+    """
+    OPS[fn.__name__] = fn
+    return fn
+
+
+def pattern(nbytes, seed):
+    """Deterministic bytes that differ per seed, so misplaced blocks are caught."""
+    return ((np.arange(nbytes, dtype=np.int64) * 7 + seed * 31 + 1) % 251).astype(np.uint8)
+
+
+@op
+def barrier(comm, nbytes, **kw):
+    return (lambda: comm.Barrier(**kw)), (lambda: True)
+
+
+@op
+def bcast(comm, nbytes, **kw):
+    buf = np.zeros(nbytes, np.uint8)
+    want = pattern(nbytes, 0)
+
+    def check():
+        buf[:] = want if comm.Get_rank() == 0 else 0
+        comm.Bcast(buf, root=0, **kw)
+        return bool(np.array_equal(buf, want))
+
+    return (lambda: comm.Bcast(buf, root=0, **kw)), check
+
+
+@op
+def alltoall(comm, nbytes, **kw):
+    rank, size = comm.Get_rank(), comm.Get_size()
+    send = np.zeros((size, nbytes), np.uint8)
+    recv = np.zeros((size, nbytes), np.uint8)
+
+    def check():
+        for j in range(size):  # block j goes to rank j; seed encodes (src, dst)
+            send[j] = pattern(nbytes, rank * size + j)
+        recv[:] = 0
+        comm.Alltoall(send, recv, **kw)
+        return all(np.array_equal(recv[j], pattern(nbytes, j * size + rank)) for j in range(size))
+
+    return (lambda: comm.Alltoall(send, recv, **kw)), check
+
+
+def measure(run, sync, share, min_time, max_iters, reps):
+    """This rank's per-call seconds for each repetition (the caller takes the max over ranks).
+
+    Calibration doubles N until a batch lasts a quarter of ``min_time`` on rank 0,
+    then scales N to last ``min_time``; ``share(x)`` returns rank 0's ``x`` on every
+    rank, so all ranks run the same N (a mismatch would deadlock).  ``sync()`` is a
+    barrier.  A warm-up of N/10 calls precedes the timed repetitions.
+    """
+    n = 1
+    while True:
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            run()
+        dt = share(time.perf_counter() - t0)
+        if dt >= min_time / 4 or n >= max_iters:
+            n = int(min(max_iters, max(1, round(n * min_time / max(dt, 1e-9)))))
+            break
+        n = min(max_iters, n * 2)
+    for _ in range(max(1, n // 10)):
+        run()
+    times = []
+    for _ in range(reps):
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            run()
+        times.append((time.perf_counter() - t0) / n)
+    return times
+
+
+def parse_list(text, conv=str):
+    return [conv(x) for x in text.split(",") if x]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ops", default="barrier,bcast,alltoall")
+    p.add_argument("--sizes", default="8,65536,16777216",
+                   help="bytes: whole buffer for bcast, per-rank block for alltoall")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--min-time", type=float, default=0.2, help="seconds per repetition")
+    p.add_argument("--max-iters", type=int, default=1_000_000)
+    p.add_argument("--json")
+    a = p.parse_args(argv)
+
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    results = []
+    for name in parse_list(a.ops):
+        for size in [0] if name == "barrier" else parse_list(a.sizes, int):
+            run, check = OPS[name](comm, size)
+            valid = comm.allreduce(check(), op=MPI.LAND)
+            times = measure(run, comm.Barrier, lambda x: comm.bcast(x, root=0),
+                            a.min_time, a.max_iters, a.reps)
+            worst = [comm.reduce(t, op=MPI.MAX, root=0) for t in times]
+            if comm.Get_rank() == 0:
+                us = statistics.median(worst) * 1e6
+                results.append({"op": name, "size": size, "us": us, "valid": valid,
+                                "reps_us": [t * 1e6 for t in worst]})
+                print(f"{name:10s} {size:>10d} B {us:12.2f} us{'' if valid else '  INVALID'}", flush=True)
+    if comm.Get_rank() == 0 and a.json:
+        with open(a.json, "w") as f:
+            json.dump({"library": MPI.Get_library_version().splitlines()[0].strip("\0 "),
+                       "nprocs": comm.Get_size(), "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

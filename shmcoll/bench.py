@@ -1,0 +1,324 @@
+"""``shmcoll bench``: OSU/IMB-style latency tables of shmcoll against its peers.
+
+For each operation and process count, every shmcoll algorithm plus the automatic
+choice is timed next to the peers (MPICH and Open MPI through mpi4py, and
+``multiprocessing.Barrier`` for barrier), all with the method of
+``shmcoll._mpi_peer.measure`` so the numbers are directly comparable: the
+machines are noisy, so only ratios measured in the same run mean anything.
+See bench/README.md.
+"""
+import argparse
+import json
+import math
+import multiprocessing as mp
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+import shmcoll
+from shmcoll import _mpi_peer
+from shmcoll._mpi_peer import OPS, measure, parse_list
+
+#: 8 B .. 16 MiB in steps of 8x (whole buffer for bcast, per-rank block for alltoall).
+DEFAULT_SIZES = [8 * 8 ** i for i in range(8)]
+QUICK_SIZES = [8, 4096, 1 << 20]
+PEER_DIRS = {"mpich": ("SHMCOLL_PEER_MPICH", "/tmp/peer-mpich"),
+             "ompi": ("SHMCOLL_PEER_OMPI", "/tmp/peer-ompi")}
+CPUS = sorted(os.sched_getaffinity(0))
+
+
+def human(nbytes):
+    for unit, scale in (("M", 1 << 20), ("K", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return str(nbytes)
+
+
+def sizes_for(op, sizes):
+    """Barrier has no payload: one row, recorded as size 0."""
+    return [0] if op == "barrier" else sizes
+
+
+def record(op, n, size, impl, algorithm, per_rank_times=None, valid=None, error=None, selected=None):
+    """One JSON row; ``per_rank_times[rank][rep]`` -> max over ranks, median of reps (µs)."""
+    reps = [max(ts) * 1e6 for ts in zip(*per_rank_times)] if per_rank_times else None
+    return {"op": op, "nprocs": n, "size": size, "impl": impl, "algorithm": algorithm,
+            "selected": selected, "us": statistics.median(reps) if reps else None,
+            "reps_us": reps, "valid": valid, "error": error}
+
+
+# --- shmcoll -----------------------------------------------------------------
+
+def _shmcoll_rank(comm, op, sizes, algorithm, cfg):
+    """Runs in every rank: validate, then time each size; returns (size, ok, times, selected)."""
+    cell = np.zeros(1)
+
+    def share(x):  # rank 0's calibration decides N for everyone
+        cell[0] = x
+        comm.Bcast(cell, root=0)
+        return float(cell[0])
+
+    out = []
+    for size in sizes:
+        run, check = OPS[op](comm, size, algorithm=algorithm)
+        ok = check()
+        times = measure(run, comm.Barrier, share, cfg.min_time, cfg.max_iters, cfg.reps)
+        out.append((size, ok, times, comm.selected(op, size) if algorithm is None else None))
+    return out
+
+
+def run_shmcoll(op, n, algorithm, cfg):
+    """One launch per algorithm, so a failing algorithm costs only its own column."""
+    sizes = sizes_for(op, cfg.sizes)
+    bind = cfg.bind if cfg.bind != "auto" else ("core" if n <= len(CPUS) else "none")
+    name = algorithm or "auto"
+    try:
+        ranks = shmcoll.launch(_shmcoll_rank, n, args=(op, sizes, algorithm, cfg), bind=bind,
+                               topology=cfg.topology, timeout=cfg.timeout)
+    except Exception as e:  # a rank raised or hung: report it in the table, keep going
+        return [record(op, n, s, "shmcoll", name, error=f"{type(e).__name__}: {e}") for s in sizes]
+    return [record(op, n, size, "shmcoll", name, [r[i][2] for r in ranks],
+                   valid=all(r[i][1] for r in ranks), selected=selected)
+            for i, (size, _, _, selected) in enumerate(ranks[0])]
+
+
+# --- peers -------------------------------------------------------------------
+
+def _mp_rank(rank, n, bar, cell, queue, cfg, pin):
+    if pin:
+        os.sched_setaffinity(0, {CPUS[rank]})
+
+    def share(x):
+        if rank == 0:
+            cell.value = x
+        bar.wait()
+        x = cell.value
+        bar.wait()
+        return x
+
+    queue.put((rank, measure(bar.wait, bar.wait, share, cfg.min_time, cfg.max_iters, cfg.reps)))
+
+
+def run_mp(op, n, cfg):
+    """multiprocessing.Barrier: what a plain-Python user would reach for."""
+    ctx = mp.get_context("fork")
+    bar, cell, queue = ctx.Barrier(n), ctx.Value("d", lock=False), ctx.Queue()
+    pin = n <= len(CPUS) and cfg.bind != "none"
+    procs = [ctx.Process(target=_mp_rank, args=(r, n, bar, cell, queue, cfg, pin)) for r in range(n)]
+    for p in procs:
+        p.start()
+    times = dict(queue.get(timeout=cfg.timeout) for _ in procs)
+    for p in procs:
+        p.join()
+    return [record(op, n, 0, "mp", None, [times[r] for r in range(n)], valid=True)]
+
+
+def peer_venv(name):
+    env, default = PEER_DIRS[name]
+    venv = os.environ.get(env, default)
+    ok = all(os.access(os.path.join(venv, "bin", x), os.X_OK) for x in ("mpiexec", "python"))
+    return venv if ok else None
+
+
+def mpi_command(name, venv, n, op, cfg, out):
+    """The peer's own mpiexec, bound one rank per core, or unbound when oversubscribed."""
+    fits = n <= len(CPUS)
+    if name == "mpich":
+        bind = ["-bind-to", "core" if fits else "none"]
+    else:
+        bind = ["--bind-to", "core"] if fits else ["--map-by", ":OVERSUBSCRIBE", "--bind-to", "none"]
+    # -I: keep the shmcoll/ directory (the script's) off the peer's sys.path.
+    return [os.path.join(venv, "bin", "mpiexec"), "-n", str(n), *bind,
+            os.path.join(venv, "bin", "python"), "-I", _mpi_peer.__file__,
+            "--ops", op, "--sizes", ",".join(map(str, cfg.sizes)), "--reps", str(cfg.reps),
+            "--min-time", str(cfg.min_time), "--max-iters", str(cfg.max_iters), "--json", out]
+
+
+def run_mpi(name, op, n, cfg, libraries):
+    venv = peer_venv(name)
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "peer.json")
+        try:
+            p = subprocess.run(mpi_command(name, venv, n, op, cfg, out), env=env, timeout=cfg.timeout,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            if p.returncode:
+                raise RuntimeError(f"exit {p.returncode}: " + " | ".join(p.stderr.strip().splitlines()[-3:]))
+            with open(out) as f:
+                doc = json.load(f)
+        except (subprocess.TimeoutExpired, OSError, ValueError, RuntimeError) as e:
+            print(f"note: peer {name} failed for {op} n={n}: {e}", flush=True)
+            return [record(op, n, s, name, None, error=str(e)) for s in sizes_for(op, cfg.sizes)]
+    libraries[name] = doc["library"]
+    return [dict(record(op, n, r["size"], name, None, valid=r["valid"]), us=r["us"], reps_us=r["reps_us"])
+            for r in doc["results"]]
+
+
+# --- output ------------------------------------------------------------------
+
+def column(row):
+    return row["algorithm"] if row["impl"] == "shmcoll" else row["impl"]
+
+
+def cell(row):
+    if row["error"]:
+        return "ERROR"
+    if not row["valid"]:
+        return "INVALID"
+    text = f"{row['us']:.2f}"
+    return f"{text} ({row['selected']})" if row["selected"] else text
+
+
+def table(op, n, rows, peers):
+    """Rows = sizes, columns = algorithms, auto, peers, and auto / best peer."""
+    cols = list(dict.fromkeys(column(r) for r in rows))
+    by = {(r["size"], column(r)): r for r in rows}
+    header = ["size"] + cols + ["auto/best-peer"]
+    lines = []
+    for size in sorted({r["size"] for r in rows}):
+        auto = by.get((size, "auto"))
+        peer_us = [by[size, p]["us"] for p in peers if (size, p) in by and by[size, p]["valid"]
+                   and not by[size, p]["error"]]
+        ratio = (f"{auto['us'] / min(peer_us):.2f}" if peer_us and auto and auto["valid"]
+                 and not auto["error"] else "-")
+        lines.append(["-" if op == "barrier" else human(size)]
+                     + [cell(by[size, c]) if (size, c) in by else "-" for c in cols] + [ratio])
+    widths = [max(len(x) for x in col) for col in zip(header, *lines)]
+    fmt = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))
+    print(f"\n# {op}, {n} processes (microseconds per call, max over ranks, median of reps)")
+    print(fmt(header))
+    for line in lines:
+        print(fmt(line))
+    sys.stdout.flush()
+
+
+def machine_info():
+    """Topology from shmcoll when it works, else `lscpu` key/values."""
+    try:
+        from shmcoll.topology import topology
+        return topology().to_dict()
+    except Exception as e:
+        info = {"topology_error": f"{type(e).__name__}: {e}", "platform": platform.platform(),
+                "cpus": CPUS}
+        try:
+            text = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+            info["lscpu"] = dict(l.split(":", 1) for l in text.splitlines() if ":" in l)
+            info["lscpu"] = {k.strip(): v.strip() for k, v in info["lscpu"].items()}
+        except OSError:
+            pass
+        return info
+
+
+def plot(doc, path):
+    """Latency vs size per algorithm/peer (log-log), one panel per (op, n); barrier vs n."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("note: --plot needs matplotlib (pip install matplotlib); no plot written")
+        return
+    rows = [r for r in doc["results"] if r["us"] is not None and r["valid"] and not r["error"]]
+    panels = sorted({(r["op"], r["nprocs"] if r["op"] != "barrier" else 0) for r in rows})
+    if not panels:
+        return
+    ncol = min(3, len(panels))
+    fig, axes = plt.subplots(math.ceil(len(panels) / ncol), ncol, squeeze=False,
+                             figsize=(5 * ncol, 4 * math.ceil(len(panels) / ncol)))
+    colors = {c: f"C{i % 10}" for i, c in enumerate(dict.fromkeys(column(r) for r in rows))}
+    for ax, (op, n) in zip(axes.flat, panels):
+        mine = [r for r in rows if r["op"] == op and (op == "barrier" or r["nprocs"] == n)]
+        for col in dict.fromkeys(column(r) for r in mine):
+            pts = sorted((r["nprocs"] if op == "barrier" else r["size"], r["us"])
+                         for r in mine if column(r) == col)
+            ax.plot(*zip(*pts), marker="o", label=col, color=colors[col])
+        ax.set(xscale="log", yscale="log", ylabel="µs", title=op if op == "barrier" else f"{op}, n={n}",
+               xlabel="processes" if op == "barrier" else "bytes")
+        if op == "barrier":
+            ns = sorted({r["nprocs"] for r in mine})
+            ax.set_xticks(ns, [str(x) for x in ns], minor=False)
+            ax.set_xticks([], minor=True)
+        ax.legend(fontsize="small")
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path)
+    print(f"plot written to {path}")
+
+
+# --- main --------------------------------------------------------------------
+
+def parse(argv):
+    p = argparse.ArgumentParser(prog="shmcoll bench", description=__doc__.splitlines()[0])
+    p.add_argument("ops", nargs="+", choices=sorted(OPS))
+    p.add_argument("-n", "--nprocs", default="2", help="comma-separated process counts (default 2)")
+    p.add_argument("--sizes", help="comma-separated bytes (default 8 B..16 MiB in steps of 8x)")
+    p.add_argument("--algorithms", default="all", help="'all' or comma-separated names (auto always runs)")
+    p.add_argument("--topology", help="topology spec passed to shmcoll.launch")
+    p.add_argument("--bind", default="auto", choices=["auto", "core", "socket", "numa", "none"],
+                   help="shmcoll binding; auto = core if n <= cpus, else none")
+    p.add_argument("--peers", default="auto", help="auto (all found) | none | comma list of mpich,ompi,mp")
+    p.add_argument("--json", help="write every number and the machine description here")
+    p.add_argument("--plot", help="write a log-log latency plot here (needs matplotlib)")
+    p.add_argument("--quick", action="store_true", help="3 sizes, 0.02 s per repetition")
+    p.add_argument("--min-time", type=float, help="seconds per repetition (default 0.2, quick 0.02)")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--max-iters", type=int, default=1_000_000)
+    p.add_argument("--timeout", type=float, default=600, help="seconds allowed per launch")
+    a = p.parse_args(argv)
+    a.nprocs = parse_list(a.nprocs, int)
+    a.sizes = parse_list(a.sizes, int) if a.sizes else QUICK_SIZES if a.quick else DEFAULT_SIZES
+    a.min_time = a.min_time or (0.02 if a.quick else 0.2)
+    a.peers = {"auto": ["mpich", "ompi", "mp"], "none": []}.get(a.peers) or parse_list(a.peers)
+    return a
+
+
+def main(argv=None):
+    """Returns 1 if any shmcoll result failed validation or raised, else 0."""
+    cfg = parse(argv)
+    mpi_peers = []
+    for name in (p for p in cfg.peers if p in PEER_DIRS):
+        if peer_venv(name):
+            mpi_peers.append(name)
+        else:
+            print(f"note: peer {name} not found at {os.environ.get(*PEER_DIRS[name])} "
+                  f"(set {PEER_DIRS[name][0]} to a venv with {name} and mpi4py); skipped")
+    results, libraries = [], {}
+    for op in cfg.ops:
+        algs = shmcoll.algorithms(op)
+        if cfg.algorithms != "all":
+            algs = [a for a in algs if a in parse_list(cfg.algorithms)]
+        for n in cfg.nprocs:
+            rows = []
+            for alg in algs + [None]:
+                rows += run_shmcoll(op, n, alg, cfg)
+            peers = mpi_peers + (["mp"] if op == "barrier" and "mp" in cfg.peers else [])
+            for name in mpi_peers:
+                rows += run_mpi(name, op, n, cfg, libraries)
+            if "mp" in peers:
+                rows += run_mp(op, n, cfg)
+            table(op, n, rows, peers)
+            results += rows
+    bad = [r for r in results if r["impl"] == "shmcoll" and (r["error"] or not r["valid"])]
+    for r in bad:
+        print(f"FAILED: shmcoll {r['op']} n={r['nprocs']} size={r['size']} algorithm={r['algorithm']}: "
+              f"{r['error'] or 'result differs from numpy'}")
+    doc = {"machine": machine_info(), "peers": libraries,
+           "config": {k: getattr(cfg, k) for k in ("ops", "nprocs", "sizes", "algorithms", "topology",
+                                                   "bind", "peers", "min_time", "reps", "max_iters")},
+           "results": results}
+    if cfg.json:
+        with open(cfg.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    if cfg.plot:
+        plot(doc, cfg.plot)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
