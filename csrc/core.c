@@ -182,7 +182,7 @@ int sc_wait_slow(sc_comm_t *c, _Atomic uint64_t *v, _Atomic uint32_t *sl, uint64
 int sc_check(sc_comm_t *c, int64_t kind, int64_t root, int64_t nbytes)
 {
     uint64_t op = ++c->op;
-    int64_t set = (int64_t)(op & 1) * c->size;
+    int64_t set = (int64_t)(c->nchecks++ & 1) * c->size;   /* not op: the barrier below bumps op too */
     sc_line_t *me = line_at(c, c->off_chk, set + c->rank);
     me->meta[0] = kind;
     me->meta[1] = root;

@@ -55,6 +55,7 @@ typedef struct sc_comm {
     void *gil_saved;
     /* private state */
     uint64_t op;
+    uint64_t nchecks;        /* sc_check calls: picks its line set */
     uint64_t *pend;          /* [(size + 1) * size] acks owed before reuse */
     int32_t err_rank;
     int32_t err_code;

@@ -20,7 +20,7 @@ import traceback
 
 from .comm import Comm
 from .device import Device, make_plan
-from .errors import PeerFailure, RemoteTraceback
+from .errors import PeerDied, PeerFailure, RemoteTraceback
 from .topology import topology as _topology
 
 BINDS = ("core", "socket", "numa", "none")
@@ -158,15 +158,18 @@ def _results(n, data, status):
             if ok:
                 out[rank] = value
                 continue
+            errors.append((1 if isinstance(value, PeerFailure) else 0, rank, value, tb))
         else:
             st = status.get(rank, 0)
-            why = f"was killed by signal {os.WTERMSIG(st)}" if os.WIFSIGNALED(st) else f"exited with status {os.waitstatus_to_exitcode(st)}"
-            value, tb = PeerFailure(rank, why + " without a result"), None
-        errors.append((rank, value, tb))
+            why = f"was killed by signal {os.WTERMSIG(st)}" if os.WIFSIGNALED(st) else \
+                f"exited with status {os.waitstatus_to_exitcode(st)}"
+            errors.append((0, rank, PeerDied(rank, why + " without a result"), None))
     if errors:
-        # the cause, not its echoes: prefer a rank whose error is its own
-        rank, exc, tb = min(errors, key=lambda e: (isinstance(e[1], PeerFailure), e[0]))
-        exc.rank = rank
+        # the cause, not its echoes: a rank's own error or death before the
+        # PeerFailures it caused in the others
+        _, rank, exc, tb = min(errors, key=lambda e: e[:2])
+        if not isinstance(exc, PeerFailure):
+            exc.rank = rank
         if hasattr(exc, "add_note"):
             exc.add_note(f"(raised on shmcoll rank {rank} of {n})")
         if tb:

@@ -42,9 +42,16 @@ def resolve(options=None, environ=os.environ):
 
 def _int(name, text):
     try:
-        return int(float(text)) if "e" in text.lower() else int(text, 0)
+        return int(text, 0)
     except ValueError:
-        raise ValueError(f"SHMCOLL_{name.upper()}={text!r} is not an integer") from None
+        pass
+    try:
+        value = float(text)          # 1e6 and the like
+        if value.is_integer():
+            return int(value)
+    except ValueError:
+        pass
+    raise ValueError(f"SHMCOLL_{name.upper()}={text!r} is not an integer")
 
 
 def describe(resolved):

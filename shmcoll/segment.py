@@ -43,6 +43,8 @@ class Segment:
             reserve(fd, size)
             return cls(fd, size, mm)
         except BaseException:
+            if "mm" in locals():
+                mm.close()
             if "fd" in locals():
                 os.close(fd)
             raise

@@ -1,0 +1,164 @@
+"""Shared helpers for the collective tests.
+
+* every test must leave nothing in /dev/shm (autouse fixture);
+* run_ranks(): shmcoll.launch with a generous timeout, so a hang fails the
+  test instead of stalling the suite (pytest-timeout is the outer net);
+* shared_array(): a numpy array over an anonymous MAP_SHARED mapping made
+  before launch(), so every forked rank (and the test) sees the same memory;
+* closed-form data patterns, so expected values are computed, never typed in.
+"""
+import glob
+import mmap
+import os
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import shmcoll
+from shmcoll import segment
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+RANKS_DIR = os.path.join(HERE, "ranks")
+LAUNCH_TIMEOUT = 90
+
+DTYPES = [np.int8, np.int32, np.float32, np.float64, np.complex128]
+# The test hook: tiny channels so that multi-chunk / ring-wrap paths run
+# with small inputs.
+SMALL = {"chan_bytes": 8192, "chunk_bytes": 1024, "tile_bytes": 512}
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_segments():
+    yield
+    # A concurrent job (other engineers share the box) can own a name for
+    # the microseconds between create and unlink; only a name that stays is
+    # a leak.
+    left = segment.leftovers()
+    deadline = time.monotonic() + 2.0
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [n for n in segment.leftovers() if n in left]
+    assert left == [], f"shmcoll segments left in /dev/shm: {left}"
+
+
+def run_ranks(fn, n, *args, **kw):
+    """shmcoll.launch(fn, n, args) under a generous timeout."""
+    kw.setdefault("timeout", LAUNCH_TIMEOUT)
+    return shmcoll.launch(fn, n, args=args, **kw)
+
+
+def shared_array(shape, dtype=np.int64, fill=0):
+    """An array every forked rank shares (anonymous shared mapping)."""
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape))
+    mm = mmap.mmap(-1, max(count * dtype.itemsize, 1), flags=mmap.MAP_SHARED)
+    a = np.frombuffer(mm, dtype=dtype, count=count).reshape(shape)
+    a[...] = fill
+    return a
+
+
+def pattern(count, dtype, *salt):
+    """Closed-form data: element j of the array named by salt (call index,
+    root, source rank, ...) — distinct per salt so stale data is caught."""
+    dtype = np.dtype(dtype)
+    j = np.arange(count, dtype=np.int64)
+    s = 0
+    for i, x in enumerate(salt):
+        s = (s * 1000003 + (int(x) + 1) * (2 * i + 3)) % (1 << 31)
+    if dtype.kind in "iu":
+        bits = dtype.itemsize * 8
+        mod = 1 << min(bits - 1, 31)
+        v = (j * 2654435761 + s * 40503 + 17) % mod
+        if dtype.itemsize == 1:
+            v = v - 64
+        return v.astype(dtype)
+    if dtype.kind == "f":
+        return ((j % 4099) * 0.25 + (s % 9973) * 0.5 + 0.125).astype(dtype)
+    if dtype.kind == "c":
+        return ((j % 4099) * 0.25 + (s % 9973) + 1j * ((j % 613) * 0.5 - (s % 701))).astype(dtype)
+    raise TypeError(dtype)
+
+
+def poison(count, dtype):
+    """What receivers start from: a pattern no sender ever produces."""
+    a = np.empty(count, dtype)
+    a.view(np.uint8)[...] = 0xA5
+    return a
+
+
+def counts_for(nbytes_list, dtype):
+    """Element counts nearest each byte size (both sides when it is not a
+    whole number of items), deduplicated, in order."""
+    size = np.dtype(dtype).itemsize
+    out = []
+    for b in nbytes_list:
+        for c in (b // size, -(-b // size)):
+            if c not in out:
+                out.append(c)
+    return out
+
+
+# -- the machine, read independently of shmcoll.topology ---------------------
+
+def real_cores():
+    """[(socket, cpus)] per core in (package, core id) order, from /sys,
+    restricted to the CPUs this process may use."""
+    allowed = os.sched_getaffinity(0)
+    cores = {}
+    for path in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/topology"):
+        cpu = int(path.split("/")[-2][3:])
+        if cpu not in allowed:
+            continue
+        with open(os.path.join(path, "physical_package_id")) as f:
+            pkg = int(f.read())
+        with open(os.path.join(path, "core_id")) as f:
+            core = int(f.read())
+        cores.setdefault((pkg, core), set()).add(cpu)
+    return [(pkg, frozenset(c)) for (pkg, _), c in sorted(cores.items())]
+
+
+def parse_cpulist(text):
+    out = set()
+    for part in text.strip().split(","):
+        if part:
+            lo, _, hi = part.partition("-")
+            out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def expected_affinity(rank, n, bind, topology=None):
+    """The CPU set rank `rank` must be pinned to with map=compact."""
+    allowed = frozenset(os.sched_getaffinity(0))
+    if bind == "none":
+        return allowed
+    if topology is None:
+        cores = real_cores()
+        sock, cpus = cores[rank % len(cores)]
+        if bind == "core":
+            return cpus
+        if bind == "socket":
+            return frozenset().union(*(c for s, c in cores if s == sock))
+        if bind == "numa":
+            for path in glob.glob("/sys/devices/system/node/node[0-9]*/cpulist"):
+                node = parse_cpulist(open(path).read())
+                if cpus & node:
+                    return frozenset(node & allowed)
+        raise ValueError(bind)
+    # virtual SxC[xN]: virtual core v runs on allowed[v % len(allowed)]
+    s, c = (int(x) for x in topology.split("x")[:2])
+    real = sorted(allowed)
+    v = rank % (s * c)
+    if bind == "core":
+        return frozenset({real[v % len(real)]})
+    if bind == "socket":
+        sock = v // c
+        return frozenset(real[w % len(real)] for w in range(sock * c, (sock + 1) * c))
+    raise ValueError(bind)
+
+
+def cli(*args):
+    """argv for `shmcoll ...` run by this interpreter."""
+    return [sys.executable, "-m", "shmcoll", *args]

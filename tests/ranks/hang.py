@@ -1,0 +1,16 @@
+"""Writes its pid to $SHMCOLL_TEST_DIR/rank<r>.pid, then hangs: rank 0
+sleeps, the others wait for it in a Barrier."""
+import os
+import time
+
+import shmcoll
+
+comm = shmcoll.init()
+d = os.environ["SHMCOLL_TEST_DIR"]
+tmp = os.path.join(d, f".rank{comm.rank}.tmp")
+with open(tmp, "w") as f:
+    f.write(str(os.getpid()))
+os.rename(tmp, os.path.join(d, f"rank{comm.rank}.pid"))
+if comm.rank == 0:
+    time.sleep(600)
+comm.Barrier()

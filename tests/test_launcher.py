@@ -1,0 +1,406 @@
+"""launch() / `shmcoll run` / init(): results, errors, peer failure
+detection, pinning, timeouts and cleanup however a job ends."""
+import json
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import shmcoll
+from conftest import RANKS_DIR, ROOT, SMALL, cli, expected_affinity, run_ranks, shared_array
+
+DETECT_S = 2.0
+
+
+def alive(pid):
+    """True while pid exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def wait_gone(pids, within=10.0):
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        left = [p for p in pids if alive(p)]
+        if not left:
+            return []
+        time.sleep(0.05)
+    return [p for p in pids if alive(p)]
+
+
+# -- launch(): results and arguments -----------------------------------------
+
+def _ident(comm, a, b=None):
+    return comm.rank, comm.size, comm.Get_rank(), comm.Get_size(), a, b, repr(comm)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_launch_returns_results_in_rank_order(n):
+    got = run_ranks(_ident, n, "x", [1, 2])
+    assert got == [(r, n, r, n, "x", [1, 2], f"<shmcoll.Comm rank {r} of {n}>") for r in range(n)]
+
+
+def test_launch_keyword_args_and_large_results():
+    def job(comm, k):
+        return np.full(1 << 20, comm.rank * k, np.int64)       # 8 MiB through the result pipe
+    got = shmcoll.launch(job, 2, args=(3,), timeout=60)
+    for r, a in enumerate(got):
+        assert a.shape == (1 << 20,) and (a == r * 3).all()
+
+
+@pytest.mark.parametrize("kw,words", [({"bind": "cpu"}, ["bind", "cpu"]), ({"map": "diagonal"}, ["map", "diagonal"]),
+                                      ({"topology": "2y4"}, ["topology", "2y4"]),
+                                      ({"options": {"chunk_size": 1}}, ["chunk_size"])])
+def test_launch_rejects_bad_arguments(kw, words):
+    with pytest.raises(ValueError) as ei:
+        shmcoll.launch(_ident, 2, args=(0,), timeout=30, **kw)
+    for w in words:
+        assert w in str(ei.value)
+
+
+@pytest.mark.parametrize("n", [0, -1])
+def test_launch_rejects_bad_nprocs(n):
+    with pytest.raises(ValueError, match=f"n(procs|ranks).*{n}"):
+        shmcoll.launch(_ident, n, args=(0,), timeout=30)
+
+
+def test_result_not_picklable():
+    def job(comm):
+        return (lambda: 0) if comm.rank == 1 else comm.rank
+    with pytest.raises(RuntimeError, match="picklable") as ei:
+        run_ranks(job, 2)
+    assert ei.value.rank == 1
+
+
+def test_rank_exits_without_result():
+    def job(comm):
+        if comm.rank == 1:
+            os._exit(3)
+        return comm.rank
+    with pytest.raises(shmcoll.PeerFailure) as ei:
+        run_ranks(job, 3)
+    assert ei.value.rank == 1 and "3" in str(ei.value)
+
+
+def test_launch_timeout_kills_every_rank():
+    pids = shared_array(3, np.int64)
+
+    def job(comm):
+        pids[comm.rank] = os.getpid()
+        if comm.rank == 0:
+            time.sleep(300)
+        comm.Barrier()
+    t = time.monotonic()
+    with pytest.raises(TimeoutError):
+        shmcoll.launch(job, 3, timeout=1.5)
+    assert time.monotonic() - t < 10
+    assert all(pids), pids
+    assert wait_gone(pids.tolist(), 5) == []
+
+
+def test_launch_back_to_back_jobs():
+    for i in range(20):
+        assert run_ranks(lambda c, i: (c.rank, i), 2, i) == [(0, i), (1, i)]
+
+
+# -- an exception in one rank ------------------------------------------------------
+
+def _raise_job(comm, out, what):
+    if comm.rank == 1:
+        if what == "raise":
+            raise KeyError("rank 1 fails on purpose")
+        return "left early"                  # returns while the others wait
+    t = time.monotonic()
+    try:
+        comm.Barrier()
+        out[comm.rank] = (1, -1, time.monotonic() - t)
+    except shmcoll.PeerDied as e:
+        out[comm.rank] = (2, e.rank, time.monotonic() - t)
+        raise
+    except shmcoll.PeerAborted as e:
+        out[comm.rank] = (3, e.rank, time.monotonic() - t)
+        raise
+    except Exception:
+        out[comm.rank] = (4, -1, time.monotonic() - t)
+        raise
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_exception_in_one_rank_is_reraised(n):
+    out = shared_array((n, 3), np.float64, fill=-9)
+    with pytest.raises(KeyError, match="fails on purpose") as ei:
+        run_ranks(_raise_job, n, out, "raise")
+    assert ei.value.rank == 1
+    assert "rank 1 fails on purpose" in str(ei.value.__cause__)     # the remote traceback
+    for r in range(n):
+        if r != 1:
+            code, who, dt = out[r]
+            assert code in (2, 3) and who == 1, f"rank {r}: {out[r]}"
+            assert code == 3, f"rank {r}: a raising peer should read as PeerAborted, got PeerDied"
+            assert dt < DETECT_S
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_rank_returning_early_is_a_peer_failure(n):
+    out = shared_array((n, 3), np.float64, fill=-9)
+    with pytest.raises(shmcoll.PeerFailure):
+        run_ranks(_raise_job, n, out, "return")
+    for r in range(n):
+        if r != 1:
+            code, who, dt = out[r]
+            assert code in (2, 3) and who == 1 and dt < DETECT_S, f"rank {r}: {out[r]}"
+
+
+# -- a rank killed with SIGKILL -------------------------------------------------------
+
+def _victim_job(comm, out, op, victim, when):
+    """`victim` is SIGKILLed just before (when=before) or while blocked in
+    (when=inside) the collective; the others time the collective."""
+    n, me = comm.size, comm.rank
+    big = 20 * SMALL["chunk_bytes"] + 5          # more chunks than the ring holds
+    root = victim if when == "before" else 0
+    if op == "Bcast":
+        buf = np.zeros(big, np.uint8) if me != root else np.arange(big, dtype=np.int64).astype(np.uint8)
+    send = np.zeros((n, 3000), np.uint8)
+    recv = np.empty_like(send)
+    comm.Barrier()
+    if me == victim:
+        if when == "before":
+            os.kill(os.getpid(), signal.SIGKILL)
+        threading.Timer(0.15, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    elif when == "inside" and me == (victim + 1) % n:
+        time.sleep(0.4)                          # keep the victim blocked in the collective
+    t = time.monotonic()
+    try:
+        if op == "Barrier":
+            comm.Barrier()
+        elif op == "Bcast":
+            comm.Bcast(buf, root=root)
+        else:
+            comm.Alltoall(send, recv)
+        if me == victim:
+            time.sleep(5)                        # the timer fires during this
+        out[me] = (1, -1, time.monotonic() - t)
+        # a collective that completed is fine only if the victim could not be needed;
+        # the next one must fail
+        t = time.monotonic()
+        comm.Barrier()
+        out[me] = (5, -1, time.monotonic() - t)
+    except shmcoll.PeerDied as e:
+        out[me] = (2, e.rank, time.monotonic() - t)
+        raise
+    except shmcoll.PeerFailure as e:
+        out[me] = (3, e.rank, time.monotonic() - t)
+        raise
+
+
+OPS = ["Barrier", "Bcast", "Alltoall"]
+
+
+@pytest.mark.parametrize("when", ["before", "inside"])
+@pytest.mark.parametrize("n,victim", [(2, 1), (3, 1), (4, 2), (3, 0)])
+@pytest.mark.parametrize("op", OPS)
+def test_sigkilled_rank_is_detected(op, n, victim, when):
+    out = shared_array((n, 3), np.float64, fill=-9)
+    t = time.monotonic()
+    with pytest.raises(shmcoll.PeerFailure):
+        run_ranks(_victim_job, n, out, op, victim, when, options=SMALL)
+    assert time.monotonic() - t < 30
+    for r in range(n):
+        if r == victim:
+            continue
+        code, who, dt = out[r]
+        assert code in (2, 3), f"rank {r} did not raise PeerFailure: {out[r].tolist()}"
+        assert who == victim, f"rank {r} blames rank {who}, not the killed rank {victim}"
+        assert dt < DETECT_S, f"rank {r} took {dt:.2f} s to notice"
+        assert code == 2, f"rank {r}: a SIGKILLed peer should read as PeerDied: {out[r].tolist()}"
+
+
+@pytest.mark.parametrize("n,victim", [(2, 1), (3, 1), (3, 2), (3, 0)])
+@pytest.mark.parametrize("op", OPS)
+def test_launch_blames_the_killed_rank(op, n, victim):
+    """launch() re-raises the root cause: the killed rank, not a survivor
+    that reported its death."""
+    out = shared_array((n, 3), np.float64, fill=-9)
+    with pytest.raises(shmcoll.PeerFailure) as ei:
+        run_ranks(_victim_job, n, out, op, victim, "before", options=SMALL)
+    assert ei.value.rank == victim, f"launch() blamed rank {ei.value.rank}: {ei.value!r}"
+
+
+# -- pinning under launch() ----------------------------------------------------------
+
+def _affinity(comm):
+    return sorted(os.sched_getaffinity(0))
+
+
+PIN = [("core", None, 2), ("core", None, 3), ("socket", None, 3), ("numa", None, 2), ("none", None, 3),
+       ("core", "2x2", 4), ("core", "2x4", 5), ("socket", "2x2", 4), ("none", "2x2", 3)]
+
+
+@pytest.mark.parametrize("bind,topo,n", PIN, ids=[f"{b}-{t or 'real'}-{n}" for b, t, n in PIN])
+def test_launch_pins_ranks(bind, topo, n):
+    got = run_ranks(_affinity, n, bind=bind, topology=topo)
+    want = [sorted(expected_affinity(r, n, bind, topo)) for r in range(n)]
+    assert got == want
+
+
+def test_pinning_does_not_leak_into_the_launcher():
+    before = os.sched_getaffinity(0)
+    run_ranks(_affinity, 3)
+    assert os.sched_getaffinity(0) == before
+
+
+# -- init() outside a job -------------------------------------------------------
+
+def test_init_outside_a_job_is_a_one_rank_world():
+    code = ("import numpy as np, shmcoll; c = shmcoll.init(); assert shmcoll.init() is c; "
+            "b = np.arange(5); c.Bcast(b); c.Barrier(); r = np.empty_like(b); c.Alltoall(b, r); "
+            "assert (r == b).all() and c.bcast([1, {2: 3}]) == [1, {2: 3}]; print(c.rank, c.size)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHMCOLL_")}
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["0", "1"]
+
+
+# -- shmcoll run ------------------------------------------------------------------
+
+def run_cli(args, env=None, timeout=120, cwd=ROOT):
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run(cli("run", *args), env=e, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def expect_env(n, bind="core", topo=None):
+    return {"EXPECT_AFFINITY": json.dumps([sorted(expected_affinity(r, n, bind, topo)) for r in range(n)])}
+
+
+def ok_lines(n):
+    return sorted(f"rank {r} of {n} ok" for r in range(n))
+
+
+@pytest.mark.parametrize("n,bind,topo", [(3, "core", None), (1, "core", None), (2, "socket", None),
+                                         (3, "none", None), (4, "core", "2x2"), (5, "socket", "2x4")])
+def test_run_script(n, bind, topo):
+    args = ["-n", str(n), "--bind", bind] + (["--topology", topo] if topo else [])
+    p = run_cli(args + ["--", os.path.join(RANKS_DIR, "basic.py")], env=expect_env(n, bind, topo))
+    assert p.returncode == 0, p.stderr
+    assert sorted(p.stdout.split("\n")[:-1]) == ok_lines(n)
+
+
+def test_run_without_double_dash():
+    p = run_cli(["-n", "2", os.path.join(RANKS_DIR, "basic.py")], env=expect_env(2))
+    assert p.returncode == 0, p.stderr
+    assert sorted(p.stdout.split("\n")[:-1]) == ok_lines(2)
+
+
+def test_run_module_form():
+    p = run_cli(["-n", "3", "--", "-m", "ranks.basic"], env=dict(expect_env(3), PYTHONPATH=os.path.dirname(RANKS_DIR)))
+    assert p.returncode == 0, p.stderr
+    assert sorted(p.stdout.split("\n")[:-1]) == ok_lines(3)
+
+
+def test_run_code_form():
+    code = ("import numpy as np, shmcoll; c = shmcoll.init(); b = np.full(3000, c.rank, np.int32); "
+            "c.Bcast(b, root=c.size - 1); assert (b == c.size - 1).all(); c.Barrier(); "
+            "import os; os.write(1, f'code {c.rank} {c.size}\\n'.encode())")
+    p = run_cli(["-n", "3", "--", "-c", code])
+    assert p.returncode == 0, p.stderr
+    assert sorted(p.stdout.split("\n")[:-1]) == [f"code {r} 3" for r in range(3)]
+
+
+def test_run_console_script():
+    exe = shutil.which("shmcoll")
+    if exe is None:
+        pytest.skip("no shmcoll console script on PATH")
+    p = subprocess.run([exe, "run", "-n", "2", "--", os.path.join(RANKS_DIR, "basic.py")],
+                       env=dict(os.environ, **expect_env(2)), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert sorted(p.stdout.split("\n")[:-1]) == ok_lines(2)
+
+
+def test_run_plain_program():
+    p = run_cli(["-n", "2", "--bind", "none", "--", "sh", "-c", 'echo "r=$SHMCOLL_RANK s=$SHMCOLL_SIZE"'])
+    assert p.returncode == 0, p.stderr
+    assert sorted(p.stdout.split()) == ["r=0", "r=1", "s=2", "s=2"]
+
+
+@pytest.mark.parametrize("how,status", [("raise", 1), ("exit7", 7), ("kill", 128 + 9)])
+@pytest.mark.parametrize("n", [2, 3])
+def test_run_failing_rank(how, status, n):
+    t = time.monotonic()
+    p = run_cli(["-n", str(n), "--", os.path.join(RANKS_DIR, "fail.py")], env={"FAIL_HOW": how})
+    assert p.returncode == status, (p.returncode, p.stderr)
+    assert time.monotonic() - t < 30
+    assert "should not have" not in p.stdout
+    if how == "raise":
+        assert "rank 1 fails on purpose" in p.stderr
+
+
+def test_run_usage_errors():
+    p = subprocess.run(cli("run", "-n", "2"), capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "no command" in p.stderr
+    p = subprocess.run(cli("nosuchcommand"), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2
+
+
+def start_hanging(tmp_path, n=3, extra=()):
+    env = dict(os.environ, SHMCOLL_TEST_DIR=str(tmp_path))
+    log = open(tmp_path / "launcher.log", "w")
+    p = subprocess.Popen(cli("run", "-n", str(n), *extra, "--", os.path.join(RANKS_DIR, "hang.py")),
+                         env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    log.close()
+    deadline = time.monotonic() + 60
+    files = [tmp_path / f"rank{r}.pid" for r in range(n)]
+    while not all(f.exists() for f in files):
+        if p.poll() is not None or time.monotonic() > deadline:
+            p.kill()
+            raise AssertionError(f"ranks did not start: {(tmp_path / 'launcher.log').read_text()}")
+        time.sleep(0.02)
+    time.sleep(0.2)          # the Barrier waiters are asleep by now
+    return p, [int(f.read_text()) for f in files]
+
+
+def test_run_timeout_kills_a_hanging_job(tmp_path):
+    t = time.monotonic()
+    p, pids = start_hanging(tmp_path, extra=("--timeout", "3"))
+    assert p.wait(timeout=60) == 124
+    assert time.monotonic() - t < 30
+    assert wait_gone(pids, 5) == []
+    assert "timeout" in (tmp_path / "launcher.log").read_text()
+
+
+def test_sigkill_of_the_launcher_kills_the_ranks(tmp_path):
+    p, pids = start_hanging(tmp_path)
+    assert all(alive(x) for x in pids)
+    os.kill(p.pid, signal.SIGKILL)
+    assert p.wait(timeout=30) == -signal.SIGKILL
+    assert wait_gone(pids, 10) == [], "ranks outlived the launcher (PR_SET_PDEATHSIG)"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_to_the_launcher_stops_the_job(tmp_path, sig):
+    p, pids = start_hanging(tmp_path)
+    os.kill(p.pid, sig)
+    code = p.wait(timeout=30)
+    assert code != 0
+    assert wait_gone(pids, 10) == []
+
+
+def test_killed_rank_in_run_releases_the_others(tmp_path):
+    """kill -9 of one rank of a hanging job: the Barrier waiters must notice,
+    the launcher must exit non-zero with the first failure's status."""
+    p, pids = start_hanging(tmp_path)
+    os.kill(pids[0], signal.SIGKILL)       # the sleeping rank the others wait for
+    assert p.wait(timeout=30) == 128 + 9
+    assert wait_gone(pids, 10) == []

@@ -1,0 +1,177 @@
+"""Tunables: argument (options=) > environment (SHMCOLL_<NAME>) > default;
+unknown names are rejected; values reach every rank's plan and C context."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+import shmcoll
+from shmcoll import options
+from shmcoll.options import DEFAULTS, resolve
+from conftest import run_ranks
+
+ALG_OPTS = {"barrier_algorithm": "padded", "bcast_algorithm": "limited", "alltoall_algorithm": "pairwise"}
+
+
+def env_name(name):
+    return "SHMCOLL_" + name.upper()
+
+
+def sample(name, k=1):
+    """A valid non-default value for option `name`."""
+    if name in ALG_OPTS:
+        op = name[:-len("_algorithm")]
+        return shmcoll.algorithms(op)[k % len(shmcoll.algorithms(op))]
+    return 4096 * (k + 1) + k
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for name in DEFAULTS:
+        monkeypatch.delenv(env_name(name), raising=False)
+
+
+@pytest.mark.parametrize("name", list(DEFAULTS))
+def test_precedence_for_every_option(name):
+    arg, env = sample(name, 1), sample(name, 2)
+    env_text = env if isinstance(env, str) else str(env)
+    assert resolve({}, {})[name] == (DEFAULTS[name], "default")
+    assert resolve({}, {env_name(name): env_text})[name] == (env, "environment")
+    assert resolve({name: arg}, {env_name(name): env_text})[name] == (arg, "argument")
+    assert resolve({name: arg}, {})[name] == (arg, "argument")
+    # None in options means "not given": the environment still applies
+    assert resolve({name: None}, {env_name(name): env_text})[name] == (env, "environment")
+    # an empty variable is unset
+    assert resolve({}, {env_name(name): ""})[name] == (DEFAULTS[name], "default")
+
+
+def test_resolve_covers_every_option_once():
+    out = resolve()
+    assert set(out) == set(DEFAULTS)
+
+
+@pytest.mark.parametrize("bad", [{"chunk_size": 1}, {"bogus": 1, "chan_bytes": 8192}, {"Chan_Bytes": 8192}])
+def test_unknown_option_rejected(bad):
+    with pytest.raises(ValueError) as ei:
+        resolve(bad, {})
+    for k in bad:
+        if k not in DEFAULTS:
+            assert k in str(ei.value)
+
+
+def test_unknown_option_rejected_by_launch():
+    def job(comm):
+        return 1
+    with pytest.raises(ValueError, match="chunk_size"):
+        run_ranks(job, 2, options={"chunk_size": 4096})
+
+
+@pytest.mark.parametrize("text,value", [("4096", 4096), ("0x2000", 8192), ("1e6", 1000000), ("2E3", 2000),
+                                        ("0o10", 8), ("  77 ", 77),
+                                        ("0x1e00", 0x1e00), ("0xE0", 0xE0)])
+def test_environment_integer_forms(text, value):
+    assert resolve({}, {"SHMCOLL_CHUNK_BYTES": text})["chunk_bytes"] == (value, "environment")
+
+
+@pytest.mark.parametrize("text", ["lots", "4k", "1.5.2"])
+def test_environment_bad_integer(text):
+    with pytest.raises(ValueError) as ei:
+        resolve({}, {"SHMCOLL_CHUNK_BYTES": text})
+    assert "SHMCOLL_CHUNK_BYTES" in str(ei.value) and text in str(ei.value)
+
+
+def test_describe_names_every_source():
+    text = options.describe(resolve({"tile_bytes": 8192}, {"SHMCOLL_CHUNK_BYTES": "4096"}))
+    lines = {line.split()[0]: line for line in text.splitlines()}
+    assert set(lines) == set(DEFAULTS)
+    assert "(argument)" in lines["tile_bytes"] and "8192" in lines["tile_bytes"]
+    assert "(environment)" in lines["chunk_bytes"] and "4096" in lines["chunk_bytes"]
+    assert "(default)" in lines["chan_bytes"]
+
+
+def test_options_cli_reports_the_environment():
+    env = dict(os.environ, SHMCOLL_CHUNK_BYTES="12288")
+    p = subprocess.run([sys.executable, "-m", "shmcoll", "options"], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    line = next(x for x in p.stdout.splitlines() if x.startswith("chunk_bytes"))
+    assert "12288" in line and "(environment)" in line
+
+
+# -- through launch(): what every rank's plan and C context hold -------------------
+
+def _params(comm):
+    p = comm.plan.params
+    c = comm._c
+    return {k: p[k] for k in ("chan_bytes", "chunk_bytes", "tile_bytes", "check", "bcast_k", "nt_bytes")}, \
+           {k: getattr(c, k) for k in ("chan_bytes", "chunk_bytes", "tile_bytes", "check", "bcast_k", "nt_bytes")}
+
+
+def test_launch_precedence(monkeypatch):
+    monkeypatch.setenv("SHMCOLL_CHUNK_BYTES", "2048")
+    monkeypatch.setenv("SHMCOLL_TILE_BYTES", "3072")
+    monkeypatch.setenv("SHMCOLL_CHECK", "1")
+    got = run_ranks(_params, 3, options={"chunk_bytes": 4096, "bcast_k": 2, "check": None})
+    for plan, ctx in got:
+        assert plan == ctx, "the plan and the C context disagree"
+        assert plan["chunk_bytes"] == 4096      # argument over environment
+        assert plan["tile_bytes"] == 3072       # environment over default
+        assert plan["check"] == 1               # None argument: environment
+        assert plan["bcast_k"] == 2
+        assert plan["chan_bytes"] == DEFAULTS["chan_bytes"]
+        assert plan["nt_bytes"] == DEFAULTS["nt_bytes"]
+
+
+@pytest.mark.parametrize("given,want", [(5000, 8192), (8192, 8192), (1, 8192), (12289, 16384)])
+def test_chan_bytes_rounded_to_pages(given, want):
+    for plan, ctx in run_ranks(_params, 2, options={"chan_bytes": given}):
+        assert plan["chan_bytes"] == ctx["chan_bytes"] == want
+
+
+def _selected(comm):
+    return (comm.selected("barrier", 0), comm.selected("bcast", 8), comm.selected("bcast", 1 << 20),
+            comm.selected("alltoall", 8), comm.selected("alltoall", 1 << 20))
+
+
+@pytest.mark.parametrize("op,alg", [(op, a) for op in ("barrier", "bcast", "alltoall")
+                                    for a in shmcoll.algorithms(op)])
+def test_algorithm_forced_by_environment_and_argument(op, alg, monkeypatch):
+    idx = {"barrier": [0], "bcast": [1, 2], "alltoall": [3, 4]}[op]
+    monkeypatch.setenv(env_name(op + "_algorithm"), alg)
+    for sel in run_ranks(_selected, 3, topology="2x2"):
+        assert [sel[i] for i in idx] == [alg] * len(idx)
+    other = [a for a in shmcoll.algorithms(op) if a != alg][0]
+    for sel in run_ranks(_selected, 3, topology="2x2", options={op + "_algorithm": other}):
+        assert [sel[i] for i in idx] == [other] * len(idx)
+
+
+def test_auto_algorithm_means_automatic(monkeypatch):
+    auto = run_ranks(_selected, 3, topology="2x2")
+    monkeypatch.setenv("SHMCOLL_BCAST_ALGORITHM", "auto")
+    assert run_ranks(_selected, 3, topology="2x2", options={"alltoall_algorithm": "auto"}) == auto
+
+
+@pytest.mark.parametrize("op", ["barrier", "bcast", "alltoall"])
+def test_bad_algorithm_option_rejected(op, monkeypatch):
+    with pytest.raises(ValueError, match="nope"):
+        run_ranks(_selected, 2, options={op + "_algorithm": "nope"})
+    monkeypatch.setenv(env_name(op + "_algorithm"), "nope")
+    with pytest.raises(ValueError, match="nope"):
+        run_ranks(_selected, 2)
+
+
+def test_algorithms_lists():
+    assert shmcoll.algorithms("bcast") == ["binomial", "original", "limited", "numa"]
+    assert shmcoll.algorithms("alltoall") == ["bruck", "all_at_once", "pairwise", "tiled"]
+    with pytest.raises(ValueError, match="gather"):
+        shmcoll.algorithms("gather")
+
+
+def test_environment_is_read_at_launch(monkeypatch):
+    monkeypatch.setenv("SHMCOLL_CHUNK_BYTES", "8192")
+    first = run_ranks(_params, 2)
+    monkeypatch.setenv("SHMCOLL_CHUNK_BYTES", "16384")
+    second = run_ranks(_params, 2)
+    assert [p["chunk_bytes"] for p, _ in first] == [8192] * 2
+    assert [p["chunk_bytes"] for p, _ in second] == [16384] * 2
