@@ -1,99 +1,144 @@
-/* Fast entries for the API layer's common case, in the CPython API: the
- * buffer comes through the buffer protocol and the automatic choice from
- * the size-class table, with the GIL held (a cffi call would release and
- * retake it every time); the GIL is released once a wait goes slow.
- * Anything unusual (a buffer spec, a bad argument) returns SC_FALLBACK and
- * the Python layer redoes the call with its full checks and messages. */
+/* Fast entries: Comm's Barrier/Bcast/Alltoall for the common case, as
+ * CPython builtins bound to one communicator, so a call costs one C call
+ * (no Python frame; a cffi call would also release and retake the GIL).
+ * The buffer comes through the buffer protocol, the algorithm from the
+ * size-class table; the GIL is released once a wait goes slow.  Anything
+ * else (an explicit algorithm, a buffer spec, a bad argument) goes to the
+ * Python method with its full checks and messages. */
 #include <Python.h>
 #include "sc_internal.h"
 
 static int cls(int64_t n) { return n ? 64 - __builtin_clzll((uint64_t)n) : 0; }
 
-static sc_comm_t *ctx(PyObject *self) { return (sc_comm_t *)PyLong_AsVoidPtr(self); }
+/* An entry's self: (context address, Python method, error handler, {name:
+ * algorithm id}).  The Python method is the same collective with every
+ * check: it takes any call this entry declines; the handler turns a failed
+ * rc into the exception. */
+static sc_comm_t *ctx(PyObject *self) { return (sc_comm_t *)PyLong_AsVoidPtr(PyTuple_GET_ITEM(self, 0)); }
 
-/* Pick the algorithm: an explicit id, or the table's for this size class. */
-static int pick(sc_comm_t *c, int op, long alg, int64_t nbytes) { return alg >= 0 ? (int)alg : c->auto_alg[op * SC_NCLASS + cls(nbytes)]; }
+static PyObject *decline(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
+{
+    PyErr_Clear();
+    return PyObject_Vectorcall(PyTuple_GET_ITEM(self, 1), args, nargsf, kw);
+}
 
-static PyObject *done(sc_comm_t *c, int rc)
+/* Arguments: positional first, then keywords among names[]; 0 when the
+ * call has anything else (the Python method will say what is wrong). */
+static int parse(PyObject *const *args, size_t nargsf, PyObject *kw, const char *const *names, int max, PyObject **out)
+{
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf), nk = kw ? PyTuple_GET_SIZE(kw) : 0;
+    if (n > max) return 0;
+    for (int i = 0; i < max; i++) out[i] = i < n ? args[i] : NULL;
+    for (Py_ssize_t k = 0; k < nk; k++) {
+        int i = 0;
+        while (i < max && PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kw, k), names[i])) i++;
+        if (i == max || out[i]) return 0;
+        out[i] = args[n + k];
+    }
+    return 1;
+}
+
+/* The algorithm id: the size-class table's for None, the named one else;
+ * -1 for an unknown name. */
+static int algorithm(PyObject *self, sc_comm_t *c, PyObject *name, int op, int64_t nbytes)
+{
+    if (!name || name == Py_None) return c->auto_alg[op * SC_NCLASS + cls(nbytes)];
+    PyObject *id = PyDict_GetItemWithError(PyTuple_GET_ITEM(self, 3), name);
+    return id ? (int)PyLong_AsLong(id) : -1;
+}
+
+static void arm(sc_comm_t *c) { c->gil_release = (void *)PyEval_SaveThread; }
+
+static PyObject *done(PyObject *self, sc_comm_t *c, int rc)
 {
     if (c->gil_saved) {
         PyEval_RestoreThread(c->gil_saved);
         c->gil_saved = NULL;
     }
     c->gil_release = NULL;
-    return PyLong_FromLong(rc);
+    if (!rc) Py_RETURN_NONE;
+    PyObject *r = PyLong_FromLong(rc);
+    PyObject *out = PyObject_CallOneArg(PyTuple_GET_ITEM(self, 2), r);
+    Py_DECREF(r);
+    return out;
 }
 
-static void arm(sc_comm_t *c) { c->gil_release = (void *)PyEval_SaveThread; }
-
-static PyObject *fallback(void)
+/* Barrier(algorithm=None) */
+static PyObject *py_barrier(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
 {
-    PyErr_Clear();
-    return PyLong_FromLong(SC_FALLBACK);
-}
-
-/* barrier(alg) */
-static PyObject *py_barrier(PyObject *self, PyObject *const *args, Py_ssize_t n)
-{
+    static const char *const names[] = {"algorithm"};
+    PyObject *a[1];
     sc_comm_t *c = ctx(self);
-    long alg = n > 0 ? PyLong_AsLong(args[0]) : -1;
-    if (alg < -1 || alg > 2) return fallback();
+    int alg;
+    if (!parse(args, nargsf, kw, names, 1, a) || (alg = algorithm(self, c, a[0], 0, 0)) < 0)
+        return decline(self, args, nargsf, kw);
     arm(c);
-    return done(c, sc_barrier(c, pick(c, 0, alg, 0)));
+    return done(self, c, sc_barrier(c, alg));
 }
 
-/* bcast(buf, root, alg) */
-static PyObject *py_bcast(PyObject *self, PyObject *const *args, Py_ssize_t n)
+/* Bcast(buf, root=0, algorithm=None): a writable C-contiguous buffer. */
+static PyObject *py_bcast(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
 {
+    static const char *const names[] = {"buf", "root", "algorithm"};
+    PyObject *a[3];
     sc_comm_t *c = ctx(self);
     Py_buffer b;
-    if (n != 3 || !PyLong_CheckExact(args[1])) return fallback();
-    long root = PyLong_AsLong(args[1]), alg = PyLong_AsLong(args[2]);
-    if (root < 0 || root >= c->size || alg < -1 || alg > 3) return fallback();
-    if (PyObject_GetBuffer(args[0], &b, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)) return fallback();
+    long root = 0;
+    int alg;
+    if (!parse(args, nargsf, kw, names, 3, a) || !a[0]) return decline(self, args, nargsf, kw);
+    if (a[1]) {
+        if (!PyLong_CheckExact(a[1])) return decline(self, args, nargsf, kw);
+        root = PyLong_AsLong(a[1]);
+    }
+    if (root < 0 || root >= c->size) return decline(self, args, nargsf, kw);
+    if (PyObject_GetBuffer(a[0], &b, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)) return decline(self, args, nargsf, kw);
+    if ((alg = algorithm(self, c, a[2], 1, b.len)) < 0) {
+        PyBuffer_Release(&b);
+        return decline(self, args, nargsf, kw);
+    }
     int rc = SC_OK;
     arm(c);
     if (c->check) rc = sc_check(c, 1, root, b.len);
-    if (!rc) rc = sc_bcast(c, pick(c, 1, alg, b.len), b.buf, b.len, (int32_t)root);
-    PyObject *r = done(c, rc);
+    if (!rc) rc = sc_bcast(c, alg, b.buf, b.len, (int32_t)root);
     PyBuffer_Release(&b);
-    return r;
+    return done(self, c, rc);
 }
 
-/* alltoall(sendbuf, recvbuf, alg) */
-static PyObject *py_alltoall(PyObject *self, PyObject *const *args, Py_ssize_t n)
+/* Alltoall(sendbuf, recvbuf, algorithm=None): equal, divisible, disjoint buffers. */
+static PyObject *py_alltoall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
 {
+    static const char *const names[] = {"sendbuf", "recvbuf", "algorithm"};
+    PyObject *a[3];
     sc_comm_t *c = ctx(self);
     Py_buffer s, r;
-    if (n != 3) return fallback();
-    long alg = PyLong_AsLong(args[2]);
-    if (alg < -1 || alg > 3) return fallback();
-    if (PyObject_GetBuffer(args[0], &s, PyBUF_C_CONTIGUOUS)) return fallback();
-    if (PyObject_GetBuffer(args[1], &r, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)) {
+    int alg;
+    if (!parse(args, nargsf, kw, names, 3, a) || !a[0] || !a[1]) return decline(self, args, nargsf, kw);
+    if (PyObject_GetBuffer(a[0], &s, PyBUF_C_CONTIGUOUS)) return decline(self, args, nargsf, kw);
+    if (PyObject_GetBuffer(a[1], &r, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)) {
         PyBuffer_Release(&s);
-        return fallback();
+        return decline(self, args, nargsf, kw);
     }
     char *sp = s.buf, *rp = r.buf;
-    if (s.len != r.len || s.len % c->size || (s.len && sp < rp + r.len && rp < sp + s.len)) {
+    if (s.len != r.len || s.len % c->size || (s.len && sp < rp + r.len && rp < sp + s.len) ||
+        (alg = algorithm(self, c, a[2], 2, s.len / c->size)) < 0) {
         PyBuffer_Release(&s);
         PyBuffer_Release(&r);
-        return fallback();
+        return decline(self, args, nargsf, kw);
     }
     int64_t block = s.len / c->size;
     int rc = SC_OK;
     arm(c);
     if (c->check) rc = sc_check(c, 2, -1, block);
-    if (!rc) rc = sc_alltoall(c, pick(c, 2, alg, block), sp, rp, block);
-    PyObject *res = done(c, rc);
+    if (!rc) rc = sc_alltoall(c, alg, sp, rp, block);
     PyBuffer_Release(&s);
     PyBuffer_Release(&r);
-    return res;
+    return done(self, c, rc);
 }
 
 static PyMethodDef defs[] = {
-    {"barrier", (PyCFunction)(void (*)(void))py_barrier, METH_FASTCALL, "barrier(alg)"},
-    {"bcast", (PyCFunction)(void (*)(void))py_bcast, METH_FASTCALL, "bcast(buf, root, alg)"},
-    {"alltoall", (PyCFunction)(void (*)(void))py_alltoall, METH_FASTCALL, "alltoall(sendbuf, recvbuf, alg)"},
+    {"Barrier", (PyCFunction)(void (*)(void))py_barrier, METH_FASTCALL | METH_KEYWORDS, "Barrier(algorithm=None)"},
+    {"Bcast", (PyCFunction)(void (*)(void))py_bcast, METH_FASTCALL | METH_KEYWORDS, "Bcast(buf, root=0, algorithm=None)"},
+    {"Alltoall", (PyCFunction)(void (*)(void))py_alltoall, METH_FASTCALL | METH_KEYWORDS, "Alltoall(sendbuf, recvbuf, algorithm=None)"},
 };
 
 /* Entry i's method definition, for Python to bind to a context (its

@@ -75,7 +75,7 @@ def _shmcoll_rank(comm, op, sizes, algorithm, cfg):
 def run_shmcoll(op, n, algorithm, cfg):
     """One launch per algorithm, so a failing algorithm costs only its own column."""
     sizes = sizes_for(op, cfg.sizes)
-    bind = cfg.bind if cfg.bind != "auto" else ("core" if n <= len(CPUS) else "none")
+    bind = cfg.bind if cfg.bind != "auto" else "core"   # pinned even when oversubscribed: shmcoll's best
     name = algorithm or "auto"
     try:
         ranks = shmcoll.launch(_shmcoll_rank, n, args=(op, sizes, algorithm, cfg), bind=bind,
@@ -261,7 +261,7 @@ def parse(argv):
     p.add_argument("--algorithms", default="all", help="'all' or comma-separated names (auto always runs)")
     p.add_argument("--topology", help="topology spec passed to shmcoll.launch")
     p.add_argument("--bind", default="auto", choices=["auto", "core", "socket", "numa", "none"],
-                   help="shmcoll binding; auto = core if n <= cpus, else none")
+                   help="shmcoll binding; auto = core (MPI peers: core, or none when oversubscribed, as their launchers need)")
     p.add_argument("--peers", default="auto", help="auto (all found) | none | comma list of mpich,ompi,mp")
     p.add_argument("--json", help="write every number and the machine description here")
     p.add_argument("--plot", help="write a log-log latency plot here (needs matplotlib)")

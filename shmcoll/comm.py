@@ -16,7 +16,6 @@ from .errors import PeerFailure
 
 _bcast, _alltoall, _check = lib.sc_bcast, lib.sc_alltoall, lib.sc_check
 _KIND = {"bcast": 1, "alltoall": 2}
-_FALLBACK = lib.SC_FALLBACK
 
 
 class Comm:
@@ -29,9 +28,9 @@ class Comm:
         self._broken = None
         self._forced = {op: select.forced(op, self.plan.params) for op in select.MODULES}
         select.fill_table(self)
-        fast = device.entries()
-        self._fbarrier, self._fbcast, self._falltoall = fast["barrier"], fast["bcast"], fast["alltoall"]
-        self._ids = {op: dict(ids) for op, ids in select.IDS.items()}
+        checked = {name: getattr(Comm, name).__get__(self) for name in ("Barrier", "Bcast", "Alltoall")}
+        ids = {name: select.IDS[name.lower()] for name in checked}
+        self.__dict__.update(device.entries(checked, self._failed, ids))
 
     def Get_rank(self):
         return self.rank
@@ -43,57 +42,61 @@ class Comm:
         return f"<shmcoll.Comm rank {self.rank} of {self.size}>"
 
     # -- errors ------------------------------------------------------------
+    def _failed(self, what, rc):
+        """A C entry's call failed with rc: raise as the Python path would."""
+        self._usable()
+        self._fail(rc, what)
+
     def _fail(self, rc, what):
         exc = self._dev.failure(rc, what)
         if isinstance(exc, PeerFailure):
-            self._broken = exc
+            self._break(exc)
         raise exc
 
     def _bad(self, exc):
         """A local argument error: abort so the other ranks raise too."""
         self._dev.abort(self.rank, 3)
-        self._broken = exc
+        self._break(exc)
         raise exc
+
+    def _break(self, exc):
+        """From now on every call takes the checked methods, which refuse."""
+        self._broken = exc
+        for name in ("Barrier", "Bcast", "Alltoall"):
+            self.__dict__.pop(name, None)
 
     def _usable(self):
         if self._broken is not None:
             raise PeerFailure(self._broken.rank if isinstance(self._broken, PeerFailure) else self.rank,
                               f"failed earlier on this communicator ({self._broken}); it cannot be used")
 
-    def _algorithm(self, op, algorithm, nbytes=0):
-        """C id of an algorithm name (-1: the automatic choice)."""
+    def _pick(self, op, algorithm, nbytes):
+        """C id of the named algorithm, or of the automatic choice for nbytes."""
         if algorithm is None:
-            return -1
+            algorithm = select.selected(self, op, nbytes)
         try:
-            return self._ids[op][algorithm]
-        except (KeyError, TypeError):
-            try:
-                return select.algorithm_id(op, algorithm)
-            except ValueError as e:
-                self._bad(e)
+            return select.algorithm_id(op, algorithm)
+        except ValueError as e:
+            self._bad(e)
 
     def selected(self, op, nbytes):
         """The algorithm that algorithm=None uses for op at nbytes."""
         return select.selected(self, op, nbytes)
 
     # -- collectives ---------------------------------------------------------
+    # Each instance's Barrier/Bcast/Alltoall are C entries (device.entries)
+    # for the common case; they hand every other call to these methods.
+
     def Barrier(self, algorithm=None):
-        rc = self._fbarrier(-1 if algorithm is None else self._algorithm("barrier", algorithm))
+        self._usable()
+        rc = lib.sc_barrier(self._c, self._pick("barrier", algorithm, 0))
         if rc:
-            self._usable()
             self._fail(rc, "Barrier")
 
-    barrier = Barrier
+    def barrier(self):
+        self.Barrier()
 
     def Bcast(self, buf, root=0, algorithm=None):
-        rc = self._fbcast(buf, root, -1 if algorithm is None else self._algorithm("bcast", algorithm))
-        if rc == _FALLBACK:
-            self._bcast_checked(buf, root, algorithm)
-        elif rc:
-            self._usable()
-            self._fail(rc, "Bcast")
-
-    def _bcast_checked(self, buf, root, algorithm):
         self._usable()
         try:
             ptr, nbytes, _ = buffers.view(buf, "buf", writable=True)
@@ -120,14 +123,6 @@ class Comm:
         return obj if self.rank == root else pickle.loads(buf)
 
     def Alltoall(self, sendbuf, recvbuf, algorithm=None):
-        rc = self._falltoall(sendbuf, recvbuf, -1 if algorithm is None else self._algorithm("alltoall", algorithm))
-        if rc == _FALLBACK:
-            self._alltoall_checked(sendbuf, recvbuf, algorithm)
-        elif rc:
-            self._usable()
-            self._fail(rc, "Alltoall")
-
-    def _alltoall_checked(self, sendbuf, recvbuf, algorithm):
         self._usable()
         try:
             sptr, sbytes, _ = buffers.view(sendbuf, "sendbuf", writable=False)
@@ -165,10 +160,6 @@ class Comm:
         recv = np.empty_like(send)
         self.Alltoall(send, recv)
         return [pickle.loads(recv[i, :table[i, self.rank]].tobytes()) for i in range(self.size)]
-
-    def _pick(self, op, algorithm, nbytes):
-        alg = self._algorithm(op, algorithm)
-        return alg if alg >= 0 else select.algorithm_id(op, select.selected(self, op, nbytes))
 
     def _root(self, root):
         if not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:

@@ -5,6 +5,7 @@ channel, wait policy, barrier trees); the C engine then runs each
 collective phase in one call.  Collectives use only Device and the C entry
 points, never the segment directly."""
 import ctypes
+import functools
 from dataclasses import dataclass, field
 
 from . import options as _options
@@ -128,11 +129,18 @@ class Device:
         width = self.plan.params["stripe_bytes"] // self.plan.params["stripe_slots"]
         return self.c.off_stripe + i * width, width
 
-    def entries(self):
-        """The C fast entries bound to this context: {"barrier": fn, ...}."""
-        self_ = int(ffi.cast("uintptr_t", self.c))
-        return {name: _new_cfunction(int(ffi.cast("uintptr_t", lib.sc_py_entry(i))), self_, None)
-                for i, name in enumerate(("barrier", "bcast", "alltoall"))}
+    def entries(self, methods, on_error, ids):
+        """The C fast entries bound to this context, each declining to
+        methods[name] (the checked Python version), raising through
+        on_error(name, rc) and naming algorithms by ids[name]:
+        {"Barrier": fn, "Bcast": fn, "Alltoall": fn}."""
+        addr = int(ffi.cast("uintptr_t", self.c))
+        out = {}
+        for i, name in enumerate(("Barrier", "Bcast", "Alltoall")):
+            handler = functools.partial(on_error, name)
+            out[name] = _new_cfunction(int(ffi.cast("uintptr_t", lib.sc_py_entry(i))),
+                                       (addr, methods[name], handler, ids[name]), None)
+        return out
 
     def register(self, pid):
         if lib.sc_register(self.c, pid) != 0:
