@@ -50,6 +50,29 @@ def run_ranks(fn, n, *args, **kw):
     return shmcoll.launch(fn, n, args=args, **kw)
 
 
+def run_cases(job, n, cases, **kw):
+    """Run job(comm, cases, forms) on n ranks; every rank returns its list of
+    failure descriptions, and all of them must be empty."""
+    forms = kw.pop("forms", False)
+    results = run_ranks(job, n, cases, forms, **kw)
+    failures = [f for r in results for f in r]
+    assert failures == [], "\n".join(failures[:20])
+
+
+def attempt(comm, name, call):
+    """call() (the collective `name`), then a Barrier; (phase, exception
+    type, message, .rank) of what raised, or None.  A bad-argument test
+    runs this on every rank."""
+    phase = name
+    try:
+        call()
+        phase = "Barrier"
+        comm.Barrier()
+    except Exception as e:
+        return phase, type(e).__name__, str(e), getattr(e, "rank", None)
+    return None
+
+
 def shared_array(shape, dtype=np.int64, fill=0):
     """An array every forked rank shares (anonymous shared mapping)."""
     dtype = np.dtype(dtype)
