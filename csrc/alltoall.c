@@ -4,11 +4,15 @@
  *  all_at_once  each rank posts a piece of every block at once, readers
  *               staggered (step s reads rank - s) so no two read one writer.
  *  pairwise     p-1 steps, XOR partner (p a power of two) or shift, big
- *               staging chunks (the large-message baseline).
+ *               staging chunks (the large-message baseline); blocks of at
+ *               least cma_bytes go by rendezvous instead (paper 004): the
+ *               reader copies straight out of the writer's sendbuf with
+ *               process_vm_readv, one copy instead of two.
  *  tiled        pairwise cut into tiles sized to the shared cache, so the
  *               staged tile is still in cache when the partner copies it. */
 #include "sc_internal.h"
 #include <stdlib.h>
+#include <sys/uio.h>
 
 enum { BRUCK, ALL_AT_ONCE, PAIRWISE, TILED };
 
@@ -45,52 +49,89 @@ static int put(sc_comm_t *c, uint64_t op, const ring_t *r, int64_t i, int reader
     post_line_val(post_line(c, c->rank), stamp(op, i + 1));
     return SC_OK;
 }
-static int get(sc_comm_t *c, uint64_t op, const ring_t *r, int64_t i, int src, char *to, int64_t n, int64_t block, int nt)
+/* `first`: this is the first event read from src in this call, so check
+ * the call's signature src posted (every source, not just the first). */
+static int get(sc_comm_t *c, uint64_t op, const ring_t *r, int64_t i, int first, int src, char *to, int64_t n, int64_t block, int nt)
 {
     int rc;
     if ((rc = wait_line(c, post_line(c, src), stamp(op, i + 1), src))) return rc;
-    if (i == 0 && (rc = check_meta(c, post_line(c, src), src, block, A2A_TAG))) return rc;
+    if (first && (rc = check_meta(c, post_line(c, src), src, block, A2A_TAG))) return rc;
     sc_copy(to, slot(r, i), n, nt);
     post_line_val(ack_line(c, c->rank, src), stamp(op, i + 1));
     return SC_OK;
 }
 
 /* pairwise and tiled: step s sends to dst(s), receives from src(s); each
- * block moves in ceil(block / tile) events through a ring of tiles. */
+ * block moves in `per` tiles, event i = tile i % per of step i / per + 1.
+ * With two slots or more the tile after next is posted before this one is
+ * copied out, so the partner always has a tile to copy while we fill ours. */
+typedef struct { int p, me, pow2; int64_t block, tile, per; } sched_t;
+static int peer(const sched_t *k, int64_t i, int sign)
+{
+    int s = (int)(i / k->per) + 1;
+    return k->pow2 ? k->me ^ s : (k->me + sign * s + k->p) % k->p;
+}
+static int64_t toff(const sched_t *k, int64_t i) { return i % k->per * k->tile; }
+static int64_t tlen(const sched_t *k, int64_t i) { int64_t n = k->block - toff(k, i); return n < k->tile ? n : k->tile; }
+
 static int steps(sc_comm_t *c, uint64_t op, const char *sb, char *rb, int64_t block, int64_t tile)
 {
-    int p = c->size, me = c->rank, pow2 = !(p & (p - 1)), rc, nt = block >= c->nt_bytes;
-    if (tile > block) tile = block;
-    if (tile < 1) tile = 1;
-    int64_t per = (block + tile - 1) / tile;
-    if (per < 1) per = 1;
-    ring_t w = ring(c, me, tile, 1 << 30);
-    int64_t i = 0;
-    int last_dst = -1;
-    for (int s = 1; s < p; s++) {
-        int dst = pow2 ? me ^ s : (me + s) % p, src = pow2 ? me ^ s : (me - s + p) % p;
-        ring_t rr = ring(c, src, tile, 1 << 30);
-        for (int64_t t = 0; t < per; t++, i++) {
-            int64_t off = t * tile, n = block - off < tile ? block - off : tile;
-            int64_t old = i - w.nslots;
-            int old_dst = -1;
-            if (old >= 0) {
-                int os = (int)(old / per) + 1;
-                old_dst = pow2 ? me ^ os : (me + os) % p;
-            }
-            if ((rc = put(c, op, &w, i, old_dst, sb + dst * block + off, n, block))) return rc;
-            if ((rc = get(c, op, &rr, i, src, rb + src * block + off, n, block, nt))) return rc;
+    sched_t k = { c->size, c->rank, !(c->size & (c->size - 1)), block, tile > block ? block : tile, 1 };
+    if (k.tile < 1) k.tile = 1;
+    if (block > k.tile) k.per = (block + k.tile - 1) / k.tile;
+    int64_t events = (int64_t)(k.p - 1) * k.per;
+    int rc, nt = streams(c, 2 * (int64_t)k.p * k.p * block);
+    ring_t w = ring(c, k.me, k.tile, 1 << 30);
+    int ahead = w.nslots >= 2;
+    for (int64_t i = 0, put_next = 0; i < events; i++) {
+        for (; put_next <= i + ahead && put_next < events; put_next++) {
+            int64_t old = put_next - w.nslots;
+            int dst = peer(&k, put_next, +1);
+            if ((rc = put(c, op, &w, put_next, old >= 0 ? peer(&k, old, +1) : -1,
+                          sb + dst * block + toff(&k, put_next), tlen(&k, put_next), block))) return rc;
         }
-        if (last_dst >= 0) owe(c, me, last_dst, stamp(op, i - per));
-        last_dst = dst;
+        int src = peer(&k, i, -1);
+        ring_t rr = ring(c, src, k.tile, 1 << 30);
+        if ((rc = get(c, op, &rr, i, i % k.per == 0, src, rb + src * block + toff(&k, i), tlen(&k, i), block, nt))) return rc;
     }
-    if (last_dst >= 0) owe(c, me, last_dst, stamp(op, i));
+    for (int64_t s = 0; s < k.p - 1; s++)    /* each reader's last event */
+        owe(c, k.me, peer(&k, s * k.per, +1), stamp(op, (s + 1) * k.per));
+    return SC_OK;
+}
+
+static int rendezvous(sc_comm_t *c, uint64_t op, const char *sb, char *rb, int64_t block)
+{
+    int p = c->size, me = c->rank, pow2 = !(p & (p - 1)), rc;
+    sc_line_t *mine = post_line(c, me);
+    uint64_t addr = (uintptr_t)sb;
+    put_meta(mine, block, A2A_TAG);
+    memcpy(mine->data, &addr, 8);
+    post_line_val(mine, stamp(op, 1));
+    for (int s = 1; s < p; s++) {
+        int src = pow2 ? me ^ s : (me - s + p) % p;
+        if ((rc = wait_line(c, post_line(c, src), stamp(op, 1), src))) return rc;
+        if ((rc = check_meta(c, post_line(c, src), src, block, A2A_TAG))) return rc;
+        memcpy(&addr, post_line(c, src)->data, 8);
+        for (int64_t done = 0; done < block;) {   /* the kernel may copy less than asked */
+            struct iovec l = { rb + src * block + done, block - done };
+            struct iovec r = { (void *)(uintptr_t)(addr + me * block + done), block - done };
+            ssize_t n = process_vm_readv(sc_rank_pid(c, src), &l, 1, &r, 1, 0);
+            if (n <= 0) return sc_fail(c, SC_EDEAD, src, 1, 0);
+            done += n;
+        }
+        post_line_val(ack_line(c, me, src), stamp(op, 1));
+    }
+    /* sendbuf is the user's again once every reader is done with it */
+    for (int j = 1; j < p; j++) {
+        int d = (me + j) % p;
+        if ((rc = wait_line(c, ack_line(c, d, me), stamp(op, 1), d))) return rc;
+    }
     return SC_OK;
 }
 
 static int all_at_once(sc_comm_t *c, uint64_t op, const char *sb, char *rb, int64_t block)
 {
-    int p = c->size, me = c->rank, rc, nt = block >= c->nt_bytes;
+    int p = c->size, me = c->rank, rc, nt = streams(c, 2 * (int64_t)p * p * block);
     int64_t half = c->chan_bytes / 2, piece = half / (p - 1) & ~63LL;
     if (piece > block) piece = block;
     if (piece < 1) piece = 1;
@@ -124,7 +165,7 @@ static int all_at_once(sc_comm_t *c, uint64_t op, const char *sb, char *rb, int6
  * rank - i.  Blocks too large for the ring go in column pieces. */
 static int bruck(sc_comm_t *c, uint64_t op, const char *sb, char *rb, int64_t block)
 {
-    int p = c->size, me = c->rank, rc = SC_OK, nt = block >= c->nt_bytes;
+    int p = c->size, me = c->rank, rc = SC_OK, nt = streams(c, 2 * (int64_t)p * p * block);
     int64_t most = 0, piece = block, cap = c->chan_bytes / 2;
     for (int m = 1; m < p; m <<= 1) {
         int64_t cnt = 0;
@@ -156,7 +197,7 @@ static int bruck(sc_comm_t *c, uint64_t op, const char *sb, char *rb, int64_t bl
             for (int i = 0; i < p; i++) if (i & m) { memcpy(o, tmp + i * block + off, n); o += n; }
             post_line_val(post_line(c, me), stamp(op, t + 1));
             if ((rc = wait_line(c, post_line(c, src), stamp(op, t + 1), src))) goto out;
-            if (t == 0 && (rc = check_meta(c, post_line(c, src), src, block, A2A_TAG))) goto out;
+            if (off == 0 && (rc = check_meta(c, post_line(c, src), src, block, A2A_TAG))) goto out;
             const char *in = slot(&r, t);
             for (int i = 0; i < p; i++) if (i & m) { memcpy(tmp + i * block + off, in, n); in += n; }
             post_line_val(ack_line(c, me, src), stamp(op, t + 1));
@@ -180,10 +221,13 @@ int sc_alltoall(sc_comm_t *c, int alg, const char *sb, char *rb, int64_t block)
         switch (alg) {
         case BRUCK: rc = drain(c, me); if (!rc) rc = bruck(c, op, sb, rb, block); return rc;
         case ALL_AT_ONCE: rc = all_at_once(c, op, sb, rb, block); break;
-        case PAIRWISE: rc = steps(c, op, sb, rb, block, c->chan_bytes / 2); break;
+        case PAIRWISE:
+            rc = c->cma && c->cma_bytes > 0 && block >= c->cma_bytes ? rendezvous(c, op, sb, rb, block)
+                                                 : steps(c, op, sb, rb, block, c->chan_bytes / 2);
+            break;
         default: rc = steps(c, op, sb, rb, block, c->tile_bytes); break;
         }
     }
-    if (!rc) sc_copy(rb + me * block, sb + me * block, block, block >= c->nt_bytes);
+    if (!rc) sc_copy(rb + me * block, sb + me * block, block, streams(c, 2 * (int64_t)c->size * c->size * block));
     return rc;
 }

@@ -59,7 +59,7 @@ static int wait_acks(sc_comm_t *c, const int *readers, int n, int ch, uint64_t t
 
 static int binomial(sc_comm_t *c, uint64_t op, char *buf, int64_t nbytes, int root)
 {
-    int p = c->size, vr = (c->rank - root + p) % p, parent = -1, kids[64], nk = 0, rc, nt = nbytes >= c->nt_bytes;
+    int p = c->size, vr = (c->rank - root + p) % p, parent = -1, kids[64], nk = 0, rc, nt = streams(c, p * nbytes);
     int low = vr ? vr & -vr : 1 << 30;
     if (vr) parent = (vr - low + root) % p;
     for (int m = 1; m < low && vr + m < p; m <<= 1) kids[nk++] = (vr + m + root) % p;
@@ -113,7 +113,7 @@ static int fill(sc_comm_t *c, uint64_t op, const char *buf, const ring_t *r, int
  * segment `first` of each round and rotating; one ack per round. */
 static int drink(sc_comm_t *c, uint64_t op, char *buf, const ring_t *r, int ch, int root, int64_t g, int64_t first)
 {
-    int rc, nt = r->nbytes >= c->nt_bytes;
+    int rc, nt = streams(c, c->size * r->nbytes);
     for (int64_t base = 0; base < r->nchunks; base += g) {
         int64_t n = r->nchunks - base < g ? r->nchunks - base : g;
         for (int64_t s = 0; s < g; s++) {

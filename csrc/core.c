@@ -8,7 +8,9 @@
 #include <time.h>
 #include <unistd.h>
 #include <linux/futex.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 
 #define SC_MAGIC 0x5c0111u
 #define PAGE 4096
@@ -199,4 +201,33 @@ int sc_check(sc_comm_t *c, int64_t kind, int64_t root, int64_t nbytes)
         if (nb != nbytes) { c->err_code = SC_EMISMATCH; c->err_rank = r; c->err_a = nbytes; c->err_b = nb; return SC_EMISMATCH + 300; }
     }
     return SC_OK;
+}
+
+/* Can every rank read its peers' memory with process_vm_readv (same user,
+ * ptrace rules, seccomp)?  Each rank lets any process trace it, publishes
+ * the address of a known word, reads its right neighbour's, and all agree
+ * on the result, so the single-copy protocol is on everywhere or nowhere.
+ * Runs before any collective; the barriers keep the post lines it borrows
+ * from being reused before everyone has read them. */
+int sc_probe_cma(sc_comm_t *c)
+{
+    static const uint64_t magic = 0x5c0111c0a11ULL;
+    int p = c->size, me = c->rank, rc;
+    char *mine = post_line(c, me)->data;
+    uint64_t addr = (uintptr_t)&magic, got = 0, ok;
+    prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+    memcpy(mine, &addr, 8);
+    if ((rc = sc_barrier(c, 1))) return rc;
+    int peer = (me + 1) % p;
+    memcpy(&addr, post_line(c, peer)->data, 8);
+    struct iovec l = { &got, 8 }, r = { (void *)(uintptr_t)addr, 8 };
+    ok = process_vm_readv(state(c, peer)->pid, &l, 1, &r, 1, 0) == 8 && got == magic;
+    memcpy(mine + 8, &ok, 8);
+    if ((rc = sc_barrier(c, 1))) return rc;
+    c->cma = 1;
+    for (int q = 0; q < p; q++) {
+        memcpy(&ok, post_line(c, q)->data + 8, 8);
+        c->cma &= ok != 0;
+    }
+    return sc_barrier(c, 1);
 }

@@ -24,8 +24,10 @@ typedef struct sc_comm {
     int64_t stripe_bytes;    /* NUMA-striped bcast buffer */
     int32_t stripe_slots;    /* its segments; slot i lives on node i mod nodes */
     int32_t bcast_k;         /* limited bcast: readers per segment */
-    int64_t nt_bytes;        /* copies out of messages this large bypass the cache */
+    int64_t nt_bytes;        /* calls whose buffers, all ranks together, exceed this stream past the cache */
     int32_t check;           /* cross-rank argument check on every call */
+    int64_t cma_bytes;       /* alltoall blocks this large: single copy (if cma) */
+    int32_t cma;             /* every rank can read its peers' memory (sc_probe_cma) */
     /* wait policy (ns): spin, then sched_yield, then futex sleep */
     int64_t spin_ns;
     int64_t yield_ns;
@@ -72,6 +74,7 @@ void sc_set_abort(sc_comm_t *c, int32_t rank, int32_t code);
 int32_t sc_abort_word(sc_comm_t *c);
 int32_t sc_rank_state(sc_comm_t *c, int32_t rank);
 int32_t sc_rank_pid(sc_comm_t *c, int32_t rank);
+int sc_probe_cma(sc_comm_t *c);
 
 int sc_barrier(sc_comm_t *c, int alg);
 

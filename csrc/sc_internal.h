@@ -103,6 +103,11 @@ static inline int check_meta(sc_comm_t *c, sc_line_t *l, int who, int64_t a, int
     if (l->meta[1] != b) return sc_fail(c, SC_EMISMATCH, who, b, l->meta[1]);
     return SC_OK;
 }
+/* Copies into user memory stream past the cache (non-temporal stores) only
+ * when the call's whole footprint, every rank's buffers, would not stay in
+ * the shared cache anyway; below that, cached stores are faster. */
+static inline int streams(sc_comm_t *c, int64_t footprint) { return footprint >= c->nt_bytes; }
+
 static inline void owe(sc_comm_t *c, int ch, int r, uint64_t v) { c->pend[(int64_t)ch * c->size + r] = v; }
 
 #endif

@@ -26,6 +26,8 @@ class Comm:
         self.rank, self.size = device.rank, device.plan.nranks
         self.slots = device.plan.slots
         self._broken = None
+        if self.size > 1 and (rc := lib.sc_probe_cma(self._c)):
+            self._fail(rc, "communicator creation")
         self._forced = {op: select.forced(op, self.plan.params) for op in select.MODULES}
         select.fill_table(self)
         checked = {name: getattr(Comm, name).__get__(self) for name in ("Barrier", "Bcast", "Alltoall")}

@@ -41,6 +41,7 @@ def make_plan(nranks, topo, slots, options=None):
     p["chan_bytes"] = _round(max(int(p["chan_bytes"]), 2 * PAGE), PAGE)
     p["chunk_bytes"] = int(p["chunk_bytes"] or max(PAGE, min(l2 // 4, p["chan_bytes"] // 4)))
     p["tile_bytes"] = int(p["tile_bytes"] or max(PAGE, min(l2 // 4, shared // (2 * nranks))))
+    p["nt_bytes"] = int(p["nt_bytes"] or shared)
     per_socket = max(sum(1 for s in slots if s.socket == slots[0].socket), 1)
     p["bcast_k"] = int(p["bcast_k"] or max(1, min(4, per_socket)))
     groups = -(-max(nranks - 1, 1) // p["bcast_k"])
@@ -65,7 +66,7 @@ _new_cfunction.restype = ctypes.py_object
 _new_cfunction.argtypes = (ctypes.c_void_p, ctypes.py_object, ctypes.py_object)
 
 INT_FIELDS = ("chan_bytes", "chunk_bytes", "tile_bytes", "stripe_bytes", "stripe_slots", "bcast_k",
-              "nt_bytes", "check", "spin_ns", "yield_ns", "sleep_ns", "liveness_ns")
+              "nt_bytes", "check", "cma_bytes", "spin_ns", "yield_ns", "sleep_ns", "liveness_ns")
 
 
 class Device:

@@ -10,8 +10,9 @@ DEFAULTS = {
     "tile_bytes": None,         # alltoall tile (default: from the shared cache)
     "stripe_slots": None,       # numa bcast: striped segments (default: >= 8 and 2 x groups, a multiple of nodes)
     "bcast_k": None,            # limited bcast: readers per segment (default: ranks per socket, <= 4)
-    "nt_bytes": 1 << 20,        # copies out of messages this large stream past the cache
+    "nt_bytes": None,           # calls touching more (all ranks' buffers) stream past the cache (default: shared cache size)
     "check": 0,                 # cross-rank argument agreement on every call
+    "cma_bytes": 1 << 20,       # alltoall blocks this large: single copy when ranks may read each other (0: never)
     "spin_ns": None,            # spin before yielding (default: 50 us, ~0 when oversubscribed)
     "yield_ns": 2_000_000,      # yield before sleeping on the futex
     "sleep_ns": 20_000_000,     # futex timeout: health is re-checked this often while asleep

@@ -249,3 +249,18 @@ def test_alltoall_selected_is_an_algorithm():
     for topo, n in [(None, 2), ("2x2", 4), ("2x4", 8)]:
         for names in run_ranks(job, n, topology=topo):
             assert all(a in shmcoll.algorithms("alltoall") for a in names), names
+
+
+def _cma(comm):
+    return comm._c.cma
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
+def test_alltoall_rendezvous(n):
+    """Blocks from cma_bytes up go by rendezvous (process_vm_readv straight
+    from the peer's sendbuf) when the ranks agreed they may; force it down
+    to one byte so every size runs it, and compare with the staged path."""
+    if not all(run_ranks(_cma, n)):
+        pytest.skip("cross-memory attach is not permitted between ranks here")
+    check(n, table(["pairwise"], SMALL_SIZES + [1 << 16]), options=dict(SMALL, cma_bytes=1))
+    check(n, table(["pairwise"], [1 << 16]), options=dict(SMALL, cma_bytes=0))

@@ -120,7 +120,8 @@ def test_launch_precedence(monkeypatch):
         assert plan["check"] == 1               # None argument: environment
         assert plan["bcast_k"] == 2
         assert plan["chan_bytes"] == DEFAULTS["chan_bytes"]
-        assert plan["nt_bytes"] == DEFAULTS["nt_bytes"]
+        topo = shmcoll.topology()
+        assert plan["nt_bytes"] == (topo.shared_cache_size() or topo.cache_size(2) or 1 << 20)  # derived
 
 
 @pytest.mark.parametrize("given,want", [(5000, 8192), (8192, 8192), (1, 8192), (12289, 16384)])
