@@ -230,3 +230,28 @@ def test_backend_none_degrades_quietly(seg):
             numa.bind(seg.mm, max(NODES) + 1)
     finally:
         numa._set_backend(default)
+
+
+@pytest.mark.parametrize("spec", [None, "2x2x2", "2x2x4"])
+def test_communicator_segment_placement(spec):
+    """A job's segment as the launcher lays it out: every rank's channel on
+    its own node, stripe slot i (the numa bcast's segment i) on node
+    i mod nodes, as the kernel reports page by page.  Virtual nodes land on
+    real node (i mod real nodes); on one real node everything is node 0."""
+    from shmcoll.launcher import Job
+    from shmcoll.topology import topology
+    topo = topology(spec)
+    job = Job(len(topo.cores), bind="none", topology=spec, options={"chan_bytes": 4 * PAGE})
+    try:
+        dev, p = job.device, job.plan.params
+        mm = dev.segment.mmap
+        for r, slot in enumerate(job.plan.slots):
+            off = dev.c.off_chan + r * p["chan_bytes"]
+            assert [numa.node_of(mm, off + k) for k in range(0, p["chan_bytes"], PAGE)] == \
+                [slot.real_node] * (p["chan_bytes"] // PAGE), f"channel of rank {r}"
+        for i in range(p["stripe_slots"]):
+            off, width = dev.stripe_range(i)
+            want = topo.real_node_of(i % len(topo.nodes))
+            assert {numa.node_of(mm, off + k) for k in range(0, width, PAGE)} == {want}, f"stripe slot {i}"
+    finally:
+        job.close()
