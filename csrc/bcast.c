@@ -12,13 +12,17 @@
 
 enum { BINOMIAL, ORIGINAL, LIMITED, NUMA };
 
-typedef struct { char *base; int64_t chunk, stride, nslots, nchunks, nbytes; } ring_t;
+/* A call's view of channel ch: where its chunks go, which line carries its
+ * signature, and which debt set guards that memory. */
+typedef struct { char *base; int64_t chunk, stride, nslots, nchunks, nbytes; sc_line_t *meta; int set; } ring_t;
 
-static ring_t ring(sc_comm_t *c, int ch, int64_t nbytes, int64_t chunk)
+static ring_t ring(sc_comm_t *c, int ch, int64_t nbytes, int64_t chunk, uint64_t op)
 {
-    ring_t r = { .nbytes = nbytes };
+    ring_t r = { .nbytes = nbytes, .meta = post_line(c, ch), .set = SC_SLOTS };
     if (nbytes <= SC_INLINE) {
-        r.base = post_line(c, ch)->data;
+        r.meta = slot_line(c, ch, op);
+        r.set = (int)(op % SC_SLOTS);
+        r.base = r.meta->data;
         r.chunk = r.stride = SC_INLINE;
         r.nslots = 1;
     } else if (ch == c->size) {
@@ -64,18 +68,18 @@ static int binomial(sc_comm_t *c, uint64_t op, char *buf, int64_t nbytes, int ro
     if (vr) parent = (vr - low + root) % p;
     for (int m = 1; m < low && vr + m < p; m <<= 1) kids[nk++] = (vr + m + root) % p;
     int64_t chunk = pipe_chunk(c, nbytes);
-    ring_t me = ring(c, c->rank, nbytes, chunk), up = ring(c, parent < 0 ? root : parent, nbytes, chunk);
-    if (nk && (rc = drain(c, c->rank))) return rc;
+    ring_t me = ring(c, c->rank, nbytes, chunk, op), up = ring(c, parent < 0 ? root : parent, nbytes, chunk, op);
+    if (nk && (rc = drain_set(c, c->rank, me.set))) return rc;
     for (int64_t i = 0; i < me.nchunks; i++) {
         const char *src = buf + i * me.chunk;
         if (parent >= 0) {
             if ((rc = wait_line(c, post_line(c, parent), stamp(op, i + 1), parent))) return rc;
-            if (i == 0 && (rc = check_meta(c, post_line(c, parent), parent, nbytes, root))) return rc;
+            if (i == 0 && (rc = check_meta(c, up.meta, parent, nbytes, root))) return rc;
             src = slot(&up, i);
         }
         if (nk) {
             if (i >= me.nslots && (rc = wait_acks(c, kids, nk, c->rank, stamp(op, i - me.nslots + 1)))) return rc;
-            if (i == 0) put_meta(post_line(c, c->rank), nbytes, root);
+            if (i == 0) put_meta(me.meta, nbytes, root);
             sc_copy(slot(&me, i), src, len(&me, i), 0);
             post_line_val(post_line(c, c->rank), stamp(op, i + 1));
             src = slot(&me, i);
@@ -86,7 +90,7 @@ static int binomial(sc_comm_t *c, uint64_t op, char *buf, int64_t nbytes, int ro
             if (!nk) post_line_val(ack_line(c, c->rank, parent), stamp(op, i + 1));
         }
     }
-    for (int i = 0; i < nk; i++) owe(c, c->rank, kids[i], stamp(op, me.nchunks));
+    for (int i = 0; i < nk; i++) owe_set(c, c->rank, me.set, kids[i], stamp(op, me.nchunks));
     return SC_OK;
 }
 
@@ -96,13 +100,13 @@ static int fill(sc_comm_t *c, uint64_t op, const char *buf, const ring_t *r, int
 {
     int readers[1024], n = 0, rc;
     for (int q = 0; q < c->size; q++) if (q != root) readers[n++] = q;
-    if ((rc = drain(c, ch))) return rc;
+    if ((rc = drain_set(c, ch, r->set))) return rc;
     for (int64_t i = 0; i < r->nchunks; i++) {
         if (i >= r->nslots) {
             int64_t j = i - r->nslots, end = (j / g + 1) * g;
             if ((rc = wait_acks(c, readers, n, ch, stamp(op, end < r->nchunks ? end : r->nchunks)))) return rc;
         }
-        if (i == 0) put_meta(post_line(c, ch), r->nbytes, root);
+        if (i == 0) put_meta(r->meta, r->nbytes, root);
         sc_copy(slot(r, i), buf + i * r->chunk, len(r, i), 0);
         post_line_val(post_line(c, ch), stamp(op, i + 1));
     }
@@ -120,7 +124,7 @@ static int drink(sc_comm_t *c, uint64_t op, char *buf, const ring_t *r, int ch, 
             int64_t i = base + (first + s) % g;
             if (i - base >= n) continue;
             if ((rc = wait_line(c, post_line(c, ch), stamp(op, i + 1), root))) return rc;
-            if (base == 0 && s == 0 && (rc = check_meta(c, post_line(c, ch), root, r->nbytes, root))) return rc;
+            if (base == 0 && s == 0 && (rc = check_meta(c, r->meta, root, r->nbytes, root))) return rc;
             sc_copy(buf + i * r->chunk, slot(r, i), len(r, i), nt);
         }
         post_line_val(ack_line(c, c->rank, ch), stamp(op, base + n));
@@ -132,13 +136,13 @@ static int flat(sc_comm_t *c, int alg, uint64_t op, char *buf, int64_t nbytes, i
 {
     int p = c->size, vr = (c->rank - root + p) % p, ch = alg == NUMA ? p : root;
     int64_t k = alg == ORIGINAL || c->bcast_k < 1 ? p : c->bcast_k, g = alg == ORIGINAL ? 1 : (p - 1 + k - 1) / k;
-    ring_t r = ring(c, ch, nbytes, pipe_chunk(c, nbytes));
+    ring_t r = ring(c, ch, nbytes, pipe_chunk(c, nbytes), op);
     if (g > 1 && nbytes > SC_INLINE) {
         /* segments of one round must fit twice in the ring (double buffering) */
         int64_t seg = (nbytes + g - 1) / g;
         seg = (seg + 63) & ~63LL;
         if (r.nslots < 2 * g) g = r.nslots / 2 > 0 ? r.nslots / 2 : 1;
-        if (seg < r.chunk) r = ring(c, ch, nbytes, seg);
+        if (seg < r.chunk) r = ring(c, ch, nbytes, seg, op);
     }
     if (nbytes <= SC_INLINE) g = 1;
     int rc = c->rank == root ? fill(c, op, buf, &r, ch, root, g)
@@ -147,7 +151,7 @@ static int flat(sc_comm_t *c, int alg, uint64_t op, char *buf, int64_t nbytes, i
     /* every rank records the readers' debts: for the stripe any rank may be the next writer */
     if (c->rank == root || ch == p)
         for (int q = 0; q < p; q++)
-            if (q != root) owe(c, ch, q, stamp(op, r.nchunks));
+            if (q != root) owe_set(c, ch, r.set, q, stamp(op, r.nchunks));
     return SC_OK;
 }
 

@@ -25,6 +25,7 @@ int64_t sc_layout(sc_comm_t *c)
     c->off_bar = o;    o += p * SC_LINE;
     c->off_q = o;      o = up(o + SC_LINE + 2 * p * 8, SC_LINE);   /* sleepers line, gather, release */
     c->off_post = o;   o += (p + 1) * SC_LINE;
+    c->off_slot = o;   o += (p + 1) * SC_SLOTS * SC_LINE;
     c->off_ack = o;    o += p * (p + 1) * SC_LINE;
     c->off_chk = o;    o += 2 * p * SC_LINE;
     c->off_chan = o = up(o, PAGE);

@@ -3,6 +3,7 @@
  * the plan fields once, C owns the shared layout and runs every phase. */
 #define SC_LINE 128
 #define SC_INLINE 96
+#define SC_SLOTS 8       /* inline bcast slots per writer: a root may run this many calls ahead */
 
 #define SC_OK 0
 #define SC_EABORT -1     /* a peer raised or erred: abort word says who */
@@ -43,6 +44,7 @@ typedef struct sc_comm {
     int64_t off_bar;
     int64_t off_q;
     int64_t off_post;
+    int64_t off_slot;
     int64_t off_ack;
     int64_t off_chk;
     int64_t off_chan;
@@ -58,7 +60,7 @@ typedef struct sc_comm {
     /* private state */
     uint64_t op;
     uint64_t nchecks;        /* sc_check calls: picks its line set */
-    uint64_t *pend;          /* [(size + 1) * size] acks owed before reuse */
+    uint64_t *pend;          /* [(size + 1) * (SC_SLOTS + 1) * size] acks owed before reuse */
     int32_t err_rank;
     int32_t err_code;
     int64_t err_a;

@@ -81,11 +81,25 @@ static inline void post_val(_Atomic uint64_t *v, _Atomic uint32_t *sl, uint64_t 
 }
 static inline void post_line_val(sc_line_t *l, uint64_t value) { post_val(&l->val, &l->sleepers, value); }
 
-/* Wait until reader r has consumed channel ch up to `target` for every
- * reader with an outstanding debt, then clear the debts (lazy drain: a
- * writer only waits for the previous call's readers when it writes again). */
-static inline int drain(sc_comm_t *c, int ch) {
-    uint64_t *p = c->pend + (int64_t)ch * c->size;
+/* Small bcasts rotate over SC_SLOTS lines per writer, chosen by call, so a
+ * root waits only for the readers of the call that last used the same
+ * slot.  The flag stays the writer's post line: its stamps only grow, and a
+ * reader that sees a later one still finds its own call's data in its slot. */
+static inline sc_line_t *slot_line(sc_comm_t *c, int ch, uint64_t op) {
+    return line_at(c, c->off_slot, (int64_t)ch * SC_SLOTS + op % SC_SLOTS);
+}
+
+/* Debts: acks owed to writer ch before it may rewrite what they read.  Set
+ * s < SC_SLOTS is inline slot s; set SC_SLOTS the post line and the ring. */
+static inline uint64_t *debts(sc_comm_t *c, int ch, int set) {
+    return c->pend + ((int64_t)ch * (SC_SLOTS + 1) + set) * c->size;
+}
+
+/* Wait until every reader with an outstanding debt in the set has acked
+ * it, then clear the debts (lazy drain: a writer only waits for earlier
+ * readers when it writes the same memory again). */
+static inline int drain_set(sc_comm_t *c, int ch, int set) {
+    uint64_t *p = debts(c, ch, set);
     for (int r = 0; r < c->size; r++) {
         if (p[r]) {
             int rc = wait_line(c, ack_line(c, r, ch), p[r], r);
@@ -95,6 +109,7 @@ static inline int drain(sc_comm_t *c, int ch) {
     }
     return SC_OK;
 }
+static inline int drain(sc_comm_t *c, int ch) { return drain_set(c, ch, SC_SLOTS); }
 /* A call's signature rides in the writer's line: readers compare it with
  * their own (always on: it costs no extra hand-off). */
 static inline void put_meta(sc_line_t *l, int64_t a, int64_t b) { l->meta[0] = a; l->meta[1] = b; }
@@ -108,6 +123,7 @@ static inline int check_meta(sc_comm_t *c, sc_line_t *l, int who, int64_t a, int
  * the shared cache anyway; below that, cached stores are faster. */
 static inline int streams(sc_comm_t *c, int64_t footprint) { return footprint >= c->nt_bytes; }
 
-static inline void owe(sc_comm_t *c, int ch, int r, uint64_t v) { c->pend[(int64_t)ch * c->size + r] = v; }
+static inline void owe_set(sc_comm_t *c, int ch, int set, int r, uint64_t v) { debts(c, ch, set)[r] = v; }
+static inline void owe(sc_comm_t *c, int ch, int r, uint64_t v) { owe_set(c, ch, SC_SLOTS, r, v); }
 
 #endif

@@ -90,7 +90,7 @@ class Device:
             c.bar_parent[alg] = parents[rank] if rank >= 0 else -1
             c.bar_nchild[alg] = len(children[rank]) if rank >= 0 else 0
             c.bar_child[alg] = kids
-        pend = ffi.new("uint64_t[]", (plan.nranks + 1) * plan.nranks)
+        pend = ffi.new("uint64_t[]", (plan.nranks + 1) * (lib.SC_SLOTS + 1) * plan.nranks)
         keep.append(pend)
         c.pend = pend
         lib.sc_layout(c)
