@@ -85,8 +85,6 @@ void sc_set_abort(sc_comm_t *c, int32_t rank, int32_t code)
     atomic_compare_exchange_strong(&hdr(c)->abort_word, &zero, (uint32_t)(rank + 1) | (uint32_t)code << 16);
 }
 
-int32_t sc_abort_word(sc_comm_t *c) { return (int32_t)atomic_load(&hdr(c)->abort_word); }
-int32_t sc_rank_state(sc_comm_t *c, int32_t r) { return atomic_load(&state(c, r)->state); }
 int32_t sc_rank_pid(sc_comm_t *c, int32_t r) { return state(c, r)->pid; }
 
 int sc_fail(sc_comm_t *c, int code, int32_t who, int64_t a, int64_t b)

@@ -73,8 +73,6 @@ int sc_init_shared(sc_comm_t *c);
 int sc_register(sc_comm_t *c, int32_t pid);
 void sc_deregister(sc_comm_t *c);
 void sc_set_abort(sc_comm_t *c, int32_t rank, int32_t code);
-int32_t sc_abort_word(sc_comm_t *c);
-int32_t sc_rank_state(sc_comm_t *c, int32_t rank);
 int32_t sc_rank_pid(sc_comm_t *c, int32_t rank);
 int sc_probe_cma(sc_comm_t *c);
 

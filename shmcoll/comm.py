@@ -12,7 +12,7 @@ import numpy as np
 from . import buffers
 from ._core import ffi, lib
 from .coll import select
-from .errors import PeerFailure
+from .errors import PeerFailure, ShmcollError
 
 _bcast, _alltoall, _check = lib.sc_bcast, lib.sc_alltoall, lib.sc_check
 _KIND = {"bcast": 1, "alltoall": 2}
@@ -26,6 +26,7 @@ class Comm:
         self.rank, self.size = device.rank, device.plan.nranks
         self.slots = device.plan.slots
         self._broken = None
+        self._freed = False
         if self.size > 1 and (rc := lib.sc_probe_cma(self._c)):
             self._fail(rc, "communicator creation")
         self._forced = {op: select.forced(op, self.plan.params) for op in select.MODULES}
@@ -68,6 +69,8 @@ class Comm:
             self.__dict__.pop(name, None)
 
     def _usable(self):
+        if isinstance(self._broken, ShmcollError) and not isinstance(self._broken, PeerFailure):
+            raise self._broken
         if self._broken is not None:
             raise PeerFailure(self._broken.rank if isinstance(self._broken, PeerFailure) else self.rank,
                               f"failed earlier on this communicator ({self._broken}); it cannot be used")
@@ -169,7 +172,9 @@ class Comm:
 
     # -- lifetime -------------------------------------------------------------
     def Free(self):
-        if self._dev is not None:
+        """Leave the communicator: peers see a clean exit, and calls here raise."""
+        if not self._freed:
+            self._freed = True
             self._dev.deregister()
-            self._dev = None
+            self._break(ShmcollError(f"rank {self.rank} freed this communicator"))
 

@@ -7,6 +7,7 @@ word so every other rank raises within the liveness period instead of
 waiting; ranks die with the launcher (PR_SET_PDEATHSIG), and the segment's
 name was unlinked before any rank started, so nothing is ever left in
 /dev/shm."""
+import atexit
 import base64
 import ctypes
 import os
@@ -62,6 +63,7 @@ def _rank_main(job, rank, fn, args, out):
         dev.register(os.getpid())
         _world = Comm(dev)
         payload = (True, fn(_world, *args), None)
+        _world.Free()     # a clean exit, not a death, for peers still finishing
     except BaseException as e:
         if dev is not None:
             dev.abort(rank, 1)
@@ -194,6 +196,7 @@ def init():
         dev = job.device.for_rank(0)
     dev.register(os.getpid())
     _world = Comm(dev)
+    atexit.register(_world.Free)
     hook = sys.excepthook
 
     def abort_then_report(*exc):

@@ -404,3 +404,28 @@ def test_killed_rank_in_run_releases_the_others(tmp_path):
     os.kill(pids[0], signal.SIGKILL)       # the sleeping rank the others wait for
     assert p.wait(timeout=30) == 128 + 9
     assert wait_gone(pids, 10) == []
+
+
+def _root_leaves_early(comm):
+    n = 1 << 20
+    a = np.arange(n, dtype=np.uint8) if comm.rank == 0 else np.zeros(n, np.uint8)
+    if comm.rank == 2:
+        time.sleep(0.3)     # rank 3 (its binomial child) waits meanwhile, rank 0 has left
+    comm.Bcast(a, 0, algorithm="binomial")
+    return bool((a == np.arange(n, dtype=np.uint8)).all())
+
+
+def test_rank_returning_first_is_a_clean_exit():
+    """A root that returns and exits while others still finish its Bcast is
+    no failure: launch() marks its exit clean, so no peer raises PeerDied."""
+    assert run_ranks(_root_leaves_early, 4, options={"liveness_ns": 1_000_000}) == [True] * 4
+
+
+def test_freed_communicator_refuses():
+    def job(comm):
+        comm.Free()
+        try:
+            comm.Barrier()
+        except shmcoll.ShmcollError as e:
+            return str(e)
+    assert all("freed" in m for m in run_ranks(job, 2))

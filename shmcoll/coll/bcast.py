@@ -2,13 +2,14 @@
 csrc/bcast.c.  Choice: tiny messages go inline in one flag line, where a
 binomial tree's forwarding costs more than everyone reading the root's
 line; big ones split readers into groups of k (and across NUMA nodes)."""
+from .._core import lib
+
 ALGORITHMS = ("binomial", "original", "limited", "numa")
-INLINE = 96
 
 
 def choose(comm, nbytes):
     p = comm.size
-    if nbytes <= INLINE or p <= 2:
+    if nbytes <= lib.SC_INLINE or p <= 2:
         return "original"
     if nbytes <= 16384:
         return "binomial" if p > 8 else "original"
