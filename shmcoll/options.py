@@ -12,7 +12,8 @@ DEFAULTS = {
     "bcast_k": None,            # limited bcast: readers per segment (default: ranks per socket, <= 4)
     "nt_bytes": None,           # calls touching more (all ranks' buffers) stream past the cache (default: shared cache size)
     "check": 0,                 # cross-rank argument agreement on every call
-    "cma_bytes": 1 << 20,       # alltoall blocks this large: single copy when ranks may read each other (0: never)
+    "cma_bytes": None,          # single copy (rendezvous) from here when ranks may read each other; 0: never
+                                # (default: 64 KiB for 2 ranks, 1 MiB for more, as measured)
     "spin_ns": None,            # spin before yielding (default: 50 us, ~0 when oversubscribed)
     "yield_ns": 2_000_000,      # yield before sleeping on the futex
     "sleep_ns": 20_000_000,     # futex timeout: health is re-checked this often while asleep

@@ -318,3 +318,12 @@ def test_bcast_different_sizes_with_check(n):
     got = run_ranks(job, n, options={"check": 1})
     for r, err in enumerate(got):
         assert err is not None and err[0] == "ValueError" and "byte count" in err[1], f"rank {r}: {err}"
+
+
+def test_bcast_rendezvous_two_ranks():
+    """With one reader, mid sizes go by rendezvous (the reader copies out of
+    the root's buffer); force it down to one byte, every root, and compare."""
+    if not all(run_ranks(lambda comm: comm._c.cma, 2)):
+        pytest.skip("cross-memory attach is not permitted between ranks here")
+    sizes = [1, 7, 96, 97, 5000, 65536, 300001]
+    check(2, all_roots(2, ["original", None], sizes), options={"cma_bytes": 1})
