@@ -12,11 +12,12 @@
  *               staged tile is still in cache when the partner copies it. */
 #include "sc_internal.h"
 #include <stdlib.h>
+#include <errno.h>
 #include <sys/uio.h>
 
 enum { BRUCK, ALL_AT_ONCE, PAIRWISE, TILED };
 
-#define A2A_TAG (-1)
+#define A2A_ROOT 0xfff   /* alltoall has no root: the signature's root field */
 
 /* Ring geometry of a rank's channel for pieces of `piece` bytes. */
 typedef struct { char *base; int64_t stride, nslots; } ring_t;
@@ -44,7 +45,7 @@ static int put(sc_comm_t *c, uint64_t op, const ring_t *r, int64_t i, int reader
     int rc;
     if (i >= r->nslots && (rc = wait_line(c, ack_line(c, reader_old, c->rank), stamp(op, i - r->nslots + 1), reader_old)))
         return rc;
-    if (i == 0) put_meta(post_line(c, c->rank), block, A2A_TAG);
+    if (i == 0) put_meta(c, post_line(c, c->rank), block);
     sc_copy(slot(r, i), from, n, 0);
     post_line_val(post_line(c, c->rank), stamp(op, i + 1));
     return SC_OK;
@@ -55,7 +56,7 @@ static int get(sc_comm_t *c, uint64_t op, const ring_t *r, int64_t i, int first,
 {
     int rc;
     if ((rc = wait_line(c, post_line(c, src), stamp(op, i + 1), src))) return rc;
-    if (first && (rc = check_meta(c, post_line(c, src), src, block, A2A_TAG))) return rc;
+    if (first && (rc = check_meta(c, post_line(c, src), src, block))) return rc;
     sc_copy(to, slot(r, i), n, nt);
     post_line_val(ack_line(c, c->rank, src), stamp(op, i + 1));
     return SC_OK;
@@ -76,6 +77,7 @@ static int64_t tlen(const sched_t *k, int64_t i) { int64_t n = k->block - toff(k
 
 static int steps(sc_comm_t *c, uint64_t op, const char *sb, char *rb, int64_t block, int64_t tile)
 {
+    if (tile > c->chan_bytes / 2) tile = c->chan_bytes / 2;   /* the ring holds two tiles at least */
     sched_t k = { c->size, c->rank, !(c->size & (c->size - 1)), block, tile > block ? block : tile, 1 };
     if (k.tile < 1) k.tile = 1;
     if (block > k.tile) k.per = (block + k.tile - 1) / k.tile;
@@ -104,19 +106,19 @@ static int rendezvous(sc_comm_t *c, uint64_t op, const char *sb, char *rb, int64
     int p = c->size, me = c->rank, pow2 = !(p & (p - 1)), rc;
     sc_line_t *mine = post_line(c, me);
     uint64_t addr = (uintptr_t)sb;
-    put_meta(mine, block, A2A_TAG);
+    put_meta(c, mine, block);
     memcpy(mine->data, &addr, 8);
     post_line_val(mine, stamp(op, 1));
     for (int s = 1; s < p; s++) {
         int src = pow2 ? me ^ s : (me - s + p) % p;
         if ((rc = wait_line(c, post_line(c, src), stamp(op, 1), src))) return rc;
-        if ((rc = check_meta(c, post_line(c, src), src, block, A2A_TAG))) return rc;
+        if ((rc = check_meta(c, post_line(c, src), src, block))) return rc;
         memcpy(&addr, post_line(c, src)->data, 8);
         for (int64_t done = 0; done < block;) {   /* the kernel may copy less than asked */
             struct iovec l = { rb + src * block + done, block - done };
             struct iovec r = { (void *)(uintptr_t)(addr + me * block + done), block - done };
             ssize_t n = process_vm_readv(sc_rank_pid(c, src), &l, 1, &r, 1, 0);
-            if (n <= 0) return sc_fail(c, SC_EDEAD, src, 1, 0);
+            if (n <= 0) return sc_fail(c, SC_EDEAD, src, 5, errno);
             done += n;
         }
         post_line_val(ack_line(c, me, src), stamp(op, 1));
@@ -145,13 +147,13 @@ static int all_at_once(sc_comm_t *c, uint64_t op, const char *sb, char *rb, int6
                 if ((rc = wait_line(c, ack_line(c, d, me), stamp(op, k - 1), d))) return rc;
             }
         char *mine = chan_buf(c, me) + (k % 2) * half;
-        if (k == 0) put_meta(post_line(c, me), block, A2A_TAG);
+        if (k == 0) put_meta(c, post_line(c, me), block);
         for (int j = 1; j < p; j++) sc_copy(mine + (j - 1) * piece, sb + ((me + j) % p) * block + off, n, 0);
         post_line_val(post_line(c, me), stamp(op, k + 1));
         for (int s = 1; s < p; s++) {
             int w = (me - s + p) % p;
             if ((rc = wait_line(c, post_line(c, w), stamp(op, k + 1), w))) return rc;
-            if (k == 0 && (rc = check_meta(c, post_line(c, w), w, block, A2A_TAG))) return rc;
+            if (k == 0 && (rc = check_meta(c, post_line(c, w), w, block))) return rc;
             sc_copy(rb + w * block + off, chan_buf(c, w) + (k % 2) * half + (s - 1) * piece, n, nt);
             post_line_val(ack_line(c, me, w), stamp(op, k + 1));
         }
@@ -192,12 +194,12 @@ static int bruck(sc_comm_t *c, uint64_t op, const char *sb, char *rb, int64_t bl
                 int od = (me + (1 << (old % steps_per))) % p;
                 if ((rc = wait_line(c, ack_line(c, od, me), stamp(op, old + 1), od))) goto out;
             }
-            if (t == 0) put_meta(post_line(c, me), block, A2A_TAG);
+            if (t == 0) put_meta(c, post_line(c, me), block);
             char *o = slot(&w, t);
             for (int i = 0; i < p; i++) if (i & m) { memcpy(o, tmp + i * block + off, n); o += n; }
             post_line_val(post_line(c, me), stamp(op, t + 1));
             if ((rc = wait_line(c, post_line(c, src), stamp(op, t + 1), src))) goto out;
-            if (off == 0 && (rc = check_meta(c, post_line(c, src), src, block, A2A_TAG))) goto out;
+            if (off == 0 && (rc = check_meta(c, post_line(c, src), src, block))) goto out;
             const char *in = slot(&r, t);
             for (int i = 0; i < p; i++) if (i & m) { memcpy(tmp + i * block + off, in, n); in += n; }
             post_line_val(ack_line(c, me, src), stamp(op, t + 1));
@@ -214,8 +216,10 @@ out:
 
 int sc_alltoall(sc_comm_t *c, int alg, const char *sb, char *rb, int64_t block)
 {
+    if (aborted(c)) return SC_EABORT;
     uint64_t op = ++c->op;
     int me = c->rank, rc = SC_OK;
+    c->sig = sig(op, alg, A2A_ROOT);
     if (c->size > 1) {
         if (alg != BRUCK && (rc = drain(c, me))) return rc;
         switch (alg) {

@@ -15,12 +15,12 @@ static int original(sc_comm_t *c, uint64_t op)
     uint64_t s = stamp(op, 1);
     int rc;
     if (c->rank) {
-        post_val(&gq[c->rank], &q->sleepers, s);
-        return wait_val(c, &rq[c->rank], &q->sleepers, s, 0);
+        post_val(&gq[c->rank], &q->wq, s);
+        return wait_val(c, &rq[c->rank], &q->wq, s, 0);
     }
     for (int r = 1; r < c->size; r++)
-        if ((rc = wait_val(c, &gq[r], &q->sleepers, s, r))) return rc;
-    for (int r = 1; r < c->size; r++) post_val(&rq[r], &q->sleepers, s);
+        if ((rc = wait_val(c, &gq[r], &q->wq, s, r))) return rc;
+    for (int r = 1; r < c->size; r++) post_val(&rq[r], &q->wq, s);
     return SC_OK;
 }
 
@@ -41,6 +41,7 @@ static int tree(sc_comm_t *c, int alg, uint64_t op)
 
 int sc_barrier(sc_comm_t *c, int alg)
 {
+    if (aborted(c)) return SC_EABORT;
     uint64_t op = ++c->op;
     if (c->size == 1) return SC_OK;
     return alg == 0 ? original(c, op) : tree(c, alg, op);

@@ -12,6 +12,7 @@
  *            readers share a segment at any step.
  *  numa      limited over the striped buffer: slot i on node i mod nodes. */
 #include "sc_internal.h"
+#include <errno.h>
 #include <sys/uio.h>
 
 enum { BINOMIAL, ORIGINAL, LIMITED, NUMA };
@@ -78,12 +79,12 @@ static int binomial(sc_comm_t *c, uint64_t op, char *buf, int64_t nbytes, int ro
         const char *src = buf + i * me.chunk;
         if (parent >= 0) {
             if ((rc = wait_line(c, post_line(c, parent), stamp(op, i + 1), parent))) return rc;
-            if (i == 0 && (rc = check_meta(c, up.meta, parent, nbytes, root))) return rc;
+            if (i == 0 && (rc = check_meta(c, up.meta, parent, nbytes))) return rc;
             src = slot(&up, i);
         }
         if (nk) {
             if (i >= me.nslots && (rc = wait_acks(c, kids, nk, c->rank, stamp(op, i - me.nslots + 1)))) return rc;
-            if (i == 0) put_meta(me.meta, nbytes, root);
+            if (i == 0) put_meta(c, me.meta, nbytes);
             sc_copy(slot(&me, i), src, len(&me, i), 0);
             post_line_val(post_line(c, c->rank), stamp(op, i + 1));
             src = slot(&me, i);
@@ -110,7 +111,7 @@ static int fill(sc_comm_t *c, uint64_t op, const char *buf, const ring_t *r, int
             int64_t j = i - r->nslots, end = (j / g + 1) * g;
             if ((rc = wait_acks(c, readers, n, ch, stamp(op, end < r->nchunks ? end : r->nchunks)))) return rc;
         }
-        if (i == 0) put_meta(r->meta, r->nbytes, root);
+        if (i == 0) put_meta(c, r->meta, r->nbytes);
         sc_copy(slot(r, i), buf + i * r->chunk, len(r, i), 0);
         post_line_val(post_line(c, ch), stamp(op, i + 1));
     }
@@ -128,7 +129,7 @@ static int drink(sc_comm_t *c, uint64_t op, char *buf, const ring_t *r, int ch, 
             int64_t i = base + (first + s) % g;
             if (i - base >= n) continue;
             if ((rc = wait_line(c, post_line(c, ch), stamp(op, i + 1), root))) return rc;
-            if (base == 0 && s == 0 && (rc = check_meta(c, r->meta, root, r->nbytes, root))) return rc;
+            if (base == 0 && s == 0 && (rc = check_meta(c, r->meta, root, r->nbytes))) return rc;
             sc_copy(buf + i * r->chunk, slot(r, i), len(r, i), nt);
         }
         post_line_val(ack_line(c, c->rank, ch), stamp(op, base + n));
@@ -166,7 +167,7 @@ static int rendezvous(sc_comm_t *c, uint64_t op, char *buf, int64_t nbytes, int 
     int rc;
     if (c->rank == root) {
         if ((rc = drain(c, root))) return rc;
-        put_meta(l, nbytes, root);
+        put_meta(c, l, nbytes);
         memcpy(l->data, &addr, 8);
         post_line_val(l, stamp(op, 1));
         for (int r = 0; r < c->size; r++)
@@ -174,12 +175,12 @@ static int rendezvous(sc_comm_t *c, uint64_t op, char *buf, int64_t nbytes, int 
         return SC_OK;
     }
     if ((rc = wait_line(c, l, stamp(op, 1), root))) return rc;
-    if ((rc = check_meta(c, l, root, nbytes, root))) return rc;
+    if ((rc = check_meta(c, l, root, nbytes))) return rc;
     memcpy(&addr, l->data, 8);
     for (int64_t done = 0; done < nbytes;) {     /* the kernel may copy less than asked */
         struct iovec lo = { buf + done, nbytes - done }, re = { (void *)(uintptr_t)(addr + done), nbytes - done };
         ssize_t n = process_vm_readv(sc_rank_pid(c, root), &lo, 1, &re, 1, 0);
-        if (n <= 0) return sc_fail(c, SC_EDEAD, root, 1, 0);
+        if (n <= 0) return sc_fail(c, SC_EDEAD, root, 5, errno);
         done += n;
     }
     post_line_val(ack_line(c, c->rank, root), stamp(op, 1));
@@ -197,7 +198,9 @@ static int use_rendezvous(sc_comm_t *c, int64_t nbytes)
 
 int sc_bcast(sc_comm_t *c, int alg, char *buf, int64_t nbytes, int32_t root)
 {
+    if (aborted(c)) return SC_EABORT;
     uint64_t op = ++c->op;
+    c->sig = sig(op, alg, root);
     if (c->size == 1) return SC_OK;
     if (alg == ORIGINAL && use_rendezvous(c, nbytes)) return rendezvous(c, op, buf, nbytes, root);
     if (alg == BINOMIAL) return binomial(c, op, buf, nbytes, root);

@@ -87,15 +87,26 @@ void sc_set_abort(sc_comm_t *c, int32_t rank, int32_t code)
 
 int32_t sc_rank_pid(sc_comm_t *c, int32_t r) { return state(c, r)->pid; }
 
+/* Record a failure for Python's message (err_code: for SC_EDEAD 2 died,
+ * 4 exited, 5 unreadable with errno in err_b). */
 int sc_fail(sc_comm_t *c, int code, int32_t who, int64_t a, int64_t b)
 {
-    c->err_code = code;
+    c->err_code = (int32_t)a;
     c->err_rank = who;
     c->err_a = a;
     c->err_b = b;
-    if (code == SC_EDEAD) sc_set_abort(c, who, 2);
-    if (code == SC_EMISMATCH) sc_set_abort(c, c->rank, 3);
+    if (code == SC_EDEAD) sc_set_abort(c, who, a == 4 ? 4 : 2);
     return code;
+}
+
+int sc_mismatch(sc_comm_t *c, int field, int32_t who, int64_t mine, int64_t theirs)
+{
+    c->err_code = field;
+    c->err_rank = who;
+    c->err_a = mine;
+    c->err_b = theirs;
+    sc_set_abort(c, c->rank, 3);
+    return SC_EMISMATCH;
 }
 
 /* Is rank r gone?  Dead (owner-dead mutex) or finished (deregistered). */
@@ -124,33 +135,45 @@ static int64_t now_ns(void)
 /* Job-wide health, checked between spin batches: the abort word every
  * time, peer liveness every liveness_ns.  `who` is the rank whose flag we
  * wait on: only its clean exit is an error for us (others may have left
- * legitimately); any crash anywhere is. */
-static int health(sc_comm_t *c, int who, int64_t t, int64_t *next_live)
+ * legitimately); any crash anywhere is.  Nothing is published here: the
+ * caller first looks once more at its flag (the peer may have posted and
+ * then left). */
+static int health(sc_comm_t *c, int who, int64_t t, int64_t *next_live, int *gone_rank)
 {
-    uint32_t w = atomic_load_explicit(&hdr(c)->abort_word, memory_order_relaxed);
-    if (w) return sc_fail(c, SC_EABORT, (int32_t)(w & 0xffff) - 1, w >> 16, 0);
+    if (aborted(c)) return SC_EABORT;
     if (t < *next_live) return SC_OK;
     *next_live = t + c->liveness_ns;
     for (int r = 0; r < c->size; r++) {
         if (r == c->rank || !gone(c, r)) continue;
-        if (r == who || atomic_load(&state(c, r)->state) == ST_DEAD)
-            return sc_fail(c, SC_EDEAD, r, atomic_load(&state(c, r)->state), 0);
+        int dead = atomic_load(&state(c, r)->state) == ST_DEAD;
+        if (r == who || dead) {
+            *gone_rank = r;
+            return dead ? 2 : 4;
+        }
     }
     return SC_OK;
 }
 
-static void futex_wait(_Atomic uint64_t *v, uint32_t expect, int64_t ns)
+static void futex_wait(_Atomic uint32_t *word, uint32_t expect, int64_t ns)
 {
     struct timespec ts = { ns / 1000000000LL, ns % 1000000000LL };
-    syscall(SYS_futex, (uint32_t *)v, FUTEX_WAIT, expect, &ts, NULL, 0);   /* low half, little endian */
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, expect, &ts, NULL, 0);
 }
 
-void sc_wake(_Atomic uint64_t *v) { syscall(SYS_futex, (uint32_t *)v, FUTEX_WAKE, INT_MAX, NULL, NULL, 0); }
+/* Bumping `posts` only when someone sleeps is enough: a waiter counts
+ * itself in before it reads `posts` and the flag, the writer stores the
+ * flag before it reads the count (both fenced), so either the waiter sees
+ * the flag or the writer sees the waiter. */
+void sc_wake(sc_wq_t *wq)
+{
+    atomic_fetch_add(&wq->posts, 1);
+    syscall(SYS_futex, (uint32_t *)&wq->posts, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
 
 /* Spin with pause while the peer is likely running, then yield the core
  * (cheap hand-off when ranks outnumber cores), then sleep on the futex with
  * a timeout so that health is still checked while asleep. */
-int sc_wait_slow(sc_comm_t *c, _Atomic uint64_t *v, _Atomic uint32_t *sl, uint64_t target, int who)
+int sc_wait_slow(sc_comm_t *c, _Atomic uint64_t *v, sc_wq_t *wq, uint64_t target, int who)
 {
     int64_t t0 = now_ns(), next_live = t0 + c->liveness_ns;
     if (c->gil_release && !c->gil_saved) c->gil_saved = ((void *(*)(void))c->gil_release)();
@@ -160,18 +183,21 @@ int sc_wait_slow(sc_comm_t *c, _Atomic uint64_t *v, _Atomic uint32_t *sl, uint64
             cpu_relax();
             if (reached(atomic_load_explicit(v, memory_order_acquire), target)) return SC_OK;
         }
-        int64_t t = now_ns();
-        int rc = health(c, who, t, &next_live);
-        if (rc) return reached(atomic_load_explicit(v, memory_order_acquire), target) ? SC_OK : rc;
+        int64_t t = now_ns(), r = -1;
+        int rc = health(c, who, t, &next_live, (int *)&r);
+        if (rc) {
+            if (reached(atomic_load_explicit(v, memory_order_acquire), target)) return SC_OK;
+            return rc == SC_EABORT ? rc : sc_fail(c, SC_EDEAD, (int32_t)r, rc, 0);
+        }
         if (t - t0 < c->spin_ns) continue;
         if (t - t0 < c->spin_ns + c->yield_ns) {
             sched_yield();
             continue;
         }
-        atomic_fetch_add(sl, 1);
-        uint64_t cur = atomic_load(v);
-        if (!reached(cur, target)) futex_wait(v, (uint32_t)cur, c->sleep_ns);
-        atomic_fetch_sub(sl, 1);
+        atomic_fetch_add(&wq->sleepers, 1);
+        uint32_t seen = atomic_load(&wq->posts);
+        if (!reached(atomic_load(v), target)) futex_wait(&wq->posts, seen, c->sleep_ns);
+        atomic_fetch_sub(&wq->sleepers, 1);
     }
 }
 
@@ -195,9 +221,15 @@ int sc_check(sc_comm_t *c, int64_t kind, int64_t root, int64_t nbytes)
         sc_line_t *l = line_at(c, c->off_chk, set + r);
         int64_t nb;
         memcpy(&nb, l->data, sizeof nb);
-        if (l->meta[0] != kind) { c->err_code = SC_EMISMATCH; c->err_rank = r; c->err_a = kind; c->err_b = l->meta[0]; return SC_EMISMATCH + 100; }
-        if (l->meta[1] != root) { c->err_code = SC_EMISMATCH; c->err_rank = r; c->err_a = root; c->err_b = l->meta[1]; return SC_EMISMATCH + 200; }
-        if (nb != nbytes) { c->err_code = SC_EMISMATCH; c->err_rank = r; c->err_a = nbytes; c->err_b = nb; return SC_EMISMATCH + 300; }
+        int field = l->meta[0] != kind ? 1 : l->meta[1] != root ? 2 : nb != nbytes ? 3 : 0;
+        if (field) {
+            int64_t theirs[] = { 0, l->meta[0], l->meta[1], nb }, mine[] = { 0, kind, root, nbytes };
+            c->err_code = field;
+            c->err_rank = r;
+            c->err_a = mine[field];
+            c->err_b = theirs[field];
+            return SC_EDIFFER;
+        }
     }
     return SC_OK;
 }

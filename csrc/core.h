@@ -8,7 +8,9 @@
 #define SC_OK 0
 #define SC_EABORT -1     /* a peer raised or erred: abort word says who */
 #define SC_EDEAD -2      /* a peer process died */
-#define SC_EMISMATCH -3  /* a peer's call does not match ours (err_a/err_b) */
+#define SC_EMISMATCH -3  /* a peer's call differs (err_code: 1 collective/algorithm, 2 root, 3 bytes; err_a
+                            ours, err_b theirs); seen on one side, so the job is aborted */
+#define SC_EDIFFER -5    /* the same, found by sc_check on every rank: the communicator stays usable */
 #define SC_ENOMEM -4
 #define SC_FALLBACK -100 /* fast entry declined: take the checked Python path */
 #define SC_NCLASS 65     /* size classes: bit length of the byte count */
@@ -29,6 +31,7 @@ typedef struct sc_comm {
     int32_t check;           /* cross-rank argument check on every call */
     int64_t cma_bytes;       /* alltoall blocks this large: single copy (if cma) */
     int32_t cma;             /* every rank can read its peers' memory (sc_probe_cma) */
+    int32_t closed;          /* set by Python when the communicator may not be used: fast entries decline */
     /* wait policy (ns): spin, then sched_yield, then futex sleep */
     int64_t spin_ns;
     int64_t yield_ns;
@@ -60,6 +63,7 @@ typedef struct sc_comm {
     /* private state */
     uint64_t op;
     uint64_t nchecks;        /* sc_check calls: picks its line set */
+    int64_t sig;             /* this call's signature (sig() in sc_internal.h) */
     uint64_t *pend;          /* [(size + 1) * (SC_SLOTS + 1) * size] acks owed before reuse */
     int32_t err_rank;
     int32_t err_code;

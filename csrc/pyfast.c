@@ -16,6 +16,10 @@ static int cls(int64_t n) { return n ? 64 - __builtin_clzll((uint64_t)n) : 0; }
  * rc into the exception. */
 static sc_comm_t *ctx(PyObject *self) { return (sc_comm_t *)PyLong_AsVoidPtr(PyTuple_GET_ITEM(self, 0)); }
 
+/* The check kind of sc_check: collective and algorithm, so SHMCOLL_CHECK
+ * also catches ranks that forced different algorithms. */
+static int64_t kind(int coll, int alg) { return coll << 4 | alg; }
+
 static PyObject *decline(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
 {
     PyErr_Clear();
@@ -49,15 +53,22 @@ static int algorithm(PyObject *self, sc_comm_t *c, PyObject *name, int op, int64
 
 static void arm(sc_comm_t *c) { c->gil_release = (void *)PyEval_SaveThread; }
 
-static PyObject *done(PyObject *self, sc_comm_t *c, int rc)
+/* Take the GIL back if a slow wait let it go: before anything touches a
+ * Python object again (PyBuffer_Release included). */
+static void resume(sc_comm_t *c)
 {
     if (c->gil_saved) {
         PyEval_RestoreThread(c->gil_saved);
         c->gil_saved = NULL;
     }
     c->gil_release = NULL;
+}
+
+static PyObject *result(PyObject *self, int rc)
+{
     if (!rc) Py_RETURN_NONE;
     PyObject *r = PyLong_FromLong(rc);
+    if (!r) return NULL;
     PyObject *out = PyObject_CallOneArg(PyTuple_GET_ITEM(self, 2), r);
     Py_DECREF(r);
     return out;
@@ -70,10 +81,12 @@ static PyObject *py_barrier(PyObject *self, PyObject *const *args, size_t nargsf
     PyObject *a[1];
     sc_comm_t *c = ctx(self);
     int alg;
-    if (!parse(args, nargsf, kw, names, 1, a) || (alg = algorithm(self, c, a[0], 0, 0)) < 0)
+    if (c->closed || !parse(args, nargsf, kw, names, 1, a) || (alg = algorithm(self, c, a[0], 0, 0)) < 0)
         return decline(self, args, nargsf, kw);
     arm(c);
-    return done(self, c, sc_barrier(c, alg));
+    int rc = sc_barrier(c, alg);
+    resume(c);
+    return result(self, rc);
 }
 
 /* Bcast(buf, root=0, algorithm=None): a writable C-contiguous buffer. */
@@ -85,7 +98,7 @@ static PyObject *py_bcast(PyObject *self, PyObject *const *args, size_t nargsf, 
     Py_buffer b;
     long root = 0;
     int alg;
-    if (!parse(args, nargsf, kw, names, 3, a) || !a[0]) return decline(self, args, nargsf, kw);
+    if (c->closed || !parse(args, nargsf, kw, names, 3, a) || !a[0]) return decline(self, args, nargsf, kw);
     if (a[1]) {
         if (!PyLong_CheckExact(a[1])) return decline(self, args, nargsf, kw);
         root = PyLong_AsLong(a[1]);
@@ -98,10 +111,11 @@ static PyObject *py_bcast(PyObject *self, PyObject *const *args, size_t nargsf, 
     }
     int rc = SC_OK;
     arm(c);
-    if (c->check) rc = sc_check(c, 1, root, b.len);
+    if (c->check) rc = sc_check(c, kind(1, alg), root, b.len);
     if (!rc) rc = sc_bcast(c, alg, b.buf, b.len, (int32_t)root);
+    resume(c);
     PyBuffer_Release(&b);
-    return done(self, c, rc);
+    return result(self, rc);
 }
 
 /* Alltoall(sendbuf, recvbuf, algorithm=None): equal, divisible, disjoint buffers. */
@@ -112,7 +126,7 @@ static PyObject *py_alltoall(PyObject *self, PyObject *const *args, size_t nargs
     sc_comm_t *c = ctx(self);
     Py_buffer s, r;
     int alg;
-    if (!parse(args, nargsf, kw, names, 3, a) || !a[0] || !a[1]) return decline(self, args, nargsf, kw);
+    if (c->closed || !parse(args, nargsf, kw, names, 3, a) || !a[0] || !a[1]) return decline(self, args, nargsf, kw);
     if (PyObject_GetBuffer(a[0], &s, PyBUF_C_CONTIGUOUS)) return decline(self, args, nargsf, kw);
     if (PyObject_GetBuffer(a[1], &r, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)) {
         PyBuffer_Release(&s);
@@ -128,11 +142,12 @@ static PyObject *py_alltoall(PyObject *self, PyObject *const *args, size_t nargs
     int64_t block = s.len / c->size;
     int rc = SC_OK;
     arm(c);
-    if (c->check) rc = sc_check(c, 2, -1, block);
+    if (c->check) rc = sc_check(c, kind(2, alg), -1, block);
     if (!rc) rc = sc_alltoall(c, alg, sp, rp, block);
+    resume(c);
     PyBuffer_Release(&s);
     PyBuffer_Release(&r);
-    return done(self, c, rc);
+    return result(self, rc);
 }
 
 static PyMethodDef defs[] = {

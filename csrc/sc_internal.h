@@ -12,10 +12,14 @@
 #include <string.h>
 #include "core.h"
 
+/* Waiters asleep on a flag: the writer bumps `posts` (the futex word) and
+ * wakes them.  A counter of its own, not the stamp's low half, so no later
+ * stamp can look unchanged to a sleeper. */
+typedef struct { _Atomic uint32_t sleepers, posts; } sc_wq_t;
+
 struct sc_line {
-    _Atomic uint64_t val;         /* stamp; futex waits on its low 32 bits */
-    _Atomic uint32_t sleepers;    /* waiters asleep on val: the writer wakes them */
-    uint32_t pad;
+    _Atomic uint64_t val;         /* stamp */
+    sc_wq_t wq;
     int64_t meta[2];              /* call signature for cheap cross-rank checks */
     char data[SC_INLINE];         /* small payloads travel inside the flag line */
 };
@@ -33,7 +37,7 @@ typedef struct { _Atomic int32_t state; int32_t pid; } sc_state_t;
 /* A stamp names one event of one collective call: (op, k).  op counts the
  * communicator's calls (equal on every rank), k the event inside the call;
  * stamps of later calls are always larger, so a flag never needs a reset. */
-#define SC_KBITS 24
+#define SC_KBITS 32     /* events per call; the call count wraps, and reached() does not mind */
 static inline uint64_t stamp(uint64_t op, uint64_t k) { return (op << SC_KBITS) + k; }
 static inline int reached(uint64_t v, uint64_t target) { return (int64_t)(v - target) >= 0; }
 
@@ -49,9 +53,21 @@ static inline sc_line_t *ack_line(sc_comm_t *c, int r, int ch) {
 }
 static inline char *chan_buf(sc_comm_t *c, int r) { return c->base + c->off_chan + (int64_t)r * c->chan_bytes; }
 
-int sc_wait_slow(sc_comm_t *c, _Atomic uint64_t *v, _Atomic uint32_t *sleepers, uint64_t target, int who);
-void sc_wake(_Atomic uint64_t *v);
+int sc_wait_slow(sc_comm_t *c, _Atomic uint64_t *v, sc_wq_t *wq, uint64_t target, int who);
+void sc_wake(sc_wq_t *wq);
 int sc_fail(sc_comm_t *c, int code, int32_t who, int64_t a, int64_t b);
+int sc_mismatch(sc_comm_t *c, int field, int32_t who, int64_t mine, int64_t theirs);
+
+/* Every collective starts here: once the job is aborted, a rank that never
+ * waits (a root running ahead) still fails at its next call.  The header
+ * line is written once per job, so this load stays an L1 hit. */
+static inline int aborted(sc_comm_t *c) {
+    uint32_t w = atomic_load_explicit(&hdr(c)->abort_word, memory_order_relaxed);
+    if (!w) return 0;
+    c->err_rank = (int32_t)(w & 0xffff) - 1;
+    c->err_a = c->err_code = (int32_t)(w >> 16);
+    return SC_EABORT;
+}
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -62,24 +78,24 @@ static inline void cpu_relax(void) {
 }
 
 /* Wait until *v reaches target; the fast path is one acquire load. */
-static inline int wait_val(sc_comm_t *c, _Atomic uint64_t *v, _Atomic uint32_t *sl, uint64_t target, int who) {
+static inline int wait_val(sc_comm_t *c, _Atomic uint64_t *v, sc_wq_t *wq, uint64_t target, int who) {
     if (reached(atomic_load_explicit(v, memory_order_acquire), target)) return SC_OK;
-    return sc_wait_slow(c, v, sl, target, who);
+    return sc_wait_slow(c, v, wq, target, who);
 }
 /* Wait for rank `who`'s line to reach target. */
 static inline int wait_line(sc_comm_t *c, sc_line_t *l, uint64_t target, int who) {
-    return wait_val(c, &l->val, &l->sleepers, target, who);
+    return wait_val(c, &l->val, &l->wq, target, who);
 }
 
 /* Publish: the release store orders every earlier write (payload, copies)
  * before the flag; the fence orders the flag before reading the sleeper
  * count, pairing with the waiter's increment-then-recheck (no lost wake-up). */
-static inline void post_val(_Atomic uint64_t *v, _Atomic uint32_t *sl, uint64_t value) {
+static inline void post_val(_Atomic uint64_t *v, sc_wq_t *wq, uint64_t value) {
     atomic_store_explicit(v, value, memory_order_release);
     atomic_thread_fence(memory_order_seq_cst);
-    if (atomic_load_explicit(sl, memory_order_relaxed)) sc_wake(v);
+    if (atomic_load_explicit(&wq->sleepers, memory_order_relaxed)) sc_wake(wq);
 }
-static inline void post_line_val(sc_line_t *l, uint64_t value) { post_val(&l->val, &l->sleepers, value); }
+static inline void post_line_val(sc_line_t *l, uint64_t value) { post_val(&l->val, &l->wq, value); }
 
 /* Small bcasts rotate over SC_SLOTS lines per writer, chosen by call, so a
  * root waits only for the readers of the call that last used the same
@@ -110,12 +126,21 @@ static inline int drain_set(sc_comm_t *c, int ch, int set) {
     return SC_OK;
 }
 static inline int drain(sc_comm_t *c, int ch) { return drain_set(c, ch, SC_SLOTS); }
-/* A call's signature rides in the writer's line: readers compare it with
- * their own (always on: it costs no extra hand-off). */
-static inline void put_meta(sc_line_t *l, int64_t a, int64_t b) { l->meta[0] = a; l->meta[1] = b; }
-static inline int check_meta(sc_comm_t *c, sc_line_t *l, int who, int64_t a, int64_t b) {
-    if (l->meta[0] != a) return sc_fail(c, SC_EMISMATCH, who, a, l->meta[0]);
-    if (l->meta[1] != b) return sc_fail(c, SC_EMISMATCH, who, b, l->meta[1]);
+/* A call's signature rides in the line its writer wrote for this call:
+ * byte count, and (call number, algorithm, root).  Readers compare it with
+ * their own (always on: it costs no extra hand-off).  The call number
+ * makes a line left by an earlier call (a reader looking where this
+ * writer's protocol did not write) a mismatch, never stale data. */
+static inline int64_t sig(uint64_t op, int alg, int root) {
+    return (int64_t)((op & 0xffffffffffffULL) << 16 | (uint64_t)(alg & 0xf) << 12 | (uint64_t)(root & 0xfff));
+}
+static inline void put_meta(sc_comm_t *c, sc_line_t *l, int64_t nbytes) { l->meta[0] = nbytes; l->meta[1] = c->sig; }
+static inline int check_meta(sc_comm_t *c, sc_line_t *l, int who, int64_t nbytes) {
+    int64_t n = l->meta[0], s = l->meta[1], signature = c->sig;
+    if (s >> 16 != signature >> 16) return sc_mismatch(c, 1, who, signature >> 16, s >> 16);
+    if ((s >> 12 & 0xf) != (signature >> 12 & 0xf)) return sc_mismatch(c, 1, who, signature >> 12 & 0xf, s >> 12 & 0xf);
+    if ((s & 0xfff) != (signature & 0xfff)) return sc_mismatch(c, 2, who, signature & 0xfff, s & 0xfff);
+    if (n != nbytes) return sc_mismatch(c, 3, who, nbytes, n);
     return SC_OK;
 }
 /* Copies into user memory stream past the cache (non-temporal stores) only

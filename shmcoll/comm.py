@@ -52,7 +52,7 @@ class Comm:
 
     def _fail(self, rc, what):
         exc = self._dev.failure(rc, what)
-        if isinstance(exc, PeerFailure):
+        if isinstance(exc, PeerFailure) or rc == lib.SC_EMISMATCH:   # the job is aborted
             self._break(exc)
         raise exc
 
@@ -63,8 +63,10 @@ class Comm:
         raise exc
 
     def _break(self, exc):
-        """From now on every call takes the checked methods, which refuse."""
+        """From now on every call takes the checked methods, which refuse
+        (saved references to the C entries decline to them too)."""
         self._broken = exc
+        self._c.closed = 1
         for name in ("Barrier", "Bcast", "Alltoall"):
             self.__dict__.pop(name, None)
 
@@ -109,7 +111,7 @@ class Comm:
         except (TypeError, ValueError) as e:
             self._bad(e)
         alg = self._pick("bcast", algorithm, nbytes)
-        if self._c.check and (rc := _check(self._c, _KIND["bcast"], root, nbytes)):
+        if self._c.check and (rc := _check(self._c, _KIND["bcast"] << 4 | alg, root, nbytes)):
             self._fail(rc, "Bcast")
         rc = _bcast(self._c, alg, ptr, nbytes, root)
         if rc:
@@ -143,7 +145,7 @@ class Comm:
             self._bad(e)
         block = sbytes // self.size
         alg = self._pick("alltoall", algorithm, block)
-        if self._c.check and (rc := _check(self._c, _KIND["alltoall"], -1, block)):
+        if self._c.check and (rc := _check(self._c, _KIND["alltoall"] << 4 | alg, -1, block)):
             self._fail(rc, "Alltoall")
         rc = _alltoall(self._c, alg, sptr, rptr, block)
         if rc:

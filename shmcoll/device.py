@@ -5,6 +5,7 @@ channel, wait policy, barrier trees); the C engine then runs each
 collective phase in one call.  Collectives use only Device and the C entry
 points, never the segment directly."""
 import ctypes
+import os
 import functools
 from dataclasses import dataclass, field
 
@@ -15,8 +16,7 @@ from .segment import Segment
 
 PAGE = 4096
 MAX_RANKS = 1024
-ABORT_REASONS = {1: "raised an exception", 2: "died", 3: "passed arguments that do not match this rank's",
-                 4: "exited"}
+ABORT_REASONS = {1: "raised an exception", 2: "died", 3: "passed bad or mismatched arguments", 4: "exited"}
 
 
 @dataclass
@@ -39,8 +39,9 @@ def make_plan(nranks, topo, slots, options=None):
     l2 = topo.cache_size(2) or 1 << 20
     shared = topo.shared_cache_size() or l2
     p["chan_bytes"] = _round(max(int(p["chan_bytes"]), 2 * PAGE), PAGE)
-    p["chunk_bytes"] = int(p["chunk_bytes"] or max(PAGE, min(l2 // 4, p["chan_bytes"] // 4)))
-    p["tile_bytes"] = int(p["tile_bytes"] or max(PAGE, min(l2 // 4, shared // (2 * nranks))))
+    half = p["chan_bytes"] // 2    # a ring holds two chunks or tiles at least
+    p["chunk_bytes"] = min(int(p["chunk_bytes"] or max(PAGE, min(l2 // 4, p["chan_bytes"] // 4))), half)
+    p["tile_bytes"] = min(int(p["tile_bytes"] or max(PAGE, min(l2 // 4, shared // (2 * nranks)))), half)
     p["nt_bytes"] = int(p["nt_bytes"] or shared)
     # one reader at a time gains from 64 KiB (2 ranks, 256 KiB alltoall: 29 vs
     # 35 us); with more ranks sharing the cores, only from about 1 MiB
@@ -170,11 +171,13 @@ class Device:
             cls = PeerDied if code == 2 else PeerAborted
             return cls(who, f"{ABORT_REASONS.get(code, 'aborted')} (seen in {what} on rank {self.rank})")
         if rc == lib.SC_EDEAD:
-            reason = "exited" if c.err_a == 2 else "died"
+            reason = {4: "exited", 5: f"could not be read ({os.strerror(c.err_b)})"}.get(c.err_code, "died")
             return PeerDied(c.err_rank, f"{reason} while rank {self.rank} waited on it in {what}")
         if rc == lib.SC_ENOMEM:
             return MemoryError(f"{what}: out of memory for {c.err_a} bytes of scratch")
-        field = {lib.SC_EMISMATCH + 100: "collective", lib.SC_EMISMATCH + 200: "root",
-                 lib.SC_EMISMATCH + 300: "byte count"}.get(rc, "root or byte count")
+        if c.err_code == 1:
+            return ValueError(f"{what}: arguments differ across ranks (collective or algorithm): rank "
+                              f"{self.rank} and rank {c.err_rank} are not in the same call")
+        field = {2: "root", 3: "byte count"}[c.err_code]
         return ValueError(f"{what}: arguments differ across ranks ({field}): rank {self.rank} has "
                           f"{c.err_a}, rank {c.err_rank} has {c.err_b}")

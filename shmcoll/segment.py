@@ -35,6 +35,7 @@ class Segment:
         try:
             fd = os.dup(shm.fd)
             shm.close_fd()
+            shm.unlink()        # the name lives only between these lines; the fd carries on
             os.ftruncate(fd, size)
             mm = mmap.mmap(fd, size)
             for offset, length, node in placement:
@@ -47,9 +48,11 @@ class Segment:
                 mm.close()
             if "fd" in locals():
                 os.close(fd)
+            try:
+                shm.unlink()
+            except posix_ipc.ExistentialError:
+                pass
             raise
-        finally:
-            shm.unlink()
 
     @classmethod
     def from_fd(cls, fd, size):
