@@ -264,3 +264,9 @@ def test_alltoall_rendezvous(n):
         pytest.skip("cross-memory attach is not permitted between ranks here")
     check(n, table(["pairwise"], SMALL_SIZES + [1 << 16]), options=dict(SMALL, cma_bytes=1))
     check(n, table(["pairwise"], [1 << 16]), options=dict(SMALL, cma_bytes=0))
+
+
+def test_tile_larger_than_channel_is_clamped():
+    """A tile larger than half the channel would leave a ring of no slots;
+    it is clamped, and the exchange completes correctly."""
+    check(2, table(["tiled", "pairwise"], [300001]), options={"chan_bytes": 8192, "tile_bytes": 1 << 20, "cma_bytes": 0})

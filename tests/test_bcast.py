@@ -5,6 +5,7 @@ Many cases run inside one launch() (process start-up would dominate
 otherwise); each case gets its own data (salted with its call index), so a
 reader that picks up a previous call's bytes fails."""
 import random
+import time
 
 import numpy as np
 import pytest
@@ -327,3 +328,69 @@ def test_bcast_rendezvous_two_ranks():
         pytest.skip("cross-memory attach is not permitted between ranks here")
     sizes = [1, 7, 96, 97, 5000, 65536, 300001]
     check(2, all_roots(2, ["original", None], sizes), options={"cma_bytes": 1})
+
+
+def _protocols_differ(comm, second):
+    """Call 1 agrees; in call 2 the root broadcasts 50 bytes (inline slot)
+    while the other rank does `second` (a 1000-byte ring bcast or an
+    alltoall): the other rank must see a mismatch, never stale data."""
+    a = np.arange(1000, dtype=np.uint8) if comm.rank == 0 else np.zeros(1000, np.uint8)
+    if second == "alltoall":
+        s = np.arange(16, dtype=np.uint8).reshape(2, 8)
+        comm.Alltoall(s, np.zeros_like(s))
+    else:
+        comm.Bcast(a, 0)
+    try:
+        if comm.rank == 0:
+            comm.Bcast(np.full(50, 7, np.uint8), 0)
+        elif second == "alltoall":
+            s = np.arange(16, dtype=np.uint8).reshape(2, 8)
+            comm.Alltoall(s, np.zeros_like(s))
+        else:
+            comm.Bcast(np.zeros(1000, np.uint8), 0)
+        comm.Barrier()
+    except Exception as e:
+        return type(e).__name__, str(e)
+    return None
+
+
+@pytest.mark.parametrize("second", ["bcast", "alltoall"])
+def test_mismatched_protocols_never_read_stale_data(second):
+    got = run_ranks(_protocols_differ, 2, second, options={"cma_bytes": 0})
+    assert got[1] is not None and got[1][0] == "ValueError" and "differ" in got[1][1], got
+    assert got[0] is not None and got[0][0] in ("PeerAborted", "ValueError"), got
+
+
+def _gil_hammer(comm, n):
+    """Rank 1 waits slowly (the GIL is released) while another thread of it
+    churns references to the very buffer being broadcast."""
+    import sys
+    import threading
+    sys.setswitchinterval(1e-5)
+    buf = np.zeros(8, np.uint8)
+    if comm.rank == 0:
+        for _ in range(n):
+            t = time.perf_counter() + 30e-6
+            while time.perf_counter() < t:
+                pass
+            comm.Bcast(buf, 0)
+        return None
+    stop = []
+    def churn():
+        while not stop:
+            refs = [buf] * 2000
+            del refs
+    base = sys.getrefcount(buf)
+    th = threading.Thread(target=churn)
+    th.start()
+    for _ in range(n):
+        comm.Bcast(buf, 0)
+    stop.append(1)
+    th.join()
+    return base, sys.getrefcount(buf)
+
+
+def test_buffers_released_under_the_gil():
+    """The fast entry retakes the GIL before releasing the caller's buffer."""
+    _, (before, after) = run_ranks(_gil_hammer, 2, 20000, options={"spin_ns": 0, "yield_ns": 0}, bind="none")
+    assert before == after
