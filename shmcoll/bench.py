@@ -174,23 +174,46 @@ def cell(row):
     return f"{text} ({row['selected']})" if row["selected"] else text
 
 
-def table(op, n, rows, peers):
-    """Rows = sizes, columns = algorithms, auto, peers, and auto / best peer."""
+def ratio(rows, size, peers):
+    """auto / best peer at this size, or None."""
+    by = {(r["size"], column(r)): r for r in rows}
+    ok = lambda r: r is not None and r["valid"] and not r["error"]
+    auto = by.get((size, "auto"))
+    peer_us = [by[size, p]["us"] for p in peers if ok(by.get((size, p)))]
+    return auto["us"] / min(peer_us) if peer_us and ok(auto) else None
+
+
+def merge(rounds):
+    """One row per (size, column): the median over rounds (errors kept)."""
+    out = []
+    for first in rounds[0]:
+        same = [r for rows in rounds for r in rows if r["size"] == first["size"] and column(r) == column(first)]
+        good = [r["us"] for r in same if r["us"] is not None]
+        out.append(dict(first, us=statistics.median(good) if good else None,
+                        valid=all(r["valid"] for r in same), error=next((r["error"] for r in same if r["error"]), None)))
+    return out
+
+
+def table(op, n, rounds, peers):
+    """Rows = sizes, columns = algorithms, auto, peers, and auto / best peer
+    (with several rounds: medians, and the median of each round's ratio, so
+    the host drifting between columns of one round cannot fake a ratio)."""
+    rows = merge(rounds)
     cols = list(dict.fromkeys(column(r) for r in rows))
     by = {(r["size"], column(r)): r for r in rows}
     header = ["size"] + cols + ["auto/best-peer"]
     lines = []
     for size in sorted({r["size"] for r in rows}):
-        auto = by.get((size, "auto"))
-        peer_us = [by[size, p]["us"] for p in peers if (size, p) in by and by[size, p]["valid"]
-                   and not by[size, p]["error"]]
-        ratio = (f"{auto['us'] / min(peer_us):.2f}" if peer_us and auto and auto["valid"]
-                 and not auto["error"] else "-")
+        each = [x for x in (ratio(rs, size, peers) for rs in rounds) if x is not None]
+        text = f"{statistics.median(each):.2f}" if each else "-"
+        if len(each) > 1:
+            text += f" [{min(each):.2f}-{max(each):.2f}]"
         lines.append(["-" if op == "barrier" else human(size)]
-                     + [cell(by[size, c]) if (size, c) in by else "-" for c in cols] + [ratio])
+                     + [cell(by[size, c]) if (size, c) in by else "-" for c in cols] + [text])
     widths = [max(len(x) for x in col) for col in zip(header, *lines)]
     fmt = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))
-    print(f"\n# {op}, {n} processes (microseconds per call, max over ranks, median of reps)")
+    rounds_note = f", median of {len(rounds)} rounds" if len(rounds) > 1 else ""
+    print(f"\n# {op}, {n} processes (microseconds per call, max over ranks, median of reps{rounds_note})")
     print(fmt(header))
     for line in lines:
         print(fmt(line))
@@ -223,7 +246,11 @@ def plot(doc, path):
     except ImportError:
         print("note: --plot needs matplotlib (pip install matplotlib); no plot written")
         return
-    rows = [r for r in doc["results"] if r["us"] is not None and r["valid"] and not r["error"]]
+    good = [r for r in doc["results"] if r["us"] is not None and r["valid"] and not r["error"]]
+    points = {}
+    for r in good:      # one point per cell: the median over rounds
+        points.setdefault((r["op"], r["nprocs"], r["size"], column(r)), []).append(r)
+    rows = [dict(rs[0], us=statistics.median(r["us"] for r in rs)) for rs in points.values()]
     panels = sorted({(r["op"], r["nprocs"] if r["op"] != "barrier" else 0) for r in rows})
     if not panels:
         return
@@ -268,6 +295,9 @@ def parse(argv):
     p.add_argument("--quick", action="store_true", help="3 sizes, 0.02 s per repetition")
     p.add_argument("--min-time", type=float, help="seconds per repetition (default 0.2, quick 0.02)")
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="repeat each table's columns this many times, back to back, and report medians and "
+                        "the median of each round's ratio (for hosts whose speed drifts)")
     p.add_argument("--max-iters", type=int, default=1_000_000)
     p.add_argument("--timeout", type=float, default=600, help="seconds allowed per launch")
     a = p.parse_args(argv)
@@ -294,23 +324,26 @@ def main(argv=None):
         if cfg.algorithms != "all":
             algs = [a for a in algs if a in parse_list(cfg.algorithms)]
         for n in cfg.nprocs:
-            rows = []
-            for alg in algs + [None]:
-                rows += run_shmcoll(op, n, alg, cfg)
             peers = mpi_peers + (["mp"] if op == "barrier" and "mp" in cfg.peers else [])
-            for name in mpi_peers:
-                rows += run_mpi(name, op, n, cfg, libraries)
-            if "mp" in peers:
-                rows += run_mp(op, n, cfg)
-            table(op, n, rows, peers)
-            results += rows
+            rounds = []
+            for k in range(cfg.rounds):
+                rows = []
+                for alg in algs + [None]:
+                    rows += run_shmcoll(op, n, alg, cfg)
+                for name in mpi_peers:
+                    rows += run_mpi(name, op, n, cfg, libraries)
+                if "mp" in peers:
+                    rows += run_mp(op, n, cfg)
+                rounds.append([dict(r, round=k) for r in rows])
+            table(op, n, rounds, peers)
+            results += [r for rows in rounds for r in rows]
     bad = [r for r in results if r["impl"] == "shmcoll" and (r["error"] or not r["valid"])]
     for r in bad:
         print(f"FAILED: shmcoll {r['op']} n={r['nprocs']} size={r['size']} algorithm={r['algorithm']}: "
               f"{r['error'] or 'result differs from numpy'}")
     doc = {"machine": machine_info(), "peers": libraries,
            "config": {k: getattr(cfg, k) for k in ("ops", "nprocs", "sizes", "algorithms", "topology",
-                                                   "bind", "peers", "min_time", "reps", "max_iters")},
+                                                   "bind", "peers", "min_time", "reps", "rounds", "max_iters")},
            "results": results}
     if cfg.json:
         with open(cfg.json, "w") as f:
