@@ -16,6 +16,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 
@@ -214,15 +215,19 @@ def run(nprocs, cmd, *, bind="core", map="compact", topology=None, timeout=None,
         cmd = [sys.executable] + list(cmd)
     env = dict(os.environ, SHMCOLL_SIZE=str(nprocs), SHMCOLL_FD=str(job.device.segment.fd),
                SHMCOLL_PLAN=base64.b64encode(pickle.dumps(job.plan)).decode())
-    parent, procs = os.getpid(), []
+    parent, procs, forwarders = os.getpid(), [], []
     first = None
     try:
         for rank in range(nprocs):
             def prep(rank=rank):
                 _die_with_parent(parent)
                 _pin(job, rank)
-            procs.append(subprocess.Popen(cmd, env=dict(env, SHMCOLL_RANK=str(rank)),
-                                          pass_fds=(job.device.segment.fd,), preexec_fn=prep))
+            procs.append(subprocess.Popen(cmd, env=dict(env, SHMCOLL_RANK=str(rank)), stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, pass_fds=(job.device.segment.fd,),
+                                          preexec_fn=prep))
+            for src, dst in ((procs[-1].stdout, sys.stdout), (procs[-1].stderr, sys.stderr)):
+                forwarders.append(threading.Thread(target=_forward, args=(src, dst), daemon=True))
+                forwarders[-1].start()
         job.device.segment.close_fd()
         pidfds = {os.pidfd_open(p.pid): r for r, p in enumerate(procs)}
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -252,4 +257,16 @@ def run(nprocs, cmd, *, bind="core", map="compact", topology=None, timeout=None,
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        for t in forwarders:
+            t.join(timeout=1)
         job.close()
+
+
+def _forward(src, dst):
+    """Copy a rank's output to ours a whole line at a time, as mpiexec does,
+    so lines of different ranks never interleave."""
+    out = getattr(dst, "buffer", dst)
+    for line in iter(src.readline, b""):
+        out.write(line)
+        out.flush()
+    src.close()

@@ -3,6 +3,7 @@ detection, pinning, timeouts and cleanup however a job ends."""
 import json
 import os
 import pickle
+import re
 import shutil
 import signal
 import subprocess
@@ -429,3 +430,22 @@ def test_freed_communicator_refuses():
         except shmcoll.ShmcollError as e:
             return str(e)
     assert all("freed" in m for m in run_ranks(job, 2))
+
+
+def test_run_forwards_whole_lines():
+    """Ranks write each line in small unbuffered pieces; `shmcoll run`
+    forwards whole lines, so no two ranks' lines are spliced together."""
+    code = ("import os, shmcoll\n"
+            "c = shmcoll.init()\n"
+            "for i in range(300):\n"
+            "    for piece in (f'rank={c.rank}', f' line={i}', ' ' + 'x' * 40, '\\n'):\n"
+            "        os.write(1, piece.encode())\n")
+    p = subprocess.run([sys.executable, "-m", "shmcoll", "run", "-n", "3", "--timeout", "60", "--", "-c", code],
+                       capture_output=True, text=True, timeout=90)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert len(lines) == 900
+    pattern = re.compile(r"rank=[012] line=\d+ x{40}")
+    assert all(pattern.fullmatch(l) for l in lines), [l for l in lines if not pattern.fullmatch(l)][:3]
+    for r in range(3):
+        assert [int(l.split()[1][5:]) for l in lines if l.startswith(f"rank={r} ")] == list(range(300))
