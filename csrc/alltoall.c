@@ -12,8 +12,6 @@
  *               staged tile is still in cache when the partner copies it. */
 #include "sc_internal.h"
 #include <stdlib.h>
-#include <errno.h>
-#include <sys/uio.h>
 
 enum { BRUCK, ALL_AT_ONCE, PAIRWISE, TILED };
 
@@ -114,13 +112,7 @@ static int rendezvous(sc_comm_t *c, uint64_t op, const char *sb, char *rb, int64
         if ((rc = wait_line(c, post_line(c, src), stamp(op, 1), src))) return rc;
         if ((rc = check_meta(c, post_line(c, src), src, block))) return rc;
         memcpy(&addr, post_line(c, src)->data, 8);
-        for (int64_t done = 0; done < block;) {   /* the kernel may copy less than asked */
-            struct iovec l = { rb + src * block + done, block - done };
-            struct iovec r = { (void *)(uintptr_t)(addr + me * block + done), block - done };
-            ssize_t n = process_vm_readv(sc_rank_pid(c, src), &l, 1, &r, 1, 0);
-            if (n <= 0) return sc_fail(c, SC_EDEAD, src, 5, errno);
-            done += n;
-        }
+        if ((rc = sc_read_peer(c, src, rb + src * block, addr + me * block, block))) return rc;
         post_line_val(ack_line(c, me, src), stamp(op, 1));
     }
     /* sendbuf is the user's again once every reader is done with it */

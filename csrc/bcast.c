@@ -12,8 +12,6 @@
  *            readers share a segment at any step.
  *  numa      limited over the striped buffer: slot i on node i mod nodes. */
 #include "sc_internal.h"
-#include <errno.h>
-#include <sys/uio.h>
 
 enum { BINOMIAL, ORIGINAL, LIMITED, NUMA };
 
@@ -177,12 +175,7 @@ static int rendezvous(sc_comm_t *c, uint64_t op, char *buf, int64_t nbytes, int 
     if ((rc = wait_line(c, l, stamp(op, 1), root))) return rc;
     if ((rc = check_meta(c, l, root, nbytes))) return rc;
     memcpy(&addr, l->data, 8);
-    for (int64_t done = 0; done < nbytes;) {     /* the kernel may copy less than asked */
-        struct iovec lo = { buf + done, nbytes - done }, re = { (void *)(uintptr_t)(addr + done), nbytes - done };
-        ssize_t n = process_vm_readv(sc_rank_pid(c, root), &lo, 1, &re, 1, 0);
-        if (n <= 0) return sc_fail(c, SC_EDEAD, root, 5, errno);
-        done += n;
-    }
+    if ((rc = sc_read_peer(c, root, buf, addr, nbytes))) return rc;
     post_line_val(ack_line(c, c->rank, root), stamp(op, 1));
     return SC_OK;
 }

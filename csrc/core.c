@@ -85,7 +85,6 @@ void sc_set_abort(sc_comm_t *c, int32_t rank, int32_t code)
     atomic_compare_exchange_strong(&hdr(c)->abort_word, &zero, (uint32_t)(rank + 1) | (uint32_t)code << 16);
 }
 
-int32_t sc_rank_pid(sc_comm_t *c, int32_t r) { return state(c, r)->pid; }
 
 /* Record a failure for Python's message (err_code: for SC_EDEAD 2 died,
  * 4 exited, 5 unreadable with errno in err_b). */
@@ -206,8 +205,9 @@ int sc_wait_slow(sc_comm_t *c, _Atomic uint64_t *v, sc_wq_t *wq, uint64_t target
  * All ranks see the same table, so all raise together and the communicator
  * stays usable.  Two line sets alternate so a fast rank's next check cannot
  * overwrite a line a slow rank is still reading. */
-int sc_check(sc_comm_t *c, int64_t kind, int64_t root, int64_t nbytes)
+int sc_check(sc_comm_t *c, int coll, int alg, int64_t root, int64_t nbytes)
 {
+    int64_t kind = coll << 4 | alg;   /* collective and algorithm must both agree */
     uint64_t op = ++c->op;
     int64_t set = (int64_t)(c->nchecks++ & 1) * c->size;   /* not op: the barrier below bumps op too */
     sc_line_t *me = line_at(c, c->off_chk, set + c->rank);
@@ -230,6 +230,19 @@ int sc_check(sc_comm_t *c, int64_t kind, int64_t root, int64_t nbytes)
             c->err_b = theirs[field];
             return SC_EDIFFER;
         }
+    }
+    return SC_OK;
+}
+
+/* Rendezvous: copy n bytes at addr in rank who's memory straight into dst
+ * (the kernel may copy less than asked, so loop). */
+int sc_read_peer(sc_comm_t *c, int who, char *dst, uint64_t addr, int64_t n)
+{
+    for (int64_t done = 0; done < n;) {
+        struct iovec l = { dst + done, n - done }, r = { (void *)(uintptr_t)(addr + done), n - done };
+        ssize_t got = process_vm_readv(state(c, who)->pid, &l, 1, &r, 1, 0);
+        if (got <= 0) return sc_fail(c, SC_EDEAD, who, 5, errno);
+        done += got;
     }
     return SC_OK;
 }

@@ -77,12 +77,11 @@ int sc_init_shared(sc_comm_t *c);
 int sc_register(sc_comm_t *c, int32_t pid);
 void sc_deregister(sc_comm_t *c);
 void sc_set_abort(sc_comm_t *c, int32_t rank, int32_t code);
-int32_t sc_rank_pid(sc_comm_t *c, int32_t rank);
 int sc_probe_cma(sc_comm_t *c);
 
 int sc_barrier(sc_comm_t *c, int alg);
 
-int sc_check(sc_comm_t *c, int64_t kind, int64_t root, int64_t nbytes);
+int sc_check(sc_comm_t *c, int coll, int alg, int64_t root, int64_t nbytes);
 int sc_bcast(sc_comm_t *c, int alg, char *buf, int64_t nbytes, int32_t root);
 int sc_alltoall(sc_comm_t *c, int alg, const char *sbuf, char *rbuf, int64_t block);
 

@@ -16,10 +16,6 @@ static int cls(int64_t n) { return n ? 64 - __builtin_clzll((uint64_t)n) : 0; }
  * rc into the exception. */
 static sc_comm_t *ctx(PyObject *self) { return (sc_comm_t *)PyLong_AsVoidPtr(PyTuple_GET_ITEM(self, 0)); }
 
-/* The check kind of sc_check: collective and algorithm, so SHMCOLL_CHECK
- * also catches ranks that forced different algorithms. */
-static int64_t kind(int coll, int alg) { return coll << 4 | alg; }
-
 static PyObject *decline(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
 {
     PyErr_Clear();
@@ -111,7 +107,7 @@ static PyObject *py_bcast(PyObject *self, PyObject *const *args, size_t nargsf, 
     }
     int rc = SC_OK;
     arm(c);
-    if (c->check) rc = sc_check(c, kind(1, alg), root, b.len);
+    if (c->check) rc = sc_check(c, 1, alg, root, b.len);
     if (!rc) rc = sc_bcast(c, alg, b.buf, b.len, (int32_t)root);
     resume(c);
     PyBuffer_Release(&b);
@@ -142,7 +138,7 @@ static PyObject *py_alltoall(PyObject *self, PyObject *const *args, size_t nargs
     int64_t block = s.len / c->size;
     int rc = SC_OK;
     arm(c);
-    if (c->check) rc = sc_check(c, kind(2, alg), -1, block);
+    if (c->check) rc = sc_check(c, 2, alg, -1, block);
     if (!rc) rc = sc_alltoall(c, alg, sp, rp, block);
     resume(c);
     PyBuffer_Release(&s);

@@ -57,6 +57,7 @@ int sc_wait_slow(sc_comm_t *c, _Atomic uint64_t *v, sc_wq_t *wq, uint64_t target
 void sc_wake(sc_wq_t *wq);
 int sc_fail(sc_comm_t *c, int code, int32_t who, int64_t a, int64_t b);
 int sc_mismatch(sc_comm_t *c, int field, int32_t who, int64_t mine, int64_t theirs);
+int sc_read_peer(sc_comm_t *c, int who, char *dst, uint64_t addr, int64_t n);
 
 /* Every collective starts here: once the job is aborted, a rank that never
  * waits (a root running ahead) still fails at its next call.  The header

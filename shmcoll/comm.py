@@ -111,7 +111,7 @@ class Comm:
         except (TypeError, ValueError) as e:
             self._bad(e)
         alg = self._pick("bcast", algorithm, nbytes)
-        if self._c.check and (rc := _check(self._c, _KIND["bcast"] << 4 | alg, root, nbytes)):
+        if self._c.check and (rc := _check(self._c, _KIND["bcast"], alg, root, nbytes)):
             self._fail(rc, "Bcast")
         rc = _bcast(self._c, alg, ptr, nbytes, root)
         if rc:
@@ -145,7 +145,7 @@ class Comm:
             self._bad(e)
         block = sbytes // self.size
         alg = self._pick("alltoall", algorithm, block)
-        if self._c.check and (rc := _check(self._c, _KIND["alltoall"] << 4 | alg, -1, block)):
+        if self._c.check and (rc := _check(self._c, _KIND["alltoall"], alg, -1, block)):
             self._fail(rc, "Alltoall")
         rc = _alltoall(self._c, alg, sptr, rptr, block)
         if rc:

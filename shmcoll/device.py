@@ -76,7 +76,8 @@ INT_FIELDS = ("chan_bytes", "chunk_bytes", "tile_bytes", "stripe_bytes", "stripe
 class Device:
     def __init__(self, plan, rank, segment):
         self.plan, self.rank, self.segment = plan, rank, segment
-        self.c, self._keep = c, _ = self._context(plan, rank)
+        c, self._keep = self._context(plan, rank)
+        self.c = c
         self._base = ffi.from_buffer(segment.mmap)
         if lib.sc_attach(c, ffi.cast("char *", self._base)) != 0:
             raise RuntimeError("shared segment does not hold a shmcoll communicator of this size")
