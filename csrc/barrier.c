@@ -5,7 +5,9 @@
  *  padded        one queue, one line per rank, used for gather (k = 1) and
  *                release (k = 2); flat tree under rank 0.
  *  hierarchical  the same queue over a node leader / socket leaders /
- *                children tree planned by Python from the topology. */
+ *                children tree planned by Python from the topology.
+ *  all_to_all    no tree: every rank posts its arrival and waits for all
+ *                others' (for ranks that share CPUs, see all_to_all()). */
 #include "sc_internal.h"
 
 static int original(sc_comm_t *c, uint64_t op)
@@ -39,10 +41,32 @@ static int tree(sc_comm_t *c, int alg, uint64_t op)
     return SC_OK;
 }
 
+/* With two ranks per CPU a tree costs each CPU two hand-offs per barrier:
+ * the child arrives and must give the CPU back to its parent, who alone can
+ * see the other CPU's arrivals.  Here whoever arrives last on a CPU sees
+ * everything itself.  Python orders the waits: the bar_mates ranks sharing
+ * our CPUs first, yielding to them (they need the CPU to arrive), then the
+ * others, spinning: by then no rank of ours needs this CPU, so one hand-off
+ * per CPU per barrier remains.  No release phase is needed: stamps only
+ * grow, so a rank already posting in a later call still counts as arrived. */
+static int all_to_all(sc_comm_t *c, uint64_t op)
+{
+    const int32_t *order = c->bar_child[3];
+    uint64_t s = stamp(op, 1);
+    post_line_val(bar_line(c, c->rank), s);
+    for (int i = 0; i < c->bar_nchild[3]; i++) {
+        sc_line_t *l = bar_line(c, order[i]);
+        if (reached(atomic_load_explicit(&l->val, memory_order_acquire), s)) continue;
+        int rc = sc_wait_slow(c, &l->val, &l->wq, s, order[i], i < c->bar_mates ? c->spin_ns : c->spin_far_ns);
+        if (rc) return rc;
+    }
+    return SC_OK;
+}
+
 int sc_barrier(sc_comm_t *c, int alg)
 {
     if (aborted(c)) return SC_EABORT;
     uint64_t op = ++c->op;
     if (c->size == 1) return SC_OK;
-    return alg == 0 ? original(c, op) : tree(c, alg, op);
+    return alg == 0 ? original(c, op) : alg == 3 ? all_to_all(c, op) : tree(c, alg, op);
 }

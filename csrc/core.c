@@ -169,14 +169,14 @@ void sc_wake(sc_wq_t *wq)
     syscall(SYS_futex, (uint32_t *)&wq->posts, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
-/* Spin with pause while the peer is likely running, then yield the core
- * (cheap hand-off when ranks outnumber cores), then sleep on the futex with
- * a timeout so that health is still checked while asleep. */
-int sc_wait_slow(sc_comm_t *c, _Atomic uint64_t *v, sc_wq_t *wq, uint64_t target, int who)
+/* Spin with pause for spin_ns while the peer is likely running, then yield
+ * the core (cheap hand-off when ranks outnumber cores), then sleep on the
+ * futex with a timeout so that health is still checked while asleep. */
+int sc_wait_slow(sc_comm_t *c, _Atomic uint64_t *v, sc_wq_t *wq, uint64_t target, int who, int64_t spin_ns)
 {
     int64_t t0 = now_ns(), next_live = t0 + c->liveness_ns;
     if (c->gil_release && !c->gil_saved) c->gil_saved = ((void *(*)(void))c->gil_release)();
-    int batch = c->spin_ns ? 32 : 1;       /* oversubscribed: yield at once, the peer needs this core */
+    int batch = spin_ns ? 32 : 1;          /* oversubscribed: yield at once, the peer needs this core */
     for (;;) {
         for (int i = 0; i < batch; i++) {
             cpu_relax();
@@ -188,8 +188,8 @@ int sc_wait_slow(sc_comm_t *c, _Atomic uint64_t *v, sc_wq_t *wq, uint64_t target
             if (reached(atomic_load_explicit(v, memory_order_acquire), target)) return SC_OK;
             return rc == SC_EABORT ? rc : sc_fail(c, SC_EDEAD, (int32_t)r, rc, 0);
         }
-        if (t - t0 < c->spin_ns) continue;
-        if (t - t0 < c->spin_ns + c->yield_ns) {
+        if (t - t0 < spin_ns) continue;
+        if (t - t0 < spin_ns + c->yield_ns) {
             sched_yield();
             continue;
         }

@@ -34,13 +34,16 @@ typedef struct sc_comm {
     int32_t closed;          /* set by Python when the communicator may not be used: fast entries decline */
     /* wait policy (ns): spin, then sched_yield, then futex sleep */
     int64_t spin_ns;
+    int64_t spin_far_ns;     /* spin for a rank on other CPUs once ours need none (all_to_all barrier) */
     int64_t yield_ns;
     int64_t sleep_ns;
     int64_t liveness_ns;
-    /* barrier trees, index = algorithm (1 padded, 2 hierarchical) */
-    int32_t bar_parent[3];
-    int32_t bar_nchild[3];
-    int32_t *bar_child[3];
+    /* barrier plans, index = algorithm: trees (1 padded, 2 hierarchical), and
+     * for all_to_all (3) the ranks to wait for, the bar_mates sharing our CPUs first */
+    int32_t bar_parent[4];
+    int32_t bar_nchild[4];
+    int32_t *bar_child[4];
+    int32_t bar_mates;
     /* layout, computed by sc_layout */
     int64_t off_state;
     int64_t off_mutex;

@@ -53,7 +53,7 @@ static inline sc_line_t *ack_line(sc_comm_t *c, int r, int ch) {
 }
 static inline char *chan_buf(sc_comm_t *c, int r) { return c->base + c->off_chan + (int64_t)r * c->chan_bytes; }
 
-int sc_wait_slow(sc_comm_t *c, _Atomic uint64_t *v, sc_wq_t *wq, uint64_t target, int who);
+int sc_wait_slow(sc_comm_t *c, _Atomic uint64_t *v, sc_wq_t *wq, uint64_t target, int who, int64_t spin_ns);
 void sc_wake(sc_wq_t *wq);
 int sc_fail(sc_comm_t *c, int code, int32_t who, int64_t a, int64_t b);
 int sc_mismatch(sc_comm_t *c, int field, int32_t who, int64_t mine, int64_t theirs);
@@ -81,7 +81,7 @@ static inline void cpu_relax(void) {
 /* Wait until *v reaches target; the fast path is one acquire load. */
 static inline int wait_val(sc_comm_t *c, _Atomic uint64_t *v, sc_wq_t *wq, uint64_t target, int who) {
     if (reached(atomic_load_explicit(v, memory_order_acquire), target)) return SC_OK;
-    return sc_wait_slow(c, v, wq, target, who);
+    return sc_wait_slow(c, v, wq, target, who, c->spin_ns);
 }
 /* Wait for rank `who`'s line to reach target. */
 static inline int wait_line(sc_comm_t *c, sc_line_t *l, uint64_t target, int who) {

@@ -44,10 +44,10 @@ def given(kw):
 
 
 @op
-def barrier(comm, nbytes, **kw):
-    kw = given(kw)
-    # the bound method itself: the loop times the call, not a wrapper around it
-    return functools.partial(comm.Barrier, **kw), (lambda: True)
+def barrier(comm, nbytes, algorithm=None):
+    # the bound method itself, the algorithm positional (a partial with
+    # keywords builds a dict per call, ~0.1 us): the loop times the barrier
+    return functools.partial(comm.Barrier, *given({"a": algorithm}).values()), (lambda: True)
 
 
 @op

@@ -27,6 +27,7 @@ class Plan:
     slots: list                 # topology.Slot per rank
     topo: object                # topology.Topology
     trees: dict = field(default_factory=dict)   # barrier alg id -> (parents, children)
+    mates: list = field(default_factory=list)   # per rank: ranks sharing its CPUs (all_to_all)
     size: int = 0
 
 
@@ -54,9 +55,10 @@ def make_plan(nranks, topo, slots, options=None):
     p["stripe_bytes"] = max(p["chan_bytes"] // PAGE // p["stripe_slots"], 1) * PAGE * p["stripe_slots"]
     real_cpus = set().union(*(s.cpus for s in slots)) if slots else set()
     oversubscribed = nranks > len(real_cpus)
+    p["spin_far_ns"] = int(p["spin_ns"] if p["spin_ns"] is not None else 50_000)
     p["spin_ns"] = int(p["spin_ns"] if p["spin_ns"] is not None else (0 if oversubscribed else 50_000))
     p["check"] = int(p["check"])
-    plan = Plan(nranks, p, list(slots), topo, barrier.trees(slots))
+    plan = Plan(nranks, p, list(slots), topo, barrier.trees(slots), barrier.arrival_order(slots)[1])
     plan.size = Device.layout(plan)
     return plan
 
@@ -70,7 +72,7 @@ _new_cfunction.restype = ctypes.py_object
 _new_cfunction.argtypes = (ctypes.c_void_p, ctypes.py_object, ctypes.py_object)
 
 INT_FIELDS = ("chan_bytes", "chunk_bytes", "tile_bytes", "stripe_bytes", "stripe_slots", "bcast_k",
-              "nt_bytes", "check", "cma_bytes", "spin_ns", "yield_ns", "sleep_ns", "liveness_ns")
+              "nt_bytes", "check", "cma_bytes", "spin_ns", "spin_far_ns", "yield_ns", "sleep_ns", "liveness_ns")
 
 
 class Device:
@@ -95,6 +97,7 @@ class Device:
             c.bar_parent[alg] = parents[rank] if rank >= 0 else -1
             c.bar_nchild[alg] = len(children[rank]) if rank >= 0 else 0
             c.bar_child[alg] = kids
+        c.bar_mates = plan.mates[rank] if rank >= 0 else 0
         pend = ffi.new("uint64_t[]", (plan.nranks + 1) * (lib.SC_SLOTS + 1) * plan.nranks)
         keep.append(pend)
         c.pend = pend

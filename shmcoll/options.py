@@ -14,7 +14,8 @@ DEFAULTS = {
     "check": 0,                 # cross-rank argument agreement on every call
     "cma_bytes": None,          # single copy (rendezvous) from here when ranks may read each other; 0: never
                                 # (default: 64 KiB for 2 ranks, 1 MiB for more, as measured)
-    "spin_ns": None,            # spin before yielding (default: 50 us, ~0 when oversubscribed)
+    "spin_ns": None,            # spin before yielding (default: 50 us, 0 when oversubscribed, except
+                                # all_to_all barrier waits on ranks of other CPUs, which keep 50 us)
     "yield_ns": 2_000_000,      # yield before sleeping on the futex
     "sleep_ns": 20_000_000,     # futex timeout: health is re-checked this often while asleep
     "liveness_ns": 50_000_000,  # how often a waiting rank checks that its peers live

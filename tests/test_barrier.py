@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 
 import shmcoll
+from shmcoll.coll import barrier
 from conftest import run_ranks, shared_array
 
-ALGS = ["original", "padded", "hierarchical", None]
+NAMED = ["original", "padded", "hierarchical", "all_to_all"]
+ALGS = NAMED + [None]
 RANKS = [1, 2, 3, 4, 5, 8, 16]
 
 
@@ -68,7 +70,7 @@ def test_barrier_virtual_topology(alg, topo, n):
 def test_barrier_algorithms_interleaved(topo, n):
     """Changing the algorithm from one call to the next (stamps of one
     algorithm's lines must never satisfy another's waits)."""
-    check_ordering(n, ["original", "padded", "hierarchical", None, "padded", "original"],
+    check_ordering(n, ["original", "all_to_all", "padded", "hierarchical", None, "all_to_all", "original"],
                    iterations(n), topology=topo)
 
 
@@ -102,10 +104,10 @@ def _bar_id(comm):
 
 
 def test_barrier_algorithm_names():
-    assert shmcoll.algorithms("barrier") == ["original", "padded", "hierarchical"]
+    assert shmcoll.algorithms("barrier") == NAMED
 
 
-@pytest.mark.parametrize("alg", ["original", "padded", "hierarchical"])
+@pytest.mark.parametrize("alg", NAMED)
 def test_barrier_algorithm_from_env(alg, monkeypatch):
     monkeypatch.setenv("SHMCOLL_BARRIER_ALGORITHM", alg)
     got = run_ranks(_bar_id, 3, topology="2x2")
@@ -113,7 +115,7 @@ def test_barrier_algorithm_from_env(alg, monkeypatch):
     check_ordering(3, [None], 300, topology="2x2")
 
 
-@pytest.mark.parametrize("alg", ["original", "padded", "hierarchical"])
+@pytest.mark.parametrize("alg", NAMED)
 def test_barrier_algorithm_from_options(alg, monkeypatch):
     other = "original" if alg != "original" else "padded"
     monkeypatch.setenv("SHMCOLL_BARRIER_ALGORITHM", other)
@@ -128,6 +130,28 @@ def test_barrier_automatic_choice(topo, n, monkeypatch):
     monkeypatch.delenv("SHMCOLL_BARRIER_ALGORITHM", raising=False)
     got = run_ranks(_bar_id, n, topology=topo)
     assert got[0] in shmcoll.algorithms("barrier") and got == [got[0]] * n
+
+
+@pytest.mark.parametrize("topo,n,bind,want", [(None, 2, "core", "all_to_all"), (None, 4, "core", "all_to_all"),
+                                              ("2x2", 3, "core", "all_to_all"), (None, 4, "none", "all_to_all")])
+def test_barrier_automatic_choice_when_ranks_share_cpus(topo, n, bind, want, monkeypatch):
+    """Two ranks, or ranks sharing CPUs: all_to_all (one hand-off per CPU)."""
+    monkeypatch.delenv("SHMCOLL_BARRIER_ALGORITHM", raising=False)
+    assert run_ranks(_bar_id, n, topology=topo, bind=bind) == [want] * n
+
+
+@pytest.mark.parametrize("spec,n,bind", [("2x2", 4, "core"), ("2x2", 7, "core"), ("2x4", 8, "socket"),
+                                         ("2x4", 5, "none"), ("1x2", 2, "core")])
+def test_all_to_all_waits_for_cpu_mates_first(spec, n, bind):
+    """Each rank's wait list is every other rank once, those whose CPUs
+    overlap its own first (it must yield to them), counted in mates."""
+    topo = shmcoll.topology(spec)
+    slots = topo.placement(n, bind=bind)
+    orders, mates = barrier.arrival_order(slots)
+    for r, (order, m) in enumerate(zip(orders, mates)):
+        assert sorted(order) == [o for o in range(n) if o != r]
+        near = {o for o in range(n) if o != r and slots[o].cpus & slots[r].cpus}
+        assert set(order[:m]) == near and not near & set(order[m:])
 
 
 def test_barrier_bad_algorithm_name_from_env(monkeypatch):
