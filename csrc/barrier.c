@@ -45,10 +45,11 @@ static int tree(sc_comm_t *c, int alg, uint64_t op)
  * the child arrives and must give the CPU back to its parent, who alone can
  * see the other CPU's arrivals.  Here whoever arrives last on a CPU sees
  * everything itself.  Python orders the waits: the bar_mates ranks sharing
- * our CPUs first, yielding to them (they need the CPU to arrive), then the
- * others, spinning: by then no rank of ours needs this CPU, so one hand-off
- * per CPU per barrier remains.  No release phase is needed: stamps only
- * grow, so a rank already posting in a later call still counts as arrived. */
+ * our CPUs first, with the normal policy (when oversubscribed: yield at
+ * once, they need the CPU to arrive), then the others, spinning for
+ * spin_far_ns: by then no rank of ours needs this CPU, so one hand-off per
+ * CPU per barrier remains.  No release phase is needed: stamps only grow,
+ * so a rank already posting in a later call still counts as arrived. */
 static int all_to_all(sc_comm_t *c, uint64_t op)
 {
     const int32_t *order = c->bar_child[3];

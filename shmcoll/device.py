@@ -13,6 +13,7 @@ from . import options as _options
 from ._core import ffi, lib
 from .errors import PeerAborted, PeerDied
 from .segment import Segment
+from .topology import oversubscribed
 
 PAGE = 4096
 MAX_RANKS = 1024
@@ -26,7 +27,7 @@ class Plan:
     params: dict
     slots: list                 # topology.Slot per rank
     topo: object                # topology.Topology
-    trees: dict = field(default_factory=dict)   # barrier alg id -> (parents, children)
+    trees: dict = field(default_factory=dict)   # barrier alg id -> (parents, children or wait order)
     mates: list = field(default_factory=list)   # per rank: ranks sharing its CPUs (all_to_all)
     size: int = 0
 
@@ -53,12 +54,11 @@ def make_plan(nranks, topo, slots, options=None):
     nodes = len(topo.nodes)
     p["stripe_slots"] = int(p["stripe_slots"] or -(-max(8, 2 * groups) // nodes) * nodes)
     p["stripe_bytes"] = max(p["chan_bytes"] // PAGE // p["stripe_slots"], 1) * PAGE * p["stripe_slots"]
-    real_cpus = set().union(*(s.cpus for s in slots)) if slots else set()
-    oversubscribed = nranks > len(real_cpus)
     p["spin_far_ns"] = int(p["spin_ns"] if p["spin_ns"] is not None else 50_000)
-    p["spin_ns"] = int(p["spin_ns"] if p["spin_ns"] is not None else (0 if oversubscribed else 50_000))
+    p["spin_ns"] = int(p["spin_ns"] if p["spin_ns"] is not None else (0 if oversubscribed(slots) else 50_000))
     p["check"] = int(p["check"])
-    plan = Plan(nranks, p, list(slots), topo, barrier.trees(slots), barrier.arrival_order(slots)[1])
+    trees, mates = barrier.plans(slots)
+    plan = Plan(nranks, p, list(slots), topo, trees, mates)
     plan.size = Device.layout(plan)
     return plan
 

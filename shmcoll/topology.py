@@ -55,6 +55,12 @@ class Slot:
     cpus: frozenset[int]       # real CPU ids for os.sched_setaffinity
 
 
+def oversubscribed(slots) -> bool:
+    """More ranks than the CPUs they may run on, all together: some must
+    take turns on a CPU, so waits should hand the CPU over, not spin."""
+    return len(slots) > len(frozenset().union(*(s.cpus for s in slots)))
+
+
 @dataclass(frozen=True)
 class Topology:
     cores: tuple[Core, ...]

@@ -7,12 +7,14 @@ i + 2) after the barrier of iteration i + 1, which needs this rank's check to
 be over: with a correct barrier the check never sees anything but i."""
 import os
 import time
+import types
 
 import numpy as np
 import pytest
 
 import shmcoll
 from shmcoll.coll import barrier
+from shmcoll.topology import read_sysfs
 from conftest import run_ranks, shared_array
 
 NAMED = ["original", "padded", "hierarchical", "all_to_all"]
@@ -132,12 +134,26 @@ def test_barrier_automatic_choice(topo, n, monkeypatch):
     assert got[0] in shmcoll.algorithms("barrier") and got == [got[0]] * n
 
 
-@pytest.mark.parametrize("topo,n,bind,want", [(None, 2, "core", "all_to_all"), (None, 4, "core", "all_to_all"),
-                                              ("2x2", 3, "core", "all_to_all"), (None, 4, "none", "all_to_all")])
-def test_barrier_automatic_choice_when_ranks_share_cpus(topo, n, bind, want, monkeypatch):
-    """Two ranks, or ranks sharing CPUs: all_to_all (one hand-off per CPU)."""
+@pytest.mark.parametrize("topo,n,bind", [(None, 2, "core"), ("1x2", 3, "core"), ("1x2", 4, "core"),
+                                         ("2x2", 5, "core"), ("1x2", 3, "socket")])
+def test_barrier_automatic_choice_when_oversubscribed(topo, n, bind, monkeypatch):
+    """Two ranks, or more ranks than CPUs (the virtual cores map onto at
+    most as many real CPUs on any host): all_to_all."""
     monkeypatch.delenv("SHMCOLL_BARRIER_ALGORITHM", raising=False)
-    assert run_ranks(_bar_id, n, topology=topo, bind=bind) == [want] * n
+    assert run_ranks(_bar_id, n, topology=topo, bind=bind) == ["all_to_all"] * n
+
+
+S2N4 = read_sysfs(os.path.join(os.path.dirname(__file__), "fixtures", "sys-2s4n"))
+
+
+@pytest.mark.parametrize("n,bind,want", [(8, "core", "hierarchical"), (16, "socket", "hierarchical"),
+                                         (4, "core", "padded"),
+                                         (17, "core", "all_to_all"), (2, "core", "all_to_all")])
+def test_barrier_choice_on_the_recorded_two_socket_machine(n, bind, want):
+    """One rank per CPU or fewer, sharing sets (bind=socket) or not: the
+    paper's trees, flat within one socket; more ranks than CPUs: all_to_all."""
+    slots = S2N4.placement(n, bind=bind, map="scatter" if want == "hierarchical" else "compact")
+    assert barrier.choose(types.SimpleNamespace(size=n, slots=slots)) == want
 
 
 @pytest.mark.parametrize("spec,n,bind", [("2x2", 4, "core"), ("2x2", 7, "core"), ("2x4", 8, "socket"),

@@ -7,11 +7,15 @@ plan the trees from the rank placement once per communicator.
   all_to_all    every rank waits for every other's arrival, ranks sharing
                 its CPUs first (id 3): one hand-off per CPU when oversubscribed
 """
+from ..topology import oversubscribed
+
 ALGORITHMS = ("original", "padded", "hierarchical", "all_to_all")
 
 
-def trees(slots):
-    """{alg id: (parent per rank, children per rank)} for the tree barriers."""
+def plans(slots):
+    """({alg id: (parent per rank, children per rank)}, mates per rank): the
+    trees of padded and hierarchical, and all_to_all's wait order (as
+    children) with its count of leading CPU mates."""
     n = len(slots)
     flat = ([-1] + [0] * (n - 1), [list(range(1, n))] + [[] for _ in range(n - 1)])
     leader = {}
@@ -23,31 +27,37 @@ def trees(slots):
         parents[r] = up
         if up >= 0:
             children[up].append(r)
-    return {1: flat, 2: (parents, children), 3: ([-1] * n, arrival_order(slots)[0])}
+    orders, mates = arrival_order(slots)
+    return {1: flat, 2: (parents, children), 3: ([-1] * n, orders)}, mates
 
 
 def arrival_order(slots):
     """Per rank, the ranks all_to_all waits for, and how many of them lead
-    the list because they share a CPU with it (they need the CPU to arrive,
-    so it yields to them; it spins on the rest)."""
-    orders, mates = [], []
+    the list because they share a CPU with it: when they must take turns on
+    it, they need it to arrive, so the rank yields to them; on the rest it
+    spins.  Ranks with equal CPU sets share one neighbour set (planning
+    stays quadratic in ints, not in set intersections)."""
     n = len(slots)
+    ranks_of = {}
+    for r, s in enumerate(slots):
+        ranks_of.setdefault(s.cpus, set()).add(r)
+    near_of = {a: set().union(*(rs for b, rs in ranks_of.items() if a & b)) for a in ranks_of}
+    orders, mates = [], []
     for r, s in enumerate(slots):
         others = [(r + k) % n for k in range(1, n)]
-        near = [o for o in others if slots[o].cpus & s.cpus]
-        orders.append(near + [o for o in others if o not in near])
-        mates.append(len(near))
+        near = near_of[s.cpus]
+        orders.append([o for o in others if o in near] + [o for o in others if o not in near])
+        mates.append(len(near) - 1)
     return orders, mates
 
 
 def choose(comm, nbytes=0):
-    """Ranks sharing CPUs: all_to_all (one hand-off per CPU instead of two;
-    measured 4 ranks on 2 cores: 2.4-2.9 vs 4.2 us padded).  Two ranks:
+    """Oversubscribed: all_to_all (one hand-off per CPU instead of two;
+    measured 4 ranks on 2 cores: 2.4 vs 4.0 us padded).  Two ranks:
     all_to_all too, one cache-line hop each way instead of a gather and a
-    release.  Otherwise the paper's choice: hierarchical once ranks span
-    sockets, else the padded queue."""
-    sockets = {s.socket for s in comm.slots}
-    shared = len({s.cpus for s in comm.slots}) < comm.size
-    if shared or comm.size == 2:
+    release (0.13 vs 0.19 us).  Otherwise the paper's choice: hierarchical
+    once ranks span sockets, else the padded queue (every rank reading
+    every line does not scale with many running ranks)."""
+    if comm.size == 2 or oversubscribed(comm.slots):
         return "all_to_all"
-    return "hierarchical" if comm.size > 2 and len(sockets) > 1 else "padded"
+    return "hierarchical" if len({s.socket for s in comm.slots}) > 1 else "padded"
