@@ -32,8 +32,8 @@ def test_quick_run_writes_every_number(tmp_path, capsys):
 def test_validation_failure_is_reported(tmp_path, monkeypatch, capsys):
     real = _mpi_peer.OPS["bcast"]
 
-    def wrong(comm, nbytes, **kw):  # the ranks inherit this through fork
-        run, _ = real(comm, nbytes, **kw)
+    def wrong(comm, nbytes, algorithm=None):  # the ranks inherit this through fork
+        run, _ = real(comm, nbytes, algorithm)
         return run, lambda: False
 
     monkeypatch.setitem(_mpi_peer.OPS, "bcast", wrong)
