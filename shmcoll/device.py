@@ -28,7 +28,7 @@ class Plan:
     slots: list                 # topology.Slot per rank
     topo: object                # topology.Topology
     trees: dict = field(default_factory=dict)   # barrier alg id -> (parents, children or wait order)
-    mates: list = field(default_factory=list)   # per rank: ranks sharing its CPUs (all_to_all)
+    mates: list = field(default_factory=list)   # per rank: how many others share its CPUs (all_to_all)
     size: int = 0
 
 
