@@ -57,8 +57,7 @@ static int all_to_all(sc_comm_t *c, uint64_t op)
     post_line_val(bar_line(c, c->rank), s);
     for (int i = 0; i < c->bar_nchild[3]; i++) {
         sc_line_t *l = bar_line(c, order[i]);
-        if (reached(atomic_load_explicit(&l->val, memory_order_acquire), s)) continue;
-        int rc = sc_wait_slow(c, &l->val, &l->wq, s, order[i], i < c->bar_mates ? c->spin_ns : c->spin_far_ns);
+        int rc = wait_spin(c, &l->val, &l->wq, s, order[i], i < c->bar_mates ? c->spin_ns : c->spin_far_ns);
         if (rc) return rc;
     }
     return SC_OK;

@@ -79,9 +79,12 @@ static inline void cpu_relax(void) {
 }
 
 /* Wait until *v reaches target; the fast path is one acquire load. */
-static inline int wait_val(sc_comm_t *c, _Atomic uint64_t *v, sc_wq_t *wq, uint64_t target, int who) {
+static inline int wait_spin(sc_comm_t *c, _Atomic uint64_t *v, sc_wq_t *wq, uint64_t target, int who, int64_t spin_ns) {
     if (reached(atomic_load_explicit(v, memory_order_acquire), target)) return SC_OK;
-    return sc_wait_slow(c, v, wq, target, who, c->spin_ns);
+    return sc_wait_slow(c, v, wq, target, who, spin_ns);
+}
+static inline int wait_val(sc_comm_t *c, _Atomic uint64_t *v, sc_wq_t *wq, uint64_t target, int who) {
+    return wait_spin(c, v, wq, target, who, c->spin_ns);
 }
 /* Wait for rank `who`'s line to reach target. */
 static inline int wait_line(sc_comm_t *c, sc_line_t *l, uint64_t target, int who) {
