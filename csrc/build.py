@@ -9,7 +9,7 @@ from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CDEF_HEADERS = ["core.h"]
-SOURCES = ["core.c", "barrier.c", "copy.c", "bcast.c", "alltoall.c", "pyfast.c"]
+SOURCES = ["core.c", "exec.c", "copy.c", "pyfast.c"]
 
 ffibuilder = FFI()
 ffibuilder.cdef("\n".join(open(os.path.join(HERE, h)).read() for h in CDEF_HEADERS))

@@ -1,46 +1,99 @@
-/* Copy engine.  Large copies out of shared staging into user memory use
- * non-temporal stores: the destination is not read again soon, and
- * skipping the write-allocate read saves a third of the memory traffic. */
+/* Copy engine.
+ *  - Large copies into user memory use non-temporal stores when the call's
+ *    footprint would not stay in cache anyway: the destination is not read
+ *    again soon, and skipping the write-allocate read saves a third of the
+ *    memory traffic.
+ *  - 4K aliasing: glibc's memcpy and the kernel's copy (process_vm_readv)
+ *    use `rep movsb`, which on AMD Zen runs about 15x slower when the
+ *    destination sits 1..63 bytes past the source modulo 4 KiB (two
+ *    adjacent heap buffers: dst = src + k * 4096 + 16).  Vector loads and
+ *    stores do not suffer, so such copies take the vector loop, and
+ *    single-copy reads go through a bounce buffer at the source's page
+ *    offset (measured: 256 KiB alltoall 236 -> 53 us, fresh layout 44). */
 #include "sc_internal.h"
 #include <immintrin.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <sys/uio.h>
 
-__attribute__((target("avx2")))
-static void nt_avx2(char *d, const char *s, int64_t n)
+#define PAGE 4096
+#define BOUNCE (64 << 10)
+
+static int has_avx2(void)
 {
-    for (; n >= 128; n -= 128, s += 128, d += 128) {
-        __m256i a = _mm256_loadu_si256((const __m256i *)s), b = _mm256_loadu_si256((const __m256i *)(s + 32));
-        __m256i e = _mm256_loadu_si256((const __m256i *)(s + 64)), f = _mm256_loadu_si256((const __m256i *)(s + 96));
-        _mm256_stream_si256((__m256i *)d, a);
-        _mm256_stream_si256((__m256i *)(d + 32), b);
-        _mm256_stream_si256((__m256i *)(d + 64), e);
-        _mm256_stream_si256((__m256i *)(d + 96), f);
-    }
-    if (n) memcpy(d, s, n);
+    static int avx2 = -1;
+    if (avx2 < 0) avx2 = __builtin_cpu_supports("avx2");
+    return avx2;
 }
 
-static void nt_sse2(char *d, const char *s, int64_t n)
-{
-    for (; n >= 64; n -= 64, s += 64, d += 64) {
-        __m128i a = _mm_loadu_si128((const __m128i *)s), b = _mm_loadu_si128((const __m128i *)(s + 16));
-        __m128i e = _mm_loadu_si128((const __m128i *)(s + 32)), f = _mm_loadu_si128((const __m128i *)(s + 48));
-        _mm_stream_si128((__m128i *)d, a);
-        _mm_stream_si128((__m128i *)(d + 16), b);
-        _mm_stream_si128((__m128i *)(d + 32), e);
-        _mm_stream_si128((__m128i *)(d + 48), f);
-    }
+/* One loop body for both stores: nt streams past the cache. */
+#define VEC_LOOP(T, W, LOAD, STORE)                                                        \
+    for (; n >= 4 * W; n -= 4 * W, s += 4 * W, d += 4 * W) {                               \
+        T a = LOAD((const T *)s), b = LOAD((const T *)(s + W));                            \
+        T e = LOAD((const T *)(s + 2 * W)), f = LOAD((const T *)(s + 3 * W));              \
+        STORE((T *)d, a);                                                                  \
+        STORE((T *)(d + W), b);                                                            \
+        STORE((T *)(d + 2 * W), e);                                                        \
+        STORE((T *)(d + 3 * W), f);                                                        \
+    }                                                                                      \
     if (n) memcpy(d, s, n);
+
+__attribute__((target("avx2"))) static void nt_avx2(char *d, const char *s, int64_t n)
+{ VEC_LOOP(__m256i, 32, _mm256_loadu_si256, _mm256_stream_si256) }
+static void nt_sse2(char *d, const char *s, int64_t n)
+{ VEC_LOOP(__m128i, 16, _mm_loadu_si128, _mm_stream_si128) }
+__attribute__((target("avx2"))) static void vec_avx2(char *d, const char *s, int64_t n)
+{ VEC_LOOP(__m256i, 32, _mm256_loadu_si256, _mm256_storeu_si256) }
+static void vec_sse2(char *d, const char *s, int64_t n)
+{ VEC_LOOP(__m128i, 16, _mm_loadu_si128, _mm_storeu_si128) }
+
+static int aliased(const char *dst, const char *src)
+{
+    uint64_t d = ((uintptr_t)dst - (uintptr_t)src) & (PAGE - 1);
+    return d && d < 64;
+}
+
+static void copy_vec(char *dst, const char *src, int64_t n)
+{
+    (has_avx2() ? vec_avx2 : vec_sse2)(dst, src, n);
 }
 
 void sc_copy(char *dst, const char *src, int64_t n, int nt)
 {
     if (!nt || n < 4096) {
-        memcpy(dst, src, n);
+        if (n >= 1024 && aliased(dst, src)) copy_vec(dst, src, n);
+        else memcpy(dst, src, n);
         return;
     }
     int64_t head = (-(intptr_t)dst) & 31;      /* align the streamed stores */
     memcpy(dst, src, head);
-    static int avx2 = -1;
-    if (avx2 < 0) avx2 = __builtin_cpu_supports("avx2");
-    (avx2 ? nt_avx2 : nt_sse2)(dst + head, src + head, n - head);
+    (has_avx2() ? nt_avx2 : nt_sse2)(dst + head, src + head, n - head);
     _mm_sfence();                               /* streamed stores before the flag */
+}
+
+/* process_vm_readv of n bytes at addr in pid into dst; 0 or an errno. */
+static int vm_read(int32_t pid, char *dst, uint64_t addr, int64_t n)
+{
+    for (int64_t done = 0; done < n;) {
+        struct iovec l = { dst + done, (size_t)(n - done) }, r = { (void *)(uintptr_t)(addr + done), (size_t)(n - done) };
+        ssize_t got = process_vm_readv(pid, &l, 1, &r, 1, 0);
+        if (got <= 0) return got < 0 ? errno : EFAULT;
+        done += got;
+    }
+    return 0;
+}
+
+int sc_vm_read(int32_t pid, char *dst, uint64_t addr, int64_t n)
+{
+    static __thread char *bounce;
+    if (n < PAGE || !aliased(dst, (const char *)(uintptr_t)addr)) return vm_read(pid, dst, addr, n);
+    if (!bounce && !(bounce = aligned_alloc(PAGE, BOUNCE + PAGE))) return vm_read(pid, dst, addr, n);
+    char *b = bounce + (addr & (PAGE - 1));
+    for (int64_t done = 0; done < n; done += BOUNCE) {
+        int64_t k = n - done < BOUNCE ? n - done : BOUNCE;
+        int err = vm_read(pid, b, addr + done, k);
+        if (err) return err;
+        copy_vec(dst + done, b, k);
+    }
+    return 0;
 }

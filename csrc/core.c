@@ -1,10 +1,11 @@
-/* Layout of a communicator's segment, rank registration, failure
- * detection, and the slow path of every wait. */
+/* Layout of a communicator's segment, rank registration and liveness,
+ * failure detection, signature checks, and the slow path of every wait. */
 #include "sc_internal.h"
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <time.h>
 #include <unistd.h>
 #include <linux/futex.h>
@@ -12,22 +13,22 @@
 #include <sys/syscall.h>
 #include <sys/uio.h>
 
-#define SC_MAGIC 0x5c0111u
+#define SC_MAGIC 0x5c0112u
 #define PAGE 4096
+#define POLL_NS 10000000LL       /* signals are polled this often while a wait is slow */
+#define CHECK_NS 1000000LL       /* and the awaited rank's arrival record this often */
 
 static int64_t up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
 int64_t sc_layout(sc_comm_t *c)
 {
     int64_t p = c->size, o = SC_LINE;            /* header line first */
-    c->off_state = o;  o = up(o + p * (int64_t)sizeof(sc_state_t), SC_LINE);
+    c->off_state = o;  o = up(o + p * (int64_t)sizeof(sc_rank_t), SC_LINE);
     c->off_mutex = o;  o = up(o + p * 64, SC_LINE);
-    c->off_bar = o;    o += p * SC_LINE;
-    c->off_q = o;      o = up(o + SC_LINE + 2 * p * 8, SC_LINE);   /* sleepers line, gather, release */
-    c->off_post = o;   o += (p + 1) * SC_LINE;
-    c->off_slot = o;   o += (p + 1) * SC_SLOTS * SC_LINE;
-    c->off_ack = o;    o += p * (p + 1) * SC_LINE;
-    c->off_chk = o;    o += 2 * p * SC_LINE;
+    c->off_post = o;   o += p * SC_LINE;
+    c->off_ack = o;    o += p * SC_LINE;
+    c->off_slot = o;   o += p * SC_SLOTS * SC_LINE;
+    c->off_queue = o;  o = up(o + SC_LINE + 2 * p * 8, SC_LINE);   /* sleepers line, gather, release */
     c->off_chan = o = up(o, PAGE);
     o += p * c->chan_bytes;
     c->off_stripe = o = up(o, PAGE);
@@ -36,16 +37,19 @@ int64_t sc_layout(sc_comm_t *c)
     return c->total;
 }
 
-static sc_state_t *state(sc_comm_t *c, int r) { return (sc_state_t *)(c->base + c->off_state) + r; }
+static sc_rank_t *state(sc_comm_t *c, int r) { return rank_rec(c, r); }
 static pthread_mutex_t *mutex(sc_comm_t *c, int r) { return (pthread_mutex_t *)(c->base + c->off_mutex + 64 * (int64_t)r); }
 
 int sc_attach(sc_comm_t *c, char *base)
 {
     c->base = base;
+    c->call = c->call_base - 1;
     return hdr(c)->magic == SC_MAGIC && hdr(c)->size == c->size ? SC_OK : SC_EABORT;
 }
 
-/* Run once by the segment's creator, before any rank maps it. */
+/* Run once by the segment's creator, before any rank maps it.  Every flag
+ * starts one call before the first, whatever call_base is, so no line
+ * looks reached (or far ahead) to the first call. */
 int sc_init_shared(sc_comm_t *c)
 {
     pthread_mutexattr_t a;
@@ -55,20 +59,57 @@ int sc_init_shared(sc_comm_t *c)
     for (int r = 0; r < c->size; r++)
         if (pthread_mutex_init(mutex(c, r), &a)) return SC_ENOMEM;
     pthread_mutexattr_destroy(&a);
+    uint64_t before = c->call_base - 1;
+    for (int r = 0; r < c->size; r++) {
+        atomic_store(&post_line(c, r)->call, before);
+        atomic_store(&ack_line(c, r)->call, before);
+        for (int q = 0; q < 2; q++) atomic_store(queue_word(c, q, r), before);
+    }
     hdr(c)->size = c->size;
     hdr(c)->magic = SC_MAGIC;
     return SC_OK;
 }
 
-/* A rank holds its own robust mutex for its whole life: when the process
- * dies, however it dies, the kernel marks the mutex owner-dead, which any
- * peer can see with a trylock (no pid reuse or zombie ambiguity). */
-int sc_register(sc_comm_t *c, int32_t pid)
+/* A rank's liveness is a robust mutex held by a thread of its own that
+ * lives as long as the process (not by whichever thread registered, which
+ * may end first): when the process dies, however it dies, the kernel marks
+ * the mutex owner-dead, which any peer sees with a trylock. */
+typedef struct { pthread_mutex_t *m; _Atomic int rc; } holder_t;
+
+static void *hold(void *arg)
 {
-    int rc = pthread_mutex_lock(mutex(c, c->rank));
-    if (rc == EOWNERDEAD) pthread_mutex_consistent(mutex(c, c->rank));
-    else if (rc) return SC_EABORT;
+    holder_t *h = arg;
+    int rc = pthread_mutex_lock(h->m);
+    if (rc == EOWNERDEAD) rc = pthread_mutex_consistent(h->m);
+    atomic_store(&h->rc, rc ? rc : -1);
+    for (;;) pause();
+    return NULL;
+}
+
+static const uint64_t cma_magic = 0x5c0111c0a11ULL;
+
+int sc_register(sc_comm_t *c, int32_t pid, int32_t tracer)
+{
+    static holder_t h;
+    pthread_t t;
+    pthread_attr_t a;
+    sigset_t all, old;
+    h.m = mutex(c, c->rank);
+    atomic_store(&h.rc, 0);
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);       /* signals stay with the rank's own threads */
+    pthread_attr_init(&a);
+    pthread_attr_setstacksize(&a, 64 << 10);
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    int rc = pthread_create(&t, &a, hold, &h);
+    pthread_attr_destroy(&a);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc) return SC_EABORT;
+    while (!atomic_load(&h.rc)) sched_yield();
+    if (atomic_load(&h.rc) != -1) return SC_EABORT;
+    if (tracer > 0) prctl(PR_SET_PTRACER, (unsigned long)tracer, 0, 0, 0);
     state(c, c->rank)->pid = pid;
+    state(c, c->rank)->magic_addr = (uintptr_t)&cma_magic;
     atomic_store(&state(c, c->rank)->state, ST_ALIVE);
     return SC_OK;
 }
@@ -76,36 +117,6 @@ int sc_register(sc_comm_t *c, int32_t pid)
 void sc_deregister(sc_comm_t *c)
 {
     atomic_store(&state(c, c->rank)->state, ST_DONE);
-    pthread_mutex_unlock(mutex(c, c->rank));
-}
-
-void sc_set_abort(sc_comm_t *c, int32_t rank, int32_t code)
-{
-    uint32_t zero = 0;
-    atomic_compare_exchange_strong(&hdr(c)->abort_word, &zero, (uint32_t)(rank + 1) | (uint32_t)code << 16);
-}
-
-
-/* Record a failure for Python's message (err_code: for SC_EDEAD 2 died,
- * 4 exited, 5 unreadable with errno in err_b). */
-int sc_fail(sc_comm_t *c, int code, int32_t who, int64_t a, int64_t b)
-{
-    c->err_code = (int32_t)a;
-    c->err_rank = who;
-    c->err_a = a;
-    c->err_b = b;
-    if (code == SC_EDEAD) sc_set_abort(c, who, a == 4 ? 4 : 2);
-    return code;
-}
-
-int sc_mismatch(sc_comm_t *c, int field, int32_t who, int64_t mine, int64_t theirs)
-{
-    c->err_code = field;
-    c->err_rank = who;
-    c->err_a = mine;
-    c->err_b = theirs;
-    sc_set_abort(c, c->rank, 3);
-    return SC_EMISMATCH;
 }
 
 /* Is rank r gone?  Dead (owner-dead mutex) or finished (deregistered). */
@@ -124,6 +135,136 @@ static int gone(sc_comm_t *c, int r)
     return 1;
 }
 
+int sc_rank_state(sc_comm_t *c, int32_t r)
+{
+    gone(c, r);
+    return atomic_load(&state(c, r)->state);
+}
+
+/* This rank aborts from `call` on (first abort wins). */
+void sc_abort_call(sc_comm_t *c, int32_t code, uint64_t call)
+{
+    uint32_t zero = 0;
+    sc_rank_t *r = rank_rec(c, c->rank);
+    if (atomic_load(&hdr(c)->abort_word)) return;
+    r->abort_call = call;
+    r->abort_at = 1;
+    if (!atomic_compare_exchange_strong(&hdr(c)->abort_word, &zero, (uint32_t)(c->rank + 1) | (uint32_t)code << 16))
+        r->abort_at = 0;
+}
+
+/* Python's abort: its own rank's, between calls, counts from the call it
+ * did not make; anyone else's (the launcher's for a dead rank) at once. */
+void sc_set_abort(sc_comm_t *c, int32_t rank, int32_t code)
+{
+    uint32_t zero = 0;
+    if (rank == c->rank && rank >= 0) {
+        sc_abort_call(c, code, c->call + 1);
+        return;
+    }
+    atomic_compare_exchange_strong(&hdr(c)->abort_word, &zero, (uint32_t)(rank + 1) | (uint32_t)code << 16);
+}
+
+uint32_t sc_abort_word(sc_comm_t *c) { return atomic_load(&hdr(c)->abort_word); }
+
+/* Record a failure for Python's message; deaths, timeouts and failed
+ * single copies abort the job (codes as device.ABORT_REASONS). */
+int sc_fail(sc_comm_t *c, int code, int32_t who, int64_t a, int64_t b)
+{
+    c->err_code = (int32_t)a;
+    c->err_rank = who;
+    c->err_a = a;
+    c->err_b = b;
+    if (code == SC_EDEAD) sc_set_abort(c, who, a == 4 ? 4 : 2);
+    if (code == SC_ETIMEOUT) sc_abort_call(c, 5, c->call);
+    if (code == SC_ECMA) sc_abort_call(c, 7, c->call);
+    if (code == SC_EINTR) sc_abort_call(c, 6, c->call);
+    return code;
+}
+
+/* Signatures: w0 = collective | algorithm << 8 | dtype << 16 | op << 24 |
+ * root << 32, w1 = byte count.  Fields in the order messages name them:
+ * what the user passed before what was derived from it (the algorithm). */
+static int64_t field(const uint64_t *s, int f)
+{
+    switch (f) {
+    case 1: return (int64_t)(s[0] & 0xff);
+    case 2: return (int32_t)(s[0] >> 32);
+    case 3: return (int64_t)s[1];
+    case 4: return (int64_t)(s[0] >> 16 & 0xff);
+    case 5: return (int64_t)(s[0] >> 24 & 0xff);
+    default: return (int64_t)(s[0] >> 8 & 0xff);
+    }
+}
+
+static int differ(sc_comm_t *c, int who, const uint64_t *mine, const uint64_t *theirs, int when)
+{
+    if (mine[0] == theirs[0] && mine[1] == theirs[1]) return SC_OK;
+    int f = 1;
+    while (f < 6 && field(mine, f) == field(theirs, f)) f++;
+    c->err_code = f;
+    c->err_when = when;
+    c->err_rank = who;
+    c->err_a = field(mine, f);
+    c->err_b = field(theirs, f);
+    return SC_EMISMATCH;
+}
+
+/* A call every rank refused (the check round) leaves its signature
+ * marked refused as the previous call: any rank may have refused a
+ * different one, so refused calls compare equal, and hash alike. */
+#define REFUSED (1ULL << 63)
+
+uint64_t sc_mix(uint64_t h, const uint64_t *s)
+{
+    uint64_t a = s[1] & REFUSED ? 0 : s[0], b = s[1] & REFUSED ? REFUSED : s[1];
+    h = (h ^ a) * 0x9e3779b97f4a7c15ULL;
+    h = (h ^ (h >> 29) ^ b) * 0xbf58476d1ce4e5b9ULL;
+    return h ^ (h >> 32);
+}
+
+static int differ_prev(sc_comm_t *c, int who, const uint64_t *mine, const uint64_t *theirs)
+{
+    if ((mine[1] & REFUSED) && (theirs[1] & REFUSED)) return SC_OK;
+    return differ(c, who, mine, theirs, 1);
+}
+
+static const uint64_t *unmarked(const uint64_t *s, uint64_t *out)
+{
+    out[0] = s[0];
+    out[1] = s[1] & ~REFUSED;
+    return out;
+}
+
+/* Compare who's arrival record with this rank's history: its call if it
+ * is in ours, the previous one if one of us is a call ahead, and the hash
+ * of all before.  A record that changes while read (seqlock) is skipped:
+ * its writer has moved on, and a later look will catch what it hid.
+ * Returns SC_EMISMATCH (not yet aborting) or SC_OK. */
+int sc_check_line(sc_comm_t *c, int who)
+{
+    sc_line_t *l = post_line(c, who);
+    uint64_t c1 = atomic_load_explicit(&l->call, memory_order_acquire);
+    uint64_t e1 = atomic_load_explicit(&l->event, memory_order_acquire);
+    uint64_t sig[2] = { l->sig[0], l->sig[1] }, prev[2] = { l->prev[0], l->prev[1] }, hist = l->hist, tmp[2];
+    atomic_thread_fence(memory_order_acquire);
+    if (e1 == SC_BUSY || atomic_load_explicit(&l->call, memory_order_relaxed) != c1 ||
+        atomic_load_explicit(&l->event, memory_order_relaxed) == SC_BUSY)
+        return SC_OK;
+    int64_t d = (int64_t)(c1 - c->call);
+    int rc = SC_OK;
+    if (d == 0) {
+        if (!(rc = differ(c, who, c->sig, sig, 0)) && !(rc = differ_prev(c, who, c->prev, prev)) && hist != c->hist)
+            rc = differ(c, who, (uint64_t[]){ 0, 0 }, (uint64_t[]){ 0, 1 }, 2);
+    } else if (d == 1) {
+        if (!(rc = differ(c, who, c->sig, unmarked(prev, tmp), 0)) && hist != sc_mix(c->hist, c->prev))
+            rc = differ(c, who, (uint64_t[]){ 0, 0 }, (uint64_t[]){ 0, 1 }, 2);
+    } else if (d == -1) {
+        rc = differ(c, who, unmarked(c->prev, tmp), sig, 1);
+    }
+    return rc;
+}
+
 static int64_t now_ns(void)
 {
     struct timespec ts;
@@ -132,11 +273,9 @@ static int64_t now_ns(void)
 }
 
 /* Job-wide health, checked between spin batches: the abort word every
- * time, peer liveness every liveness_ns.  `who` is the rank whose flag we
- * wait on: only its clean exit is an error for us (others may have left
- * legitimately); any crash anywhere is.  Nothing is published here: the
- * caller first looks once more at its flag (the peer may have posted and
- * then left). */
+ * time, peer liveness every liveness_ns.  `who` is the rank we wait on:
+ * only its clean exit is an error for us (others may have left
+ * legitimately); any crash anywhere is. */
 static int health(sc_comm_t *c, int who, int64_t t, int64_t *next_live, int *gone_rank)
 {
     if (aborted(c)) return SC_EABORT;
@@ -169,109 +308,61 @@ void sc_wake(sc_wq_t *wq)
     syscall(SYS_futex, (uint32_t *)&wq->posts, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
-/* Spin with pause for spin_ns while the peer is likely running, then yield
- * the core (cheap hand-off when ranks outnumber cores), then sleep on the
- * futex with a timeout so that health is still checked while asleep. */
-int sc_wait_slow(sc_comm_t *c, _Atomic uint64_t *v, sc_wq_t *wq, uint64_t target, int who, int64_t spin_ns)
+/* Spin with pause while the peer is likely running, then yield the core
+ * (cheap hand-off when ranks outnumber cores), then sleep on the futex with
+ * a timeout so that health is still checked while asleep.  Once slow, the
+ * awaited rank's arrival record is compared with ours (a rank in another
+ * collective, or with other arguments, never arrives where we wait),
+ * signals are polled (Ctrl-C) and the stall timeout runs. */
+int sc_wait_slow(sc_comm_t *c, const sc_wait_t *w)
 {
-    int64_t t0 = now_ns(), next_live = t0 + c->liveness_ns;
+    int64_t t0 = now_ns(), next_live = t0 + c->liveness_ns, next_poll = t0, next_check = t0;
     if (c->gil_release && !c->gil_saved) c->gil_saved = ((void *(*)(void))c->gil_release)();
-    int batch = spin_ns ? 32 : 1;          /* oversubscribed: yield at once, the peer needs this core */
+    int batch = w->spin_ns ? 32 : 1;          /* oversubscribed: yield at once, the peer needs this core */
     for (;;) {
         for (int i = 0; i < batch; i++) {
             cpu_relax();
-            if (reached(atomic_load_explicit(v, memory_order_acquire), target)) return SC_OK;
+            if (reached(w)) return SC_OK;
         }
-        int64_t t = now_ns(), r = -1;
-        int rc = health(c, who, t, &next_live, (int *)&r);
+        int64_t t = now_ns();
+        int r = -1, rc = health(c, w->who, t, &next_live, &r);
+        if (!rc && !w->nocheck && t >= next_check) {
+            next_check = t + CHECK_NS;
+            if (sc_check_line(c, w->who)) rc = SC_EMISMATCH;
+        }
         if (rc) {
-            if (reached(atomic_load_explicit(v, memory_order_acquire), target)) return SC_OK;
-            return rc == SC_EABORT ? rc : sc_fail(c, SC_EDEAD, (int32_t)r, rc, 0);
+            if (reached(w)) return SC_OK;
+            if (rc == SC_EMISMATCH) {
+                sc_abort_call(c, 3, c->call);
+                return rc;
+            }
+            return rc == SC_EABORT ? rc : sc_fail(c, SC_EDEAD, r, rc, 0);
         }
-        if (t - t0 < spin_ns) continue;
-        if (t - t0 < spin_ns + c->yield_ns) {
+        if (c->poll && t >= next_poll) {
+            next_poll = t + POLL_NS;
+            if (((int (*)(sc_comm_t *))c->poll)(c)) return sc_fail(c, SC_EINTR, c->rank, 0, 0);
+        }
+        if (c->timeout_ns > 0 && t - t0 > c->timeout_ns) return sc_fail(c, SC_ETIMEOUT, w->who, (t - t0) / 1000000, 0);
+        if (t - t0 < w->spin_ns) continue;
+        if (t - t0 < w->spin_ns + c->yield_ns) {
             sched_yield();
             continue;
         }
-        atomic_fetch_add(&wq->sleepers, 1);
-        uint32_t seen = atomic_load(&wq->posts);
-        if (!reached(atomic_load(v), target)) futex_wait(&wq->posts, seen, c->sleep_ns);
-        atomic_fetch_sub(&wq->sleepers, 1);
+        atomic_fetch_add(&w->wq->sleepers, 1);
+        uint32_t seen = atomic_load(&w->wq->posts);
+        if (!reached(w)) futex_wait(&w->wq->posts, seen, c->sleep_ns < POLL_NS ? c->sleep_ns : POLL_NS);
+        atomic_fetch_sub(&w->wq->sleepers, 1);
     }
 }
 
-/* Cross-rank agreement on a call's signature (SHMCOLL_CHECK): every rank
- * publishes (kind, root, nbytes), a barrier, then every rank compares all.
- * All ranks see the same table, so all raise together and the communicator
- * stays usable.  Two line sets alternate so a fast rank's next check cannot
- * overwrite a line a slow rank is still reading. */
-int sc_check(sc_comm_t *c, int coll, int alg, int64_t root, int64_t nbytes)
-{
-    int64_t kind = coll << 4 | alg;   /* collective and algorithm must both agree */
-    uint64_t op = ++c->op;
-    int64_t set = (int64_t)(c->nchecks++ & 1) * c->size;   /* not op: the barrier below bumps op too */
-    sc_line_t *me = line_at(c, c->off_chk, set + c->rank);
-    me->meta[0] = kind;
-    me->meta[1] = root;
-    memcpy(me->data, &nbytes, sizeof nbytes);
-    post_line_val(me, stamp(op, 1));
-    int rc = sc_barrier(c, 1);
-    if (rc) return rc;
-    for (int r = 0; r < c->size; r++) {
-        sc_line_t *l = line_at(c, c->off_chk, set + r);
-        int64_t nb;
-        memcpy(&nb, l->data, sizeof nb);
-        int field = l->meta[0] != kind ? 1 : l->meta[1] != root ? 2 : nb != nbytes ? 3 : 0;
-        if (field) {
-            int64_t theirs[] = { 0, l->meta[0], l->meta[1], nb }, mine[] = { 0, kind, root, nbytes };
-            c->err_code = field;
-            c->err_rank = r;
-            c->err_a = mine[field];
-            c->err_b = theirs[field];
-            return SC_EDIFFER;
-        }
-    }
-    return SC_OK;
-}
-
-/* Rendezvous: copy n bytes at addr in rank who's memory straight into dst
- * (the kernel may copy less than asked, so loop). */
-int sc_read_peer(sc_comm_t *c, int who, char *dst, uint64_t addr, int64_t n)
-{
-    for (int64_t done = 0; done < n;) {
-        struct iovec l = { dst + done, n - done }, r = { (void *)(uintptr_t)(addr + done), n - done };
-        ssize_t got = process_vm_readv(state(c, who)->pid, &l, 1, &r, 1, 0);
-        if (got <= 0) return sc_fail(c, SC_EDEAD, who, 5, errno);
-        done += got;
-    }
-    return SC_OK;
-}
-
-/* Can every rank read its peers' memory with process_vm_readv (same user,
- * ptrace rules, seccomp)?  Each rank lets any process trace it, publishes
- * the address of a known word, reads its right neighbour's, and all agree
- * on the result, so the single-copy protocol is on everywhere or nowhere.
- * Runs before any collective; the barriers keep the post lines it borrows
- * from being reused before everyone has read them. */
+/* Can this rank read its right neighbour with process_vm_readv?  Only
+ * ranks of this job may: each named the launcher, whose descendants the
+ * ranks are, as its ptracer (Yama) when it registered, and published
+ * where its known word lives.  Call once every rank has registered. */
 int sc_probe_cma(sc_comm_t *c)
 {
-    static const uint64_t magic = 0x5c0111c0a11ULL;
-    int p = c->size, me = c->rank, rc;
-    char *mine = post_line(c, me)->data;
-    uint64_t addr = (uintptr_t)&magic, got = 0, ok;
-    prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
-    memcpy(mine, &addr, 8);
-    if ((rc = sc_barrier(c, 1))) return rc;
-    int peer = (me + 1) % p;
-    memcpy(&addr, post_line(c, peer)->data, 8);
-    struct iovec l = { &got, 8 }, r = { (void *)(uintptr_t)addr, 8 };
-    ok = process_vm_readv(state(c, peer)->pid, &l, 1, &r, 1, 0) == 8 && got == magic;
-    memcpy(mine + 8, &ok, 8);
-    if ((rc = sc_barrier(c, 1))) return rc;
-    c->cma = 1;
-    for (int q = 0; q < p; q++) {
-        memcpy(&ok, post_line(c, q)->data + 8, 8);
-        c->cma &= ok != 0;
-    }
-    return sc_barrier(c, 1);
+    int peer = (c->rank + 1) % c->size;
+    uint64_t got = 0;
+    struct iovec l = { &got, 8 }, r = { (void *)(uintptr_t)state(c, peer)->magic_addr, 8 };
+    return process_vm_readv(state(c, peer)->pid, &l, 1, &r, 1, 0) == 8 && got == cma_magic;
 }

@@ -1,75 +1,104 @@
-/* The collective engine's interface to Python (also the cffi cdef: plain
- * declarations only).  One sc_comm_t per rank per communicator: Python fills
- * the plan fields once, C owns the shared layout and runs every phase. */
+/* The engine's interface to Python (also the cffi cdef: plain declarations
+ * only).  One sc_comm_t per rank per communicator: Python fills the plan
+ * fields once, C owns the shared layout and runs every collective as one
+ * compiled program (sc_exec; opcodes below, built by shmcoll/compile.py). */
 #define SC_LINE 128
-#define SC_INLINE 96
-#define SC_SLOTS 8       /* inline bcast slots per writer: a root may run this many calls ahead */
+#define SC_INLINE 128    /* inline payload: one whole slot line */
+#define SC_SLOTS 8       /* inline slot lines per writer: a root may run this many calls ahead */
+#define SC_INSN 8        /* int64 words per instruction */
+#define SC_HEAD 8        /* int64 words of program header */
 
 #define SC_OK 0
-#define SC_EABORT -1     /* a peer raised or erred: abort word says who */
-#define SC_EDEAD -2      /* a peer process died */
-#define SC_EMISMATCH -3  /* a peer's call differs (err_code: 1 collective/algorithm, 2 root, 3 bytes; err_a
-                            ours, err_b theirs); seen on one side, so the job is aborted */
-#define SC_EDIFFER -5    /* the same, found by sc_check on every rank: the communicator stays usable */
+#define SC_EABORT -1     /* the job was aborted: abort word says who and why */
+#define SC_EDEAD -2      /* a peer process died or exited (err_code 2 died, 4 exited) */
+#define SC_EMISMATCH -3  /* a peer's call differs (err_code field, err_when call, err_a ours, err_b theirs) */
 #define SC_ENOMEM -4
+#define SC_EDIFFER -5    /* the same, found by the check round on every rank: the communicator stays usable */
+#define SC_EBUSY -6      /* another thread of this rank is inside a collective on this communicator */
+#define SC_ETIMEOUT -7   /* waited longer than timeout_ns for rank err_rank */
+#define SC_EINTR -8      /* a signal handler raised (KeyboardInterrupt) while waiting */
+#define SC_ECMA -9       /* process_vm_readv from err_rank failed with errno err_b */
 #define SC_FALLBACK -100 /* fast entry declined: take the checked Python path */
-#define SC_NCLASS 65     /* size classes: bit length of the byte count */
+
+/* Opcodes: word 0 of an instruction; operands a..g in words 1..7. */
+enum {
+    SC_OP_END = 0,
+    SC_OP_POST = 1,     /* a=event: my post line reaches (call, event) */
+    SC_OP_WAIT = 2,     /* a=who b=event c=flags(1 check signature, 2 spin long): who's post line */
+    SC_OP_ACK = 3,      /* a=count: my ack line reaches (call, count) */
+    SC_OP_WAITACK = 4,  /* a=who b=count c=flags: who's ack line */
+    SC_OP_COPY = 5,     /* a=dst space b=dst off c=src space d=src off e=n f=flags(1 stream) g=source rank or -1 */
+    SC_OP_CMA = 6,      /* a=dst space b=dst off c=who d=who's space (1 send, 2 recv) e=src off f=n: single copy */
+    SC_OP_DRAIN = 7,    /* a=set: wait for the readers recorded on it, then forget them */
+    SC_OP_DEBT = 8,     /* a=set b=reader c=count: before rewriting set, wait for reader's ack of count */
+    SC_OP_QPOST = 9,    /* a=queue (0 gather, 1 release) b=entry: packed barrier queue */
+    SC_OP_QWAIT = 10,   /* a=queue b=entry c=who */
+};
+/* Spaces (COPY/CMA operands): kind | rank << 8 | inline index << 32. */
+enum { SC_SEND = 1, SC_RECV = 2, SC_TMP = 3, SC_CHAN = 4, SC_SLOT = 5, SC_STRIPE = 6 };
+/* Debt sets: 0 the ring (channel), 1 the stripe, 2 + j the j-th inline slot of a call. */
+enum { SC_SET_RING = 0, SC_SET_STRIPE = 1, SC_SET_SLOT = 2, SC_NSETS = 2 + SC_SLOTS };
 
 typedef struct sc_line sc_line_t;
+
+/* The fast entries' program cache: key = (collective, algorithm or -1 for
+ * automatic, root, bytes of the first and second buffer, item size). */
+#define SC_CACHE 256
+typedef struct { int64_t key[6]; const int64_t *prog; } sc_entry_t;
 
 typedef struct sc_comm {
     /* plan, set by Python before sc_layout */
     int32_t rank;
     int32_t size;
-    int64_t chan_bytes;      /* per-rank channel: eager buffer and chunk ring */
-    int64_t chunk_bytes;     /* pipeline chunk (bcast, pairwise) */
-    int64_t tile_bytes;      /* alltoall tile (cache-sized) */
+    int64_t chan_bytes;      /* per-rank channel: the staging ring */
     int64_t stripe_bytes;    /* NUMA-striped bcast buffer */
     int32_t stripe_slots;    /* its segments; slot i lives on node i mod nodes */
-    int32_t bcast_k;         /* limited bcast: readers per segment */
-    int64_t nt_bytes;        /* calls whose buffers, all ranks together, exceed this stream past the cache */
-    int32_t check;           /* cross-rank argument check on every call */
-    int64_t cma_bytes;       /* alltoall blocks this large: single copy (if cma) */
+    int32_t check;           /* cross-rank agreement round on every call (SHMCOLL_CHECK) */
     int32_t cma;             /* every rank can read its peers' memory (sc_probe_cma) */
     int32_t closed;          /* set by Python when the communicator may not be used: fast entries decline */
+    uint64_t call_base;      /* the first call's number (SHMCOLL_CALL_BASE) */
     /* wait policy (ns): spin, then sched_yield, then futex sleep */
     int64_t spin_ns;
-    int64_t spin_far_ns;     /* spin for a rank on other CPUs once ours need none (all_to_all barrier) */
+    int64_t spin_far_ns;     /* waits flagged "spin long": ranks on other CPUs once ours need none */
     int64_t yield_ns;
     int64_t sleep_ns;
     int64_t liveness_ns;
-    /* barrier plans, index = algorithm: trees (1 padded, 2 hierarchical), and
-     * for all_to_all (3) the ranks to wait for, the bar_mates sharing our CPUs first */
-    int32_t bar_parent[4];
-    int32_t bar_nchild[4];
-    int32_t *bar_child[4];
-    int32_t bar_mates;
+    int64_t timeout_ns;      /* a wait longer than this raises SC_ETIMEOUT (0: never) */
     /* layout, computed by sc_layout */
     int64_t off_state;
     int64_t off_mutex;
-    int64_t off_bar;
-    int64_t off_q;
     int64_t off_post;
-    int64_t off_slot;
     int64_t off_ack;
-    int64_t off_chk;
+    int64_t off_slot;
+    int64_t off_queue;
     int64_t off_chan;
     int64_t off_stripe;
     int64_t total;
     /* attached */
     char *base;
-    /* automatic choice per collective (0 barrier, 1 bcast, 2 alltoall) and size class */
-    int8_t auto_alg[195];
-    /* set by the Python fast entries: release the GIL once a wait goes slow */
+    /* scratch (Python-owned, grown by the planner) and debts (Python-owned, SC_NSETS x size) */
+    char *tmp;
+    int64_t tmp_bytes;
+    int32_t *debt_who;
+    uint64_t *debt_cnt;
+    uint64_t debt_call[SC_NSETS];
+    int32_t debt_n[SC_NSETS];
+    /* traffic record: bytes this rank read from each source (NULL: off) */
+    int64_t *traffic;
+    /* set by the Python entries: release the GIL once a wait goes slow, poll signals */
     void *gil_release;
     void *gil_saved;
+    void *poll;
+    sc_entry_t cache[SC_CACHE];
     /* private state */
-    uint64_t op;
-    uint64_t nchecks;        /* sc_check calls: picks its line set */
-    int64_t sig;             /* this call's signature (sig() in sc_internal.h) */
-    uint64_t *pend;          /* [(size + 1) * (SC_SLOTS + 1) * size] acks owed before reuse */
+    uint64_t call;           /* this call's number: 64 bits, compared by signed difference */
+    uint64_t sig[2];         /* this call's signature (collective, algorithm, dtype, op, root; byte count) */
+    uint64_t prev[2];        /* the previous call's */
+    uint64_t hist;           /* a hash of every call's before the previous */
+    int32_t busy;
     int32_t err_rank;
     int32_t err_code;
+    int32_t err_when;        /* mismatches: 0 this call, 1 the previous call, 2 an earlier one */
     int64_t err_a;
     int64_t err_b;
 } sc_comm_t;
@@ -77,17 +106,16 @@ typedef struct sc_comm {
 int64_t sc_layout(sc_comm_t *c);
 int sc_attach(sc_comm_t *c, char *base);
 int sc_init_shared(sc_comm_t *c);
-int sc_register(sc_comm_t *c, int32_t pid);
+int sc_register(sc_comm_t *c, int32_t pid, int32_t tracer);
 void sc_deregister(sc_comm_t *c);
+int sc_rank_state(sc_comm_t *c, int32_t rank);
 void sc_set_abort(sc_comm_t *c, int32_t rank, int32_t code);
+uint32_t sc_abort_word(sc_comm_t *c);
 int sc_probe_cma(sc_comm_t *c);
 
-int sc_barrier(sc_comm_t *c, int alg);
-
-int sc_check(sc_comm_t *c, int coll, int alg, int64_t root, int64_t nbytes);
-int sc_bcast(sc_comm_t *c, int alg, char *buf, int64_t nbytes, int32_t root);
-int sc_alltoall(sc_comm_t *c, int alg, const char *sbuf, char *rbuf, int64_t block);
+int sc_exec(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf);
 
 void sc_copy(char *dst, const char *src, int64_t n, int nt);
 
+int sc_cache_slot(const int64_t *key);
 void *sc_py_entry(int i);

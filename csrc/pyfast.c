@@ -1,53 +1,47 @@
-/* Fast entries: Comm's Barrier/Bcast/Alltoall for the common case, as
- * CPython builtins bound to one communicator, so a call costs one C call
- * (no Python frame; a cffi call would also release and retake the GIL).
- * The buffer comes through the buffer protocol, the algorithm from the
- * size-class table; the GIL is released once a wait goes slow.  Anything
- * else (an explicit algorithm, a buffer spec, a bad argument) goes to the
- * Python method with its full checks and messages. */
+/* Python entries of the executor, as CPython builtins (a cffi call would
+ * release and retake the GIL on every call):
+ *  - entry(): one per collective method of a Comm (Barrier, Bcast, ...),
+ *    generic over collectives: it parses the arguments by a role string,
+ *    looks the compiled program up in the communicator's cache and runs it,
+ *    so a common call costs one C call and no Python frame.  Anything else
+ *    (a miss, a buffer spec, a read-only buffer, a bad argument) goes to the
+ *    Python method, which checks, plans, fills the cache and runs exec().
+ *  - exec(): run a given program on given buffer addresses.
+ * Both release the GIL once a wait goes slow and poll for signals there, so
+ * Ctrl-C interrupts a waiting rank. */
 #include <Python.h>
 #include "sc_internal.h"
 
-static int cls(int64_t n) { return n ? 64 - __builtin_clzll((uint64_t)n) : 0; }
-
-/* An entry's self: (context address, Python method, error handler, {name:
- * algorithm id}).  The Python method is the same collective with every
- * check: it takes any call this entry declines; the handler turns a failed
- * rc into the exception. */
-static sc_comm_t *ctx(PyObject *self) { return (sc_comm_t *)PyLong_AsVoidPtr(PyTuple_GET_ITEM(self, 0)); }
-
-static PyObject *decline(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
+static uint64_t hash_key(const int64_t *k)
 {
-    PyErr_Clear();
-    return PyObject_Vectorcall(PyTuple_GET_ITEM(self, 1), args, nargsf, kw);
+    uint64_t h = 0x9e3779b97f4a7c15ULL;
+    for (int i = 0; i < 6; i++) h = (h ^ (uint64_t)k[i]) * 0xbf58476d1ce4e5b9ULL;
+    return h ^ (h >> 31);
+}
+int sc_cache_slot(const int64_t *key) { return (int)(hash_key(key) % SC_CACHE); }
+
+static const int64_t *lookup(sc_comm_t *c, const int64_t *key)
+{
+    sc_entry_t *e = &c->cache[sc_cache_slot(key)];
+    return e->prog && !memcmp(e->key, key, sizeof e->key) ? e->prog : NULL;
 }
 
-/* Arguments: positional first, then keywords among names[]; 0 when the
- * call has anything else (the Python method will say what is wrong). */
-static int parse(PyObject *const *args, size_t nargsf, PyObject *kw, const char *const *names, int max, PyObject **out)
+/* Called by the slow wait every few ms with the GIL released: run Python's
+ * signal handlers; nonzero when one raised (the exception stays set). */
+static int poll_signals(sc_comm_t *c)
 {
-    Py_ssize_t n = PyVectorcall_NARGS(nargsf), nk = kw ? PyTuple_GET_SIZE(kw) : 0;
-    if (n > max) return 0;
-    for (int i = 0; i < max; i++) out[i] = i < n ? args[i] : NULL;
-    for (Py_ssize_t k = 0; k < nk; k++) {
-        int i = 0;
-        while (i < max && PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kw, k), names[i])) i++;
-        if (i == max || out[i]) return 0;
-        out[i] = args[n + k];
-    }
-    return 1;
+    if (!c->gil_saved) return 0;
+    PyEval_RestoreThread(c->gil_saved);
+    int raised = PyErr_CheckSignals() < 0;
+    c->gil_saved = PyEval_SaveThread();
+    return raised;
 }
 
-/* The algorithm id: the size-class table's for None, the named one else;
- * -1 for an unknown name. */
-static int algorithm(PyObject *self, sc_comm_t *c, PyObject *name, int op, int64_t nbytes)
+static void arm(sc_comm_t *c)
 {
-    if (!name || name == Py_None) return c->auto_alg[op * SC_NCLASS + cls(nbytes)];
-    PyObject *id = PyDict_GetItemWithError(PyTuple_GET_ITEM(self, 3), name);
-    return id ? (int)PyLong_AsLong(id) : -1;
+    c->gil_release = (void *)PyEval_SaveThread;
+    c->poll = (void *)poll_signals;
 }
-
-static void arm(sc_comm_t *c) { c->gil_release = (void *)PyEval_SaveThread; }
 
 /* Take the GIL back if a slow wait let it go: before anything touches a
  * Python object again (PyBuffer_Release included). */
@@ -58,100 +52,131 @@ static void resume(sc_comm_t *c)
         c->gil_saved = NULL;
     }
     c->gil_release = NULL;
+    c->poll = NULL;
 }
 
-static PyObject *result(PyObject *self, int rc)
+/* One call, owned by this thread for its length: a second thread gets
+ * SC_EBUSY before it touches the context (the saved thread state, the
+ * entry points), so it can neither resume the first one's GIL nor run. */
+static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
 {
+    if (__atomic_exchange_n(&c->busy, 1, __ATOMIC_ACQUIRE)) return SC_EBUSY;
+    arm(c);
+    int rc = sc_exec_owned(c, prog, sbuf, rbuf);
+    resume(c);
+    __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
+    return rc;
+}
+
+/* An entry's self: (context address, Python method, error handler,
+ * {name: algorithm id}, (collective id, roles, argument names)).  Roles, one
+ * per argument: 'x' a buffer read on the root and written elsewhere, 'i'
+ * read, 'o' written, 'r' the root, 'a' the algorithm. */
+static sc_comm_t *ctx(PyObject *self) { return (sc_comm_t *)PyLong_AsVoidPtr(PyTuple_GET_ITEM(self, 0)); }
+
+static PyObject *decline(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
+{
+    PyErr_Clear();
+    return PyObject_Vectorcall(PyTuple_GET_ITEM(self, 1), args, nargsf, kw);
+}
+
+#define MAXARGS 8
+
+/* Arguments: positional first, then keywords among names; 0 when the call
+ * has anything else (the Python method will say what is wrong). */
+static int parse(PyObject *const *args, size_t nargsf, PyObject *kw, PyObject *names, PyObject **out)
+{
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf), nk = kw ? PyTuple_GET_SIZE(kw) : 0, max = PyTuple_GET_SIZE(names);
+    if (n > max || max > MAXARGS) return 0;
+    for (Py_ssize_t i = 0; i < max; i++) out[i] = i < n ? args[i] : NULL;
+    for (Py_ssize_t k = 0; k < nk; k++) {
+        Py_ssize_t i = 0;
+        while (i < max && PyUnicode_Compare(PyTuple_GET_ITEM(kw, k), PyTuple_GET_ITEM(names, i))) i++;
+        if (i == max || out[i]) return 0;
+        out[i] = args[n + k];
+    }
+    return 1;
+}
+
+static int plain(const Py_buffer *b) { return !b->format || !strchr(b->format, 'O'); }
+
+static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
+{
+    sc_comm_t *c = ctx(self);
+    PyObject *desc = PyTuple_GET_ITEM(self, 4), *a[MAXARGS];
+    const char *roles = PyUnicode_AsUTF8(PyTuple_GET_ITEM(desc, 1));
+    Py_buffer b[2];
+    int nb = 0, ok = 1;
+    int64_t key[6] = { PyLong_AsLong(PyTuple_GET_ITEM(desc, 0)), -1, 0, 0, 0, 0 };
+    char *sbuf = NULL, *rbuf = NULL;
+    if (c->closed || !parse(args, nargsf, kw, PyTuple_GET_ITEM(desc, 2), a)) return decline(self, args, nargsf, kw);
+    for (int i = 0; roles[i] && ok; i++) {
+        PyObject *v = a[i];
+        switch (roles[i]) {
+        case 'x': case 'i': case 'o': {
+            int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (roles[i] == 'i' ? 0 : PyBUF_WRITABLE);
+            if (!v || PyObject_GetBuffer(v, &b[nb], flags)) { ok = 0; break; }
+            nb++;
+            if (!plain(&b[nb - 1])) { ok = 0; break; }
+            key[3 + (roles[i] == 'o')] = b[nb - 1].len;
+            if (nb == 1) key[5] = b[0].itemsize;
+            if (roles[i] != 'o') sbuf = b[nb - 1].buf;
+            if (roles[i] != 'i') rbuf = b[nb - 1].buf;
+            break;
+        }
+        case 'r':
+            if (!v) break;
+            if (!PyLong_CheckExact(v)) { ok = 0; break; }
+            key[2] = PyLong_AsLong(v);
+            ok = key[2] >= 0 && key[2] < c->size;
+            break;
+        case 'a':
+            if (v && v != Py_None) {
+                PyObject *id = PyDict_GetItemWithError(PyTuple_GET_ITEM(self, 3), v);
+                if (!id) { ok = 0; break; }
+                key[1] = PyLong_AsLong(id);
+            }
+            break;
+        }
+    }
+    if (ok && sbuf && rbuf && sbuf != rbuf && key[3] && key[4] && sbuf < rbuf + key[4] && rbuf < sbuf + key[3]) ok = 0;
+    const int64_t *prog = ok ? lookup(c, key) : NULL;
+    int rc = prog ? run(c, prog, sbuf, rbuf) : 0;
+    for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);
+    if (!prog) return decline(self, args, nargsf, kw);
     if (!rc) Py_RETURN_NONE;
-    PyObject *r = PyLong_FromLong(rc);
-    if (!r) return NULL;
-    PyObject *out = PyObject_CallOneArg(PyTuple_GET_ITEM(self, 2), r);
-    Py_DECREF(r);
+    PyObject *exc = NULL, *val = NULL, *tb = NULL;
+    if (rc == SC_EINTR) PyErr_Fetch(&exc, &val, &tb);
+    PyObject *r = PyLong_FromLong(rc), *out = r ? PyObject_CallOneArg(PyTuple_GET_ITEM(self, 2), r) : NULL;
+    Py_XDECREF(r);
+    if (rc == SC_EINTR && exc) {
+        Py_XDECREF(out);
+        PyErr_Restore(exc, val, tb);
+        return NULL;
+    }
     return out;
 }
 
-/* Barrier(algorithm=None) */
-static PyObject *py_barrier(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
+/* exec(context, program, send address, recv address) -> rc */
+static PyObject *py_exec(PyObject *mod, PyObject *const *args, Py_ssize_t n)
 {
-    static const char *const names[] = {"algorithm"};
-    PyObject *a[1];
-    sc_comm_t *c = ctx(self);
-    int alg;
-    if (c->closed || !parse(args, nargsf, kw, names, 1, a) || (alg = algorithm(self, c, a[0], 0, 0)) < 0)
-        return decline(self, args, nargsf, kw);
-    arm(c);
-    int rc = sc_barrier(c, alg);
-    resume(c);
-    return result(self, rc);
-}
-
-/* Bcast(buf, root=0, algorithm=None): a writable C-contiguous buffer. */
-static PyObject *py_bcast(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
-{
-    static const char *const names[] = {"buf", "root", "algorithm"};
-    PyObject *a[3];
-    sc_comm_t *c = ctx(self);
-    Py_buffer b;
-    long root = 0;
-    int alg;
-    if (c->closed || !parse(args, nargsf, kw, names, 3, a) || !a[0]) return decline(self, args, nargsf, kw);
-    if (a[1]) {
-        if (!PyLong_CheckExact(a[1])) return decline(self, args, nargsf, kw);
-        root = PyLong_AsLong(a[1]);
+    if (n != 4) {
+        PyErr_SetString(PyExc_TypeError, "exec(context, program, sbuf, rbuf)");
+        return NULL;
     }
-    if (root < 0 || root >= c->size) return decline(self, args, nargsf, kw);
-    if (PyObject_GetBuffer(a[0], &b, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)) return decline(self, args, nargsf, kw);
-    if ((alg = algorithm(self, c, a[2], 1, b.len)) < 0) {
-        PyBuffer_Release(&b);
-        return decline(self, args, nargsf, kw);
-    }
-    int rc = SC_OK;
-    arm(c);
-    if (c->check) rc = sc_check(c, 1, alg, root, b.len);
-    if (!rc) rc = sc_bcast(c, alg, b.buf, b.len, (int32_t)root);
-    resume(c);
-    PyBuffer_Release(&b);
-    return result(self, rc);
-}
-
-/* Alltoall(sendbuf, recvbuf, algorithm=None): equal, divisible, disjoint buffers. */
-static PyObject *py_alltoall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
-{
-    static const char *const names[] = {"sendbuf", "recvbuf", "algorithm"};
-    PyObject *a[3];
-    sc_comm_t *c = ctx(self);
-    Py_buffer s, r;
-    int alg;
-    if (c->closed || !parse(args, nargsf, kw, names, 3, a) || !a[0] || !a[1]) return decline(self, args, nargsf, kw);
-    if (PyObject_GetBuffer(a[0], &s, PyBUF_C_CONTIGUOUS)) return decline(self, args, nargsf, kw);
-    if (PyObject_GetBuffer(a[1], &r, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)) {
-        PyBuffer_Release(&s);
-        return decline(self, args, nargsf, kw);
-    }
-    char *sp = s.buf, *rp = r.buf;
-    if (s.len != r.len || s.len % c->size || (s.len && sp < rp + r.len && rp < sp + s.len) ||
-        (alg = algorithm(self, c, a[2], 2, s.len / c->size)) < 0) {
-        PyBuffer_Release(&s);
-        PyBuffer_Release(&r);
-        return decline(self, args, nargsf, kw);
-    }
-    int64_t block = s.len / c->size;
-    int rc = SC_OK;
-    arm(c);
-    if (c->check) rc = sc_check(c, 2, alg, -1, block);
-    if (!rc) rc = sc_alltoall(c, alg, sp, rp, block);
-    resume(c);
-    PyBuffer_Release(&s);
-    PyBuffer_Release(&r);
-    return result(self, rc);
+    sc_comm_t *c = PyLong_AsVoidPtr(args[0]);
+    const int64_t *prog = PyLong_AsVoidPtr(args[1]);
+    char *s = PyLong_AsVoidPtr(args[2]), *r = PyLong_AsVoidPtr(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    int rc = run(c, prog, s, r);
+    if (rc == SC_EINTR && PyErr_Occurred()) return NULL;
+    return PyLong_FromLong(rc);
 }
 
 static PyMethodDef defs[] = {
-    {"Barrier", (PyCFunction)(void (*)(void))py_barrier, METH_FASTCALL | METH_KEYWORDS, "Barrier(algorithm=None)"},
-    {"Bcast", (PyCFunction)(void (*)(void))py_bcast, METH_FASTCALL | METH_KEYWORDS, "Bcast(buf, root=0, algorithm=None)"},
-    {"Alltoall", (PyCFunction)(void (*)(void))py_alltoall, METH_FASTCALL | METH_KEYWORDS, "Alltoall(sendbuf, recvbuf, algorithm=None)"},
+    {"collective", (PyCFunction)(void (*)(void))entry, METH_FASTCALL | METH_KEYWORDS, "a collective of one communicator"},
+    {"exec", (PyCFunction)(void (*)(void))py_exec, METH_FASTCALL, "exec(context, program, sbuf, rbuf) -> rc"},
 };
 
-/* Entry i's method definition, for Python to bind to a context (its
- * address as `self`) with PyCFunction_NewEx. */
-void *sc_py_entry(int i) { return i >= 0 && i < 3 ? &defs[i] : NULL; }
+/* Method definition i, for Python to bind with PyCFunction_NewEx. */
+void *sc_py_entry(int i) { return i >= 0 && i < 2 ? &defs[i] : NULL; }

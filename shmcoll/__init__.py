@@ -1,11 +1,28 @@
 """shmcoll: topology-aware shared-memory collectives for Python processes
-on one node.  See README.md."""
+on one node.  See README.md and ARCHITECTURE.md."""
 from .coll.select import algorithms
 from .comm import Comm
-from .errors import PeerAborted, PeerDied, PeerFailure, SegmentError, ShmcollError
+from .errors import (CMAError, MismatchError, PeerAborted, PeerDied, PeerFailure, PeerTimeout, SegmentError,
+                     ShmcollError)
 from .launcher import init, launch, run
 from .topology import topology
 
-__all__ = ["Comm", "PeerAborted", "PeerDied", "PeerFailure", "SegmentError", "ShmcollError",
-           "algorithms", "init", "launch", "run", "topology"]
-__version__ = "0.1.0"
+
+def schedule(op, algorithm, nranks, nbytes, root=0, *, topology=None, options=None, cma=False):
+    """The Schedule `algorithm` of collective `op` runs on nranks ranks for
+    nbytes (bcast: the buffer; alltoall: one block), placed as the
+    launcher would place them (topology: e.g. "2x4"), without running it."""
+    from .topology import topology as _topology
+    from .coll import select
+    from .device import make_plan
+    from .sched import Call
+    select.check_name(op, algorithm) if op in select.TABLE else select.algorithms(op)
+    topo = _topology(topology)
+    plan = make_plan(nranks, topo, topo.placement(nranks, "core", "compact"), options)
+    call = Call(nranks, nbytes, root, plan.params, plan.slots, len(topo.nodes), cma)
+    return select.plan(op, algorithm, call)
+
+
+__all__ = ["CMAError", "Comm", "MismatchError", "PeerAborted", "PeerDied", "PeerFailure", "PeerTimeout",
+           "SegmentError", "ShmcollError", "algorithms", "init", "launch", "run", "schedule", "topology"]
+__version__ = "0.2.0"

@@ -18,6 +18,9 @@ def view(spec, name, writable):
         else:
             raise TypeError(f"{name}: a buffer spec is [buf, count, dtype] or [buf, dtype], got {len(spec)} items")
     if type(buf) is np.ndarray:
+        if buf.dtype.hasobject:
+            raise TypeError(f"{name} holds Python objects (dtype {buf.dtype}); only plain data can be "
+                            f"shared between processes")
         if not buf.flags.c_contiguous:
             raise ValueError(f"{name} must be C-contiguous (got strides {buf.strides}); pass np.ascontiguousarray(...)")
         if writable and not buf.flags.writeable:
@@ -29,6 +32,9 @@ def view(spec, name, writable):
         except TypeError:
             raise TypeError(f"{name} must be a numpy array or support the buffer protocol, "
                             f"not {type(buf).__name__}") from None
+        if "O" in mv.format:
+            raise TypeError(f"{name} holds Python objects (format {mv.format!r}); only plain data can be "
+                            f"shared between processes")
         if not mv.c_contiguous:
             raise ValueError(f"{name} must be C-contiguous")
         if writable and mv.readonly:
@@ -37,9 +43,12 @@ def view(spec, name, writable):
         buf = mv
     if dtype is not None:
         try:
-            itemsize = np.dtype(dtype).itemsize
+            dt = np.dtype(dtype)
         except TypeError:
             raise TypeError(f"{name}: {dtype!r} is not a datatype") from None
+        if dt.hasobject:
+            raise TypeError(f"{name}: datatype {dt} holds Python objects; only plain data can be shared")
+        itemsize = dt.itemsize
         have = nbytes
         if count is None:
             if have % itemsize:
@@ -51,3 +60,8 @@ def view(spec, name, writable):
         if nbytes > have:
             raise ValueError(f"{name}: {count} x {np.dtype(dtype)} needs {nbytes} bytes but the buffer has {have}")
     return ffi.from_buffer(buf, require_writable=writable), nbytes, itemsize
+
+
+def address(ptr):
+    """The integer address of a cdata pointer from view()."""
+    return int(ffi.cast("uintptr_t", ptr))

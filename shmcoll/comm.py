@@ -1,21 +1,42 @@
 """The API layer: Comm, mpi4py-like.  Upper-case methods move buffers,
-lower-case ones pickled objects.  Here we check arguments and select
-algorithms; the device layer's C engine moves the data.
+lower-case ones pickled objects.  Here we check arguments, select the
+algorithm and plan its schedule; the device layer compiles it and its C
+executor runs it.
 
-Errors: a local argument error raises on this rank and aborts the
-communicator, so every other rank raises PeerAborted instead of waiting; a
-peer's death raises PeerDied.  After either, the communicator is unusable."""
+A call's life: the instance's C fast entry (device.entry) looks the
+program up by (collective, algorithm, root, byte counts, item size) and
+runs it; on a miss, or anything unusual, it hands the call to the method
+below, which checks everything, plans, compiles, installs the program for
+the next time, and runs it.
+
+Errors: any error inside a collective call on this rank (bad argument,
+pickling, Ctrl-C) raises here and aborts the communicator, so every other
+rank raises PeerFailure instead of waiting or pairing with the wrong call;
+a peer's death raises PeerDied.  After either, the communicator is unusable."""
+import functools
 import pickle
 
 import numpy as np
 
 from . import buffers
-from ._core import ffi, lib
+from ._core import lib
 from .coll import select
 from .errors import PeerFailure, ShmcollError
+from .sched import Call
 
-_bcast, _alltoall, _check = lib.sc_bcast, lib.sc_alltoall, lib.sc_check
-_KIND = {"bcast": 1, "alltoall": 2}
+
+def collective(fn):
+    """Run a Comm method so that any error it raises aborts the communicator."""
+    @functools.wraps(fn)
+    def method(self, *args, **kw):
+        self._usable()
+        try:
+            return fn(self, *args, **kw)
+        except ShmcollError:
+            raise
+        except BaseException as e:
+            self._bad(e)
+    return method
 
 
 class Comm:
@@ -27,13 +48,26 @@ class Comm:
         self.slots = device.plan.slots
         self._broken = None
         self._freed = False
-        if self.size > 1 and (rc := lib.sc_probe_cma(self._c)):
-            self._fail(rc, "communicator creation")
-        self._forced = {op: select.forced(op, self.plan.params) for op in select.MODULES}
-        select.fill_table(self)
-        checked = {name: getattr(Comm, name).__get__(self) for name in ("Barrier", "Bcast", "Alltoall")}
-        ids = {name: select.IDS[name.lower()] for name in checked}
-        self.__dict__.update(device.entries(checked, self._failed, ids))
+        self._forced = {op: select.forced(op, self.plan.params) for op in select.TABLE}
+        self._probe_cma()
+        for op, (cid, _, name, roles, argnames) in select.TABLE.items():
+            method = getattr(Comm, name).__get__(self)
+            handler = functools.partial(self._failed, name)
+            self.__dict__[name] = device.entry(method, handler, select.IDS[op], (cid, roles, argnames))
+
+    def _probe_cma(self):
+        """Single copies need every rank able to read every other: each
+        tries its right neighbour once all have registered, and all learn
+        every verdict, so every rank plans the same schedules."""
+        self._c.cma = 0
+        if self.size == 1:
+            return
+        self.Barrier("all_to_all")
+        verdict = np.full(self.size, lib.sc_probe_cma(self._c), np.uint8)
+        every = np.empty_like(verdict)
+        self.Alltoall(verdict, every, "pairwise")
+        self._c.cma = int(every.all())
+        self._dev.clear_programs()
 
     def Get_rank(self):
         return self.rank
@@ -51,13 +85,22 @@ class Comm:
         self._fail(rc, what)
 
     def _fail(self, rc, what):
-        exc = self._dev.failure(rc, what)
-        if isinstance(exc, PeerFailure) or rc == lib.SC_EMISMATCH:   # the job is aborted
+        exc = self._dev.failure(rc, what, functools.partial(self._words, what))
+        if rc == lib.SC_EBUSY:          # the other thread's call goes on; ours is a local error
+            self._bad(exc)
+        if rc != lib.SC_EDIFFER:        # the job is aborted (a check-round refusal leaves it usable)
             self._break(exc)
         raise exc
 
+    def _words(self, what, field, value):
+        if field == 1:
+            return select.OPS.get(value, value)
+        if field == 6:
+            return select.NAMES[what.lower()][value] if 0 <= value < len(select.NAMES[what.lower()]) else value
+        return value
+
     def _bad(self, exc):
-        """A local argument error: abort so the other ranks raise too."""
+        """A local error: abort so the other ranks raise too."""
         self._dev.abort(self.rank, 3)
         self._break(exc)
         raise exc
@@ -65,60 +108,80 @@ class Comm:
     def _break(self, exc):
         """From now on every call takes the checked methods, which refuse
         (saved references to the C entries decline to them too)."""
-        self._broken = exc
+        if self._broken is None:
+            self._broken = exc
         self._c.closed = 1
-        for name in ("Barrier", "Bcast", "Alltoall"):
-            self.__dict__.pop(name, None)
 
     def _usable(self):
+        if self._broken is None:
+            return
         if isinstance(self._broken, ShmcollError) and not isinstance(self._broken, PeerFailure):
             raise self._broken
-        if self._broken is not None:
-            raise PeerFailure(self._broken.rank if isinstance(self._broken, PeerFailure) else self.rank,
-                              f"failed earlier on this communicator ({self._broken}); it cannot be used")
+        rank = self._broken.rank if isinstance(self._broken, PeerFailure) else self.rank
+        raise PeerFailure(rank, f"failed earlier on this communicator ({self._broken!r}); it cannot be used")
 
-    def _pick(self, op, algorithm, nbytes):
-        """C id of the named algorithm, or of the automatic choice for nbytes."""
-        if algorithm is None:
-            algorithm = select.selected(self, op, nbytes)
-        try:
-            return select.algorithm_id(op, algorithm)
-        except ValueError as e:
-            self._bad(e)
+    # -- planning ------------------------------------------------------------
+    def _call(self, nbytes, root=0):
+        return Call(self.size, nbytes, root, self.plan.params, self.slots, len(self.plan.topo.nodes),
+                    bool(self._c.cma))
 
-    def selected(self, op, nbytes):
+    def selected(self, op, nbytes, root=0):
         """The algorithm that algorithm=None uses for op at nbytes."""
-        return select.selected(self, op, nbytes)
+        select.algorithms(op)
+        return select.pick(op, self._call(nbytes, root), None, self._forced[op])
 
-    # -- collectives ---------------------------------------------------------
-    # Each instance's Barrier/Bcast/Alltoall are C entries (device.entries)
+    def schedule(self, op, nbytes=0, root=0, algorithm=None):
+        """The schedule this communicator runs for op (nbytes: the buffer for
+        bcast, one block for alltoall)."""
+        select.algorithms(op)
+        call = self._call(nbytes, root)
+        return select.plan(op, select.pick(op, call, algorithm, self._forced[op]), call)
+
+    def traffic(self):
+        """Bytes this rank's executor has read from each rank (local copies
+        not counted); needs the record_traffic option."""
+        if self._dev.traffic is None:
+            raise RuntimeError("traffic is recorded only with the record_traffic=1 option")
+        return self._dev.traffic.copy()
+
+    def _run(self, op, key, nbytes, root, algorithm, saddr=0, raddr=0):
+        """Plan (cached by key), then run this rank's program."""
+        call = self._call(nbytes, root)
+        name = select.pick(op, call, algorithm, self._forced[op])
+        cid = select.TABLE[op][0]
+        prog = self._dev.program(key, cid, select.IDS[op][name], lambda: select.plan(op, name, call))
+        rc = self._dev.execute(prog, saddr, raddr)
+        if rc:
+            self._fail(rc, select.TABLE[op][2])
+
+    def _key(self, op, algorithm, root, len0, len1, itemsize):
+        alg = -1 if algorithm is None else select.IDS[op][select.check_name(op, algorithm)]
+        return (select.TABLE[op][0], alg, root, len0, len1, itemsize)
+
+    # -- collectives -----------------------------------------------------------
+    # Each instance's Barrier/Bcast/Alltoall are C entries (device.entry)
     # for the common case; they hand every other call to these methods.
 
+    @collective
     def Barrier(self, algorithm=None):
-        self._usable()
-        rc = lib.sc_barrier(self._c, self._pick("barrier", algorithm, 0))
-        if rc:
-            self._fail(rc, "Barrier")
+        self._run("barrier", self._key("barrier", algorithm, 0, 0, 0, 0), 0, 0, algorithm)
 
     def barrier(self):
         self.Barrier()
 
+    @collective
     def Bcast(self, buf, root=0, algorithm=None):
-        self._usable()
-        try:
-            ptr, nbytes, _ = buffers.view(buf, "buf", writable=True)
-            self._root(root)
-        except (TypeError, ValueError) as e:
-            self._bad(e)
-        alg = self._pick("bcast", algorithm, nbytes)
-        if self._c.check and (rc := _check(self._c, _KIND["bcast"], alg, root, nbytes)):
-            self._fail(rc, "Bcast")
-        rc = _bcast(self._c, alg, ptr, nbytes, root)
-        if rc:
-            self._fail(rc, "Bcast")
+        self._root(root)
+        root = int(root)
+        ptr, nbytes, itemsize = buffers.view(buf, "buf", writable=self.rank != root)
+        addr = buffers.address(ptr)
+        self._run("bcast", self._key("bcast", algorithm, root, nbytes, 0, itemsize), nbytes, root, algorithm,
+                  addr, addr)
 
+    @collective
     def bcast(self, obj, root=0):
         """Pickle on the root; length first (8 B, inline), then the bytes."""
+        self._root(root)
         n = np.zeros(1, np.int64)
         data = None
         if self.rank == root:
@@ -129,33 +192,29 @@ class Comm:
         self.Bcast(buf, root)
         return obj if self.rank == root else pickle.loads(buf)
 
+    @collective
     def Alltoall(self, sendbuf, recvbuf, algorithm=None):
-        self._usable()
-        try:
-            sptr, sbytes, _ = buffers.view(sendbuf, "sendbuf", writable=False)
-            rptr, rbytes, _ = buffers.view(recvbuf, "recvbuf", writable=True)
-            if sbytes != rbytes:
-                raise ValueError(f"sendbuf has {sbytes} bytes but recvbuf has {rbytes}; they must match")
-            if sbytes % self.size:
-                raise ValueError(f"sendbuf's {sbytes} bytes do not split into {self.size} equal blocks")
-            s0, r0 = int(ffi.cast("uintptr_t", sptr)), int(ffi.cast("uintptr_t", rptr))
-            if sbytes and s0 < r0 + rbytes and r0 < s0 + sbytes:
-                raise ValueError("sendbuf and recvbuf overlap; pass distinct buffers")
-        except (TypeError, ValueError) as e:
-            self._bad(e)
+        sptr, sbytes, sitem = buffers.view(sendbuf, "sendbuf", writable=False)
+        rptr, rbytes, ritem = buffers.view(recvbuf, "recvbuf", writable=True)
+        if sbytes != rbytes:
+            raise ValueError(f"sendbuf has {sbytes} bytes but recvbuf has {rbytes}; they must match")
+        item = max(sitem, ritem)
+        if sbytes % (self.size * item):
+            raise ValueError(f"sendbuf's {sbytes} bytes do not split into {self.size} equal blocks of whole "
+                             f"{item}-byte elements")
+        s0, r0 = buffers.address(sptr), buffers.address(rptr)
+        if sbytes and s0 < r0 + rbytes and r0 < s0 + sbytes:
+            raise ValueError("sendbuf and recvbuf overlap; pass distinct buffers")
         block = sbytes // self.size
-        alg = self._pick("alltoall", algorithm, block)
-        if self._c.check and (rc := _check(self._c, _KIND["alltoall"], alg, -1, block)):
-            self._fail(rc, "Alltoall")
-        rc = _alltoall(self._c, alg, sptr, rptr, block)
-        if rc:
-            self._fail(rc, "Alltoall")
+        self._run("alltoall", self._key("alltoall", algorithm, 0, sbytes, rbytes, sitem), block, 0, algorithm,
+                  s0, r0)
 
+    @collective
     def alltoall(self, objs):
         """objs[i] goes to rank i.  One Alltoall of every rank's size vector
         gives all ranks the same table, hence one block width for the data."""
         if len(objs) != self.size:
-            self._bad(ValueError(f"alltoall needs one object per rank ({self.size}), got {len(objs)}"))
+            raise ValueError(f"alltoall needs one object per rank ({self.size}), got {len(objs)}")
         blobs = [pickle.dumps(o, pickle.HIGHEST_PROTOCOL) for o in objs]
         sizes = np.array([len(b) for b in blobs], np.int64)
         table = np.empty((self.size, self.size), np.int64)
@@ -169,7 +228,8 @@ class Comm:
         return [pickle.loads(recv[i, :table[i, self.rank]].tobytes()) for i in range(self.size)]
 
     def _root(self, root):
-        if not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
+        if isinstance(root, (bool, np.bool_)) or not isinstance(root, (int, np.integer)) \
+                or not 0 <= root < self.size:
             raise ValueError(f"root must be a rank in 0..{self.size - 1}, not {root!r}")
 
     # -- lifetime -------------------------------------------------------------
@@ -179,4 +239,3 @@ class Comm:
             self._freed = True
             self._dev.deregister()
             self._break(ShmcollError(f"rank {self.rank} freed this communicator"))
-

@@ -1,23 +1,32 @@
 """The device layer: one rank's C context over a communicator's segment.
 
-Python plans here once per communicator (layout, NUMA placement of every
-channel, wait policy, barrier trees); the C engine then runs each
-collective phase in one call.  Collectives use only Device and the C entry
-points, never the segment directly."""
+Python plans here once per communicator (layout, sizes that fit /dev/shm,
+NUMA placement of every channel, wait policy) and once per call shape
+(compiling a schedule into this rank's program, cached, and installed in
+the C fast entries' cache); the C executor then runs each collective in
+one call.  Collectives use only Device and the C entry points, never the
+segment directly."""
 import ctypes
-import os
 import functools
-from dataclasses import dataclass, field
+import os
+import sys
+from dataclasses import dataclass
+
+import numpy as np
 
 from . import options as _options
 from ._core import ffi, lib
-from .errors import PeerAborted, PeerDied
+from .compile import compile_schedule, signature
+from .errors import CMAError, MismatchError, PeerAborted, PeerDied, PeerTimeout
 from .segment import Segment
-from .topology import oversubscribed
 
 PAGE = 4096
 MAX_RANKS = 1024
-ABORT_REASONS = {1: "raised an exception", 2: "died", 3: "passed bad or mismatched arguments", 4: "exited"}
+MIN_CHAN = 4 * PAGE
+ABORT_REASONS = {1: "raised an exception", 2: "died", 3: "passed bad or mismatched arguments", 4: "exited",
+                 5: "timed out waiting for a peer", 6: "was interrupted (KeyboardInterrupt)",
+                 7: "could not read a peer's memory"}
+FIELDS = {1: "collective", 2: "root", 3: "byte count", 4: "dtype", 5: "op", 6: "algorithm"}
 
 
 @dataclass
@@ -27,23 +36,41 @@ class Plan:
     params: dict
     slots: list                 # topology.Slot per rank
     topo: object                # topology.Topology
-    trees: dict = field(default_factory=dict)   # barrier alg id -> (parents, children or wait order)
-    mates: list = field(default_factory=list)   # per rank: how many others share its CPUs (all_to_all)
     size: int = 0
 
 
 def make_plan(nranks, topo, slots, options=None):
-    from .coll import barrier
-    if not 1 <= nranks <= MAX_RANKS:
-        raise ValueError(f"nprocs must be between 1 and {MAX_RANKS}, not {nranks}")
+    if isinstance(nranks, bool) or not isinstance(nranks, int) or not 1 <= nranks <= MAX_RANKS:
+        raise ValueError(f"nprocs must be an int between 1 and {MAX_RANKS}, not {nranks!r}")
     res = _options.resolve(options)
     p = {k: v for k, (v, _) in res.items()}
+    p["chan_bytes"] = _round(max(int(p["chan_bytes"]), MIN_CHAN), PAGE)
+    p["shm_bytes"] = int(p["shm_bytes"]) if p["shm_bytes"] is not None else _shm_free()
+    p["chunk_opt"], p["tile_opt"] = p["chunk_bytes"], p["tile_bytes"]
+    _derive(p, nranks, topo, slots)
+    plan = Plan(nranks, p, list(slots), topo)
+    plan.size = Device.layout(plan)
+    asked = p["chan_bytes"]
+    while plan.size > p["shm_bytes"] and p["chan_bytes"] > MIN_CHAN:
+        fixed = plan.size - (nranks + 1) * p["chan_bytes"]      # lines, headers: what channels leave
+        fit = (p["shm_bytes"] - fixed) // (nranks + 1) // PAGE * PAGE
+        p["chan_bytes"] = max(min(fit, p["chan_bytes"] - PAGE), MIN_CHAN)
+        _derive(p, nranks, topo, slots)
+        plan.size = Device.layout(plan)
+    if p["chan_bytes"] != asked:
+        print(f"shmcoll: /dev/shm holds {p['shm_bytes'] >> 20} MiB; channels cut from {asked >> 10} KiB to "
+              f"{p['chan_bytes'] >> 10} KiB per rank so {nranks} ranks fit ({plan.size >> 20} MiB)",
+              file=sys.stderr)
+    return plan
+
+
+def _derive(p, nranks, topo, slots):
+    """Sizes that follow from the channel and the caches."""
     l2 = topo.cache_size(2) or 1 << 20
     shared = topo.shared_cache_size() or l2
-    p["chan_bytes"] = _round(max(int(p["chan_bytes"]), 2 * PAGE), PAGE)
     half = p["chan_bytes"] // 2    # a ring holds two chunks or tiles at least
-    p["chunk_bytes"] = min(int(p["chunk_bytes"] or max(PAGE, min(l2 // 4, p["chan_bytes"] // 4))), half)
-    p["tile_bytes"] = min(int(p["tile_bytes"] or max(PAGE, min(l2 // 4, shared // (2 * nranks)))), half)
+    p["chunk_bytes"] = min(int(p.get("chunk_opt") or max(PAGE, min(l2 // 4, half // 2))), half)
+    p["tile_bytes"] = min(int(p.get("tile_opt") or max(PAGE, min(l2 // 4, shared // (2 * nranks)))), half)
     p["nt_bytes"] = int(p["nt_bytes"] or shared)
     # one reader at a time gains from 64 KiB (2 ranks, 256 KiB alltoall: 29 vs
     # 35 us); with more ranks sharing the cores, only from about 1 MiB
@@ -55,12 +82,23 @@ def make_plan(nranks, topo, slots, options=None):
     p["stripe_slots"] = int(p["stripe_slots"] or -(-max(8, 2 * groups) // nodes) * nodes)
     p["stripe_bytes"] = max(p["chan_bytes"] // PAGE // p["stripe_slots"], 1) * PAGE * p["stripe_slots"]
     p["spin_far_ns"] = int(p["spin_ns"] if p["spin_ns"] is not None else 50_000)
-    p["spin_ns"] = int(p["spin_ns"] if p["spin_ns"] is not None else (0 if oversubscribed(slots) else 50_000))
+    p["spin_now_ns"] = int(p["spin_ns"] if p["spin_ns"] is not None else (0 if _over(slots) else 50_000))
     p["check"] = int(p["check"])
-    trees, mates = barrier.plans(slots)
-    plan = Plan(nranks, p, list(slots), topo, trees, mates)
-    plan.size = Device.layout(plan)
-    return plan
+    p["timeout_ns"] = int(float(p["timeout"]) * 1e9)
+    p["call_base"] = int(p["call_base"]) % (1 << 64)
+
+
+def _over(slots):
+    from .topology import oversubscribed
+    return oversubscribed(slots)
+
+
+def _shm_free():
+    try:
+        st = os.statvfs("/dev/shm")
+        return st.f_bavail * st.f_frsize
+    except OSError:
+        return 1 << 62
 
 
 def _round(x, a):
@@ -70,39 +108,41 @@ def _round(x, a):
 _new_cfunction = ctypes.pythonapi.PyCFunction_NewEx
 _new_cfunction.restype = ctypes.py_object
 _new_cfunction.argtypes = (ctypes.c_void_p, ctypes.py_object, ctypes.py_object)
+_exec = _new_cfunction(int(ffi.cast("uintptr_t", lib.sc_py_entry(1))), None, None)
 
-INT_FIELDS = ("chan_bytes", "chunk_bytes", "tile_bytes", "stripe_bytes", "stripe_slots", "bcast_k",
-              "nt_bytes", "check", "cma_bytes", "spin_ns", "spin_far_ns", "yield_ns", "sleep_ns", "liveness_ns")
+FIELDS_C = {"chan_bytes": "chan_bytes", "stripe_bytes": "stripe_bytes", "stripe_slots": "stripe_slots",
+            "check": "check", "spin_now_ns": "spin_ns", "spin_far_ns": "spin_far_ns", "yield_ns": "yield_ns",
+            "sleep_ns": "sleep_ns", "liveness_ns": "liveness_ns", "timeout_ns": "timeout_ns",
+            "call_base": "call_base"}
 
 
 class Device:
     def __init__(self, plan, rank, segment):
         self.plan, self.rank, self.segment = plan, rank, segment
-        c, self._keep = self._context(plan, rank)
-        self.c = c
+        self.c, self._keep = self._context(plan, rank)
         self._base = ffi.from_buffer(segment.mmap)
-        if lib.sc_attach(c, ffi.cast("char *", self._base)) != 0:
+        self._programs = {}
+        self._tmp = None
+        self.traffic = None
+        if plan.params["record_traffic"]:
+            self.traffic = np.zeros(plan.nranks, np.int64)
+            self.c.traffic = ffi.cast("int64_t *", self.traffic.ctypes.data)
+        if lib.sc_attach(self.c, ffi.cast("char *", self._base)) != 0:
             raise RuntimeError("shared segment does not hold a shmcoll communicator of this size")
 
     @staticmethod
     def _context(plan, rank):
         c = ffi.new("sc_comm_t *")
         c.rank, c.size = rank, plan.nranks
-        for name in INT_FIELDS:
-            setattr(c, name, plan.params[name])
-        keep = []
-        for alg, (parents, children) in plan.trees.items():
-            kids = ffi.new("int32_t[]", children[rank] or [0]) if rank >= 0 else ffi.NULL
-            keep.append(kids)
-            c.bar_parent[alg] = parents[rank] if rank >= 0 else -1
-            c.bar_nchild[alg] = len(children[rank]) if rank >= 0 else 0
-            c.bar_child[alg] = kids
-        c.bar_mates = plan.mates[rank] if rank >= 0 else 0
-        pend = ffi.new("uint64_t[]", (plan.nranks + 1) * (lib.SC_SLOTS + 1) * plan.nranks)
-        keep.append(pend)
-        c.pend = pend
+        for name, field in FIELDS_C.items():
+            setattr(c, field, plan.params[name])
+        # ack debts: per set, at most one per reader (O(p), not O(p^2))
+        who = np.zeros(lib.SC_NSETS * plan.nranks, np.int32)
+        cnt = np.zeros(lib.SC_NSETS * plan.nranks, np.uint64)
+        c.debt_who = ffi.cast("int32_t *", who.ctypes.data)
+        c.debt_cnt = ffi.cast("uint64_t *", cnt.ctypes.data)
         lib.sc_layout(c)
-        return c, keep
+        return c, [who, cnt]
 
     @staticmethod
     def layout(plan):
@@ -111,13 +151,15 @@ class Device:
     @classmethod
     def create(cls, plan):
         """Creator side (launcher): segment placed per NUMA node and initialised."""
-        seg = Segment.create(plan.size, cls._placement(plan, cls._context(plan, -1)[0]))
+        c = cls._context(plan, -1)[0]
+        seg = Segment.create(plan.size, cls._placement(plan, c))
         dev = cls.__new__(cls)
         dev.plan, dev.rank, dev.segment = plan, -1, seg
         dev.c, dev._keep = cls._context(plan, 0)
         dev._base = ffi.from_buffer(seg.mmap)
         dev.c.base = ffi.cast("char *", dev._base)
-        lib.sc_init_shared(dev.c)
+        if lib.sc_init_shared(dev.c) != 0:
+            raise RuntimeError("could not initialise the communicator's segment")
         return dev
 
     @staticmethod
@@ -138,22 +180,63 @@ class Device:
         width = self.plan.params["stripe_bytes"] // self.plan.params["stripe_slots"]
         return self.c.off_stripe + i * width, width
 
-    def entries(self, methods, on_error, ids):
-        """The C fast entries bound to this context, each declining to
-        methods[name] (the checked Python version), raising through
-        on_error(name, rc) and naming algorithms by ids[name]:
-        {"Barrier": fn, "Bcast": fn, "Alltoall": fn}."""
-        addr = int(ffi.cast("uintptr_t", self.c))
-        out = {}
-        for i, name in enumerate(("Barrier", "Bcast", "Alltoall")):
-            handler = functools.partial(on_error, name)
-            out[name] = _new_cfunction(int(ffi.cast("uintptr_t", lib.sc_py_entry(i))),
-                                       (addr, methods[name], handler, ids[name]), None)
-        return out
+    # -- programs ------------------------------------------------------------
+    def program(self, key, coll, alg, make):
+        """This rank's compiled program for key (the fast entries' cache key:
+        collective, algorithm or -1, root, byte counts, item size), planned
+        by make() -> Schedule on a miss, and installed for the fast entries."""
+        prog = self._programs.get(key)
+        if prog is None:
+            sched = make()
+            sig = signature(coll, alg, sched.root, sched.nbytes)
+            prog = compile_schedule(sched, self.plan.params, sig)[self.rank]
+            if len(self._programs) >= 4 * lib.SC_CACHE:
+                self._programs.clear()
+                ffi.memmove(self.c.cache, b"\0" * ffi.sizeof(self.c.cache), ffi.sizeof(self.c.cache))
+            self._programs[key] = prog
+            self._scratch(int(prog[4]))
+            e = self.c.cache[lib.sc_cache_slot(ffi.new("int64_t[6]", key))]
+            e.key = list(key)
+            e.prog = ffi.cast("int64_t *", prog.ctypes.data)
+        return prog
 
-    def register(self, pid):
-        if lib.sc_register(self.c, pid) != 0:
+    def _scratch(self, n):
+        if n and (self._tmp is None or self._tmp.size < n):
+            self._tmp = np.empty(max(n, 2 * (self._tmp.size if self._tmp is not None else 0)), np.uint8)
+            self.c.tmp = ffi.cast("char *", self._tmp.ctypes.data)
+            self.c.tmp_bytes = self._tmp.size
+
+    def clear_programs(self):
+        self._programs.clear()
+        ffi.memmove(self.c.cache, b"\0" * ffi.sizeof(self.c.cache), ffi.sizeof(self.c.cache))
+
+    def execute(self, prog, saddr, raddr):
+        """Run prog; rc (0 or a negative SC_E* code).  KeyboardInterrupt
+        propagates from a wait that a signal interrupted."""
+        return _exec(self.addr, prog.ctypes.data, saddr, raddr)
+
+    @property
+    def addr(self):
+        return int(ffi.cast("uintptr_t", self.c))
+
+    def entry(self, method, on_error, ids, desc):
+        """The C fast entry bound to this context for one collective method:
+        it declines to method (the checked Python version), raises through
+        on_error(rc), names algorithms by ids, parses by desc = (collective
+        id, roles, argument names)."""
+        return _new_cfunction(int(ffi.cast("uintptr_t", lib.sc_py_entry(0))),
+                              (self.addr, method, on_error, ids, desc), None)
+
+    # -- lifetime ---------------------------------------------------------------
+    def register(self, pid, tracer=None):
+        """Mark this rank alive; only the job's processes (the launcher and
+        its descendants) may read its memory."""
+        if lib.sc_register(self.c, pid, os.getppid() if tracer is None else tracer) != 0:
             raise RuntimeError(f"rank {self.rank} could not register")
+
+    def rank_state(self, rank):
+        """0 not yet registered, 1 alive, 2 left, 3 dead."""
+        return lib.sc_rank_state(self.c, rank)
 
     def deregister(self):
         lib.sc_deregister(self.c)
@@ -167,21 +250,39 @@ class Device:
     def abort(self, rank, code):
         lib.sc_set_abort(self.c, rank, code)
 
-    def failure(self, rc, what):
-        """The exception for a failed C call (rc < 0)."""
-        c = self.c
+    def failure(self, rc, what, names=None):
+        """The exception for a failed C call (rc < 0).  names(field, value)
+        turns a signature field's value into words."""
+        c, me = self.c, self.rank
         if rc == lib.SC_EABORT:
             who, code = c.err_rank, c.err_a
-            cls = PeerDied if code == 2 else PeerAborted
-            return cls(who, f"{ABORT_REASONS.get(code, 'aborted')} (seen in {what} on rank {self.rank})")
+            cls = PeerDied if code in (2, 4) else PeerAborted
+            return cls(who, f"{ABORT_REASONS.get(code, 'aborted')} (seen in {what} on rank {me})")
         if rc == lib.SC_EDEAD:
-            reason = {4: "exited", 5: f"could not be read ({os.strerror(c.err_b)})"}.get(c.err_code, "died")
-            return PeerDied(c.err_rank, f"{reason} while rank {self.rank} waited on it in {what}")
+            return PeerDied(c.err_rank, f"{'exited' if c.err_code == 4 else 'died'} while rank {me} waited on "
+                                        f"it in {what}")
+        if rc == lib.SC_ETIMEOUT:
+            return PeerTimeout(c.err_rank, f"did not arrive for {c.err_a / 1000:.3g} s while rank {me} waited on it "
+                                           f"in {what} (stopped, stalled, or in another call?); the job is aborted "
+                                           f"(timeout option / SHMCOLL_TIMEOUT)")
+        if rc == lib.SC_ECMA:
+            return CMAError(c.err_b, f"{what}: rank {me} could not read rank {c.err_rank}'s memory "
+                                     f"(process_vm_readv: {os.strerror(c.err_b)}); the job is aborted")
         if rc == lib.SC_ENOMEM:
-            return MemoryError(f"{what}: out of memory for {c.err_a} bytes of scratch")
-        if c.err_code == 1:
-            return ValueError(f"{what}: arguments differ across ranks (collective or algorithm): rank "
-                              f"{self.rank} and rank {c.err_rank} are not in the same call")
-        field = {2: "root", 3: "byte count"}[c.err_code]
-        return ValueError(f"{what}: arguments differ across ranks ({field}): rank {self.rank} has "
-                          f"{c.err_a}, rank {c.err_rank} has {c.err_b}")
+            return MemoryError(f"{what}: out of memory")
+        if rc == lib.SC_EINTR:
+            return KeyboardInterrupt()
+        if rc == lib.SC_EBUSY:
+            return RuntimeError(f"{what}: another thread of rank {me} is inside a collective on this "
+                                f"communicator; one communicator serves one thread at a time")
+        if rc in (lib.SC_EMISMATCH, lib.SC_EDIFFER):
+            f = c.err_code
+            name = FIELDS.get(f, "collective")
+            when = {0: "", 1: " in the previous call", 2: " in an earlier call"}.get(c.err_when, "")
+            if c.err_when == 2:
+                return MismatchError(f"{what}: the ranks' calls went out of step{when}: rank {me} and rank "
+                                     f"{c.err_rank} did not make the same calls")
+            a, b = (names(f, v) if names else v for v in (c.err_a, c.err_b))
+            return MismatchError(f"{what}: arguments differ across ranks{when} ({name}): rank {me} has {a}, "
+                                 f"rank {c.err_rank} has {b}")
+        return RuntimeError(f"{what}: engine error {rc}")

@@ -30,6 +30,28 @@ class PeerAborted(PeerFailure):
     """A peer raised an exception or passed bad arguments and aborted the job."""
 
 
+class PeerTimeout(PeerFailure):
+    """A peer did not arrive within the stall timeout (stopped, stalled, or
+    in another call); the job is aborted."""
+
+
+class MismatchError(ShmcollError, ValueError):
+    """Ranks called different collectives, or with different arguments."""
+
+
+class CMAError(ShmcollError, OSError):
+    """Reading a peer's memory (process_vm_readv) failed; errno says why."""
+
+    def __init__(self, errno, message):
+        OSError.__init__(self, errno, message)
+
+    def __str__(self):
+        return self.strerror
+
+    def __reduce__(self):
+        return type(self), (self.errno, self.strerror)
+
+
 class RemoteTraceback(Exception):
     """Carries a rank's formatted traceback as the cause of a re-raised error."""
 

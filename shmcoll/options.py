@@ -19,6 +19,10 @@ DEFAULTS = {
     "yield_ns": 2_000_000,      # yield before sleeping on the futex
     "sleep_ns": 20_000_000,     # futex timeout: health is re-checked this often while asleep
     "liveness_ns": 50_000_000,  # how often a waiting rank checks that its peers live
+    "timeout": 1800,            # seconds a rank may wait on one peer before the job is aborted (0: never)
+    "call_base": 0,             # every communicator's first call number (tests run it next to 2^31, 2^64)
+    "record_traffic": 0,        # count the bytes each rank reads from each other (Comm.traffic)
+    "shm_bytes": None,          # space the segment must fit in (default: what /dev/shm has free)
     "barrier_algorithm": None,
     "bcast_algorithm": None,
     "alltoall_algorithm": None,
@@ -44,6 +48,11 @@ def resolve(options=None, environ=os.environ):
 
 
 def _int(name, text):
+    if name == "timeout":
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"SHMCOLL_TIMEOUT={text!r} is not a number of seconds") from None
     try:
         return int(text, 0)
     except ValueError:

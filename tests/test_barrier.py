@@ -153,7 +153,7 @@ def test_barrier_choice_on_the_recorded_two_socket_machine(n, bind, want):
     """One rank per CPU or fewer, sharing sets (bind=socket) or not: the
     paper's trees, flat within one socket; more ranks than CPUs: all_to_all."""
     slots = S2N4.placement(n, bind=bind, map="scatter" if want == "hierarchical" else "compact")
-    assert barrier.choose(types.SimpleNamespace(size=n, slots=slots)) == want
+    assert barrier.choose(types.SimpleNamespace(nranks=n, slots=slots)) == want
 
 
 @pytest.mark.parametrize("spec,n,bind", [("2x2", 4, "core"), ("2x2", 7, "core"), ("2x4", 8, "socket"),

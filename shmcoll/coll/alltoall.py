@@ -1,20 +1,86 @@
-"""Alltoall (paper 001, 4.3/5.3; paper 002's selection): bruck,
-all_at_once, pairwise, tiled; all in csrc/alltoall.c.  MPICH's rule
-(Bruck for <= 256 B blocks at p >= 8, all-at-once up to 32 KiB, pairwise
-above).  Large blocks: pairwise goes by rendezvous (one copy, straight
-from the peer's sendbuf) when the ranks may read each other; measured here
-it held 2.0-3.4 ms at 16 MiB blocks while every staged exchange swung
-between 3.0 and 12 ms with where the host put our two vCPUs.  Without
-cross-memory attach, tiled keeps the staged tiles in cache."""
-ALGORITHMS = ("bruck", "all_at_once", "pairwise", "tiled")
+"""Alltoall (paper 001, 4.3/5.3; paper 002's selection).  Block i of rank
+r's sendbuf goes to block r of rank i's recvbuf; one block stays local.
+
+  pairwise     p - 1 steps, XOR partner (p a power of two) or shift; big
+               blocks by a single direct copy out of the peer's sendbuf
+               when ranks may read each other (paper 004), else staged
+               through the ring in half-ring chunks
+  tiled        pairwise in tiles sized to the shared cache, so a staged
+               tile is still in cache when the partner copies it
+  all_at_once  one step: every rank writes a piece of every block, readers
+               staggered (rank r reads r - 1, r - 2, ...)
+  bruck        rotate, ceil(log p) steps of packed blocks through scratch,
+               rotate back (small blocks, many ranks)
+"""
+from ..sched import Copy, Move, Step
 
 
-def choose(comm, block):
-    p = comm.size
-    if block <= 256 and p >= 8:
+def _own(call):
+    b = call.nbytes
+    return [Copy(r, "send", r * b, "recv", r * b, b) for r in range(call.nranks)]
+
+
+def _pairs(call, via, chunk):
+    p, b = call.nranks, call.nbytes
+    pow2 = not p & (p - 1)
+    steps = []
+    for s in range(1, p):
+        dst = [(r ^ s) if pow2 else (r + s) % p for r in range(p)]
+        steps.append(Step([Move(r, (d,), ((d * b, r * b, b),), via=via, chunk=chunk) for r, d in enumerate(dst)]))
+    if steps:
+        steps[0].copies = _own(call)
+    return steps or [Step(copies=_own(call))]
+
+
+def pairwise(call):
+    par = call.params
+    direct = call.cma and 0 < par["cma_bytes"] <= call.nbytes
+    return _pairs(call, "direct" if direct else "auto", par["chan_bytes"] // 2)
+
+
+def tiled(call):
+    return _pairs(call, "auto", call.params["tile_bytes"])
+
+
+def all_at_once(call):
+    p, b = call.nranks, call.nbytes
+    moves = [Move(r, ((r + j) % p,), (((r + j) % p * b, r * b, b),)) for r in range(p) for j in range(1, p)]
+    # move r * (p - 1) + j - 1 goes from r to r + j: reader r reads r - s first
+    order = {r: [((r - s) % p) * (p - 1) + s - 1 for s in range(1, p)] for r in range(p)}
+    return [Step(moves, copies=_own(call), order=order)]
+
+
+def bruck(call):
+    """Block i of the rotated scratch is bound for rank + i; step m sends
+    the blocks whose index has bit m to rank + m; at the end block i came
+    from rank - i."""
+    p, b = call.nranks, call.nbytes
+    steps = [Step(copies=[Copy(r, "send", (r + i) % p * b, "tmp", i * b, b) for r in range(p) for i in range(p)])]
+    m = 1
+    while m < p:
+        parts = tuple((i * b, i * b, b) for i in range(p) if i & m)
+        steps.append(Step([Move(r, ((r + m) % p,), parts, sbuf="tmp", dbuf="tmp") for r in range(p)]))
+        m <<= 1
+    steps.append(Step(copies=[Copy(r, "tmp", i * b, "recv", (r - i) % p * b, b) for r in range(p) for i in range(p)]))
+    return steps, p * b
+
+
+ALGORITHMS = {"bruck": bruck, "all_at_once": all_at_once, "pairwise": pairwise, "tiled": tiled}
+
+
+def footprint(call):
+    return 2 * call.nranks * call.nranks * call.nbytes
+
+
+def choose(call):
+    """MPICH's rule (Bruck for <= 256 B blocks at p >= 8, all-at-once up to
+    32 KiB, pairwise above).  Large blocks go direct when the ranks may
+    read each other; without that, tiled keeps staged tiles in cache."""
+    p, b, par = call.nranks, call.nbytes, call.params
+    if b <= 256 and p >= 8:
         return "bruck"
-    if block <= 32768 and p > 2:
+    if b <= 32768 and p > 2:
         return "all_at_once"
-    if comm._c.cma and 0 < comm.plan.params["cma_bytes"] <= block:
+    if call.cma and 0 < par["cma_bytes"] <= b:
         return "pairwise"
-    return "tiled" if block > comm.plan.params["tile_bytes"] else "pairwise"
+    return "tiled" if b > par["tile_bytes"] else "pairwise"

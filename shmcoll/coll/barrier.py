@@ -1,42 +1,66 @@
-"""Barrier (paper 001, 4.1).  C runs each algorithm in one call; here we
-plan the trees from the rank placement once per communicator.
+"""Barrier (paper 001, 4.1): a gather phase up a tree, a release phase down
+it, as signals (moves of no bytes).
 
-  original      dual packed queues, rank 0 gathers and releases (id 0)
-  padded        one padded queue, flat tree under rank 0 (id 1)
-  hierarchical  node leader <- socket leaders <- children (id 2)
-  all_to_all    every rank waits for every other's arrival, ranks sharing
-                its CPUs first (id 3): one hand-off per CPU when oversubscribed
+  original      MVAPICH-1.1's dual packed queues: rank 0 polls every gather
+                entry (false sharing included), then writes every release
+  padded        one line per rank; flat tree under rank 0
+  hierarchical  children -> socket leader -> rank 0, and back
+  all_to_all    no tree: every rank signals its arrival and waits for all
+                others', ranks sharing its CPUs first
 """
+from ..sched import Move, Step
 from ..topology import oversubscribed
 
-ALGORITHMS = ("original", "padded", "hierarchical", "all_to_all")
+
+def original(call):
+    p = call.nranks
+    return [Step([Move(r, (0,), via="queue", sbuf="gather") for r in range(1, p)]),
+            Step([Move(0, tuple(range(1, p)), via="queue", sbuf="release")] if p > 1 else [])]
 
 
-def plans(slots):
-    """({alg id: (parent per rank, children per rank)}, mates per rank): the
-    trees of padded and hierarchical, and all_to_all's wait order (as
-    children) with its count of leading CPU mates."""
-    n = len(slots)
-    flat = ([-1] + [0] * (n - 1), [list(range(1, n))] + [[] for _ in range(n - 1)])
+def padded(call):
+    p = call.nranks
+    return [Step([Move(r, (0,)) for r in range(1, p)]),
+            Step([Move(0, tuple(range(1, p)))] if p > 1 else [])]
+
+
+def hierarchical(call):
+    """Rank 0 leads its socket and the leaders of the others."""
     leader = {}
-    for r, s in enumerate(slots):
+    for r, s in enumerate(call.slots):
         leader.setdefault(s.socket, r)
-    parents, children = [-1] * n, [[] for _ in range(n)]
-    for r, s in enumerate(slots):
-        up = leader[s.socket] if leader[s.socket] != r else (0 if r else -1)
-        parents[r] = up
-        if up >= 0:
-            children[up].append(r)
-    orders, mates = arrival_order(slots)
-    return {1: flat, 2: (parents, children), 3: ([-1] * n, orders)}, mates
+    leader[call.slots[0].socket] = 0
+    kids = {l: tuple(r for r, s in enumerate(call.slots) if leader[s.socket] == l and r != l)
+            for l in leader.values()}
+    heads = tuple(l for l in sorted(leader.values()) if l)
+    return [Step([Move(r, (leader[s.socket],)) for r, s in enumerate(call.slots) if r != leader[s.socket]]),
+            Step([Move(l, (0,)) for l in heads]),
+            Step([Move(0, heads)] if heads else []),
+            Step([Move(l, k) for l, k in kids.items() if k])]
+
+
+def all_to_all(call):
+    """With two ranks per CPU a tree costs each CPU two hand-offs per
+    barrier; here whoever arrives last on a CPU sees everything itself.
+    Waits go to the ranks sharing our CPUs first (they need the CPU to
+    arrive, so we yield to them), then to the others, spinning long: by
+    then no rank of ours needs this CPU.  No release phase: a rank already
+    in a later call counts as arrived."""
+    p = call.nranks
+    orders, mates = arrival_order(call.slots)
+    return [Step([Move(r, tuple(o for o in range(p) if o != r)) for r in range(p)],
+                 order={r: orders[r] for r in range(p)},
+                 far={r: frozenset(orders[r][mates[r]:]) for r in range(p)})]
+
+
+ALGORITHMS = {"original": original, "padded": padded, "hierarchical": hierarchical, "all_to_all": all_to_all}
 
 
 def arrival_order(slots):
-    """Per rank, the ranks all_to_all waits for, and how many of them lead
-    the list because they share a CPU with it: when they must take turns on
-    it, they need it to arrive, so the rank yields to them; on the rest it
-    spins.  Ranks with equal CPU sets share one neighbour set (planning
-    stays quadratic in ints, not in set intersections)."""
+    """Per rank, the ranks it waits for, and how many of them lead the
+    list because they share a CPU with it.  Ranks with equal CPU sets share
+    one neighbour set (planning stays quadratic in ints, not in set
+    intersections)."""
     n = len(slots)
     ranks_of = {}
     for r, s in enumerate(slots):
@@ -51,13 +75,12 @@ def arrival_order(slots):
     return orders, mates
 
 
-def choose(comm, nbytes=0):
+def choose(call):
     """Oversubscribed: all_to_all (one hand-off per CPU instead of two;
     measured 4 ranks on 2 cores: 2.4 vs 4.0 us padded).  Two ranks:
     all_to_all too, one cache-line hop each way instead of a gather and a
-    release (0.13 vs 0.19 us).  Otherwise the paper's choice: hierarchical
-    once ranks span sockets, else the padded queue (every rank reading
-    every line does not scale with many running ranks)."""
-    if comm.size == 2 or oversubscribed(comm.slots):
+    release.  Otherwise the paper's choice: hierarchical once ranks span
+    sockets, else the padded queue."""
+    if call.nranks == 2 or oversubscribed(call.slots):
         return "all_to_all"
-    return "hierarchical" if len({s.socket for s in comm.slots}) > 1 else "padded"
+    return "hierarchical" if len({s.socket for s in call.slots}) > 1 else "padded"

@@ -1,18 +1,97 @@
-"""Bcast (paper 001, 4.2/5.2): binomial, original, limited, numa; all in
-csrc/bcast.c.  Choice: tiny messages go inline in one flag line, where a
-binomial tree's forwarding costs more than everyone reading the root's
-line; big ones split readers into groups of k (and across NUMA nodes)."""
+"""Bcast (paper 001, 4.2/5.2).  The root's buffer is "send", everyone
+else's "recv".  Up to 128 bytes travel inline in a slot line, the rest
+staged in chunks through a ring, so the writer fills chunk i + 1 while
+readers copy chunk i.
+
+  binomial  log p tree; inner ranks forward from their buffer
+  original  every rank copies out of the root's ring; with one reader, mid
+            sizes and cross-memory attach, by a single direct copy out of
+            the root's buffer (paper 004's rendezvous)
+  limited   chunks go in rounds of G segments; reader group g (k readers)
+            reads segment (g + s) mod G at sub-step s, so at most k readers
+            share a segment at a time
+  numa      limited over the striped buffer: segment i on node i mod nodes
+"""
 from .._core import lib
+from ..sched import Move, Step
 
-ALGORITHMS = ("binomial", "original", "limited", "numa")
+
+def _readers(call):
+    p, root = call.nranks, call.root
+    return tuple((root + i) % p for i in range(1, p))
 
 
-def choose(comm, nbytes):
-    p = comm.size
-    if nbytes <= lib.SC_INLINE or p <= 2:
+def original(call):
+    n, par = call.nbytes, call.params
+    if call.nranks == 1:
+        return []
+    via = "auto"
+    if call.nranks == 2 and call.cma and 0 < par["cma_bytes"] <= n < 4 * par["chunk_bytes"]:
+        via = "direct"
+    return [Step([Move(call.root, _readers(call), ((0, 0, n),), via=via, chunk=call.pipe_chunk())])]
+
+
+def binomial(call):
+    """Step s: every virtual rank that is a multiple of 2d (d = 2^(L-1-s))
+    sends to the one d above it."""
+    p, n, root = call.nranks, call.nbytes, call.root
+    steps, d = [], 1 << max(p - 1, 0).bit_length() >> 1
+    while d >= 1:
+        moves = [Move((v + root) % p, ((v + d + root) % p,), ((0, 0, n),), sbuf="send" if v == 0 else "recv",
+                      chunk=call.pipe_chunk()) for v in range(0, p - d, 2 * d)]
+        steps.append(Step(moves))
+        d >>= 1
+    return steps
+
+
+def _grouped(call, via):
+    p, n, par, readers = call.nranks, call.nbytes, call.params, _readers(call)
+    k = max(par["bcast_k"], 1)
+    groups = -(-len(readers) // k)
+    if not readers:
+        return []
+    if n <= lib.SC_INLINE:
+        return [Step([Move(call.root, readers, ((0, 0, n),), via="auto" if via == "staged" else via)])]
+    seg = min(call.pipe_chunk(), (-(-n // groups) + 63) & ~63)
+    if via == "stripe":
+        seg = min(seg, par["stripe_bytes"] // par["stripe_slots"])
+        room = par["stripe_slots"] // 2
+    else:
+        room = par["chan_bytes"] // (2 * seg)
+    g = max(min(groups, room), 1)          # a round's segments fit twice in the ring
+    offs = list(range(0, n, seg))
+    steps = []
+    for t in range(0, len(offs), g):
+        moves = [Move(call.root, readers, ((o, o, min(seg, n - o)),), via=via, chunk=seg) for o in offs[t:t + g]]
+        order = {r: [(i // k + s) % len(moves) for s in range(len(moves))] for i, r in enumerate(readers)}
+        steps.append(Step(moves, order=order, batch=False))
+    return steps
+
+
+def limited(call):
+    return _grouped(call, "staged")
+
+
+def numa(call):
+    return _grouped(call, "stripe")
+
+
+ALGORITHMS = {"binomial": binomial, "original": original, "limited": limited, "numa": numa}
+
+
+def footprint(call):
+    return call.nranks * call.nbytes
+
+
+def choose(call):
+    """Tiny messages go inline in one line, where a binomial tree's
+    forwarding costs more than everyone reading the root's; big ones split
+    readers into groups of k (and across NUMA nodes)."""
+    p, n = call.nranks, call.nbytes
+    if n <= lib.SC_INLINE or p <= 2:
         return "original"
-    if nbytes <= 16384:
+    if n <= 16384:
         return "binomial" if p > 8 else "original"
-    if len(comm.plan.topo.nodes) > 1:
+    if call.nodes > 1:
         return "numa"
-    return "limited" if p - 1 > comm.plan.params["bcast_k"] else "original"
+    return "limited" if p - 1 > call.params["bcast_k"] else "original"

@@ -1,52 +1,58 @@
-"""The one selection table: algorithm names per collective, their C ids,
-and the automatic choice.  Precedence: algorithm= argument > options /
+"""The one selection table.  A row per collective: its id in signatures,
+its module (ALGORITHMS: name -> planning function, choose(call) -> name,
+footprint(call) -> bytes touched), the Comm method its C fast entry
+stands for, that method's argument roles (csrc/pyfast.c: x in-out buffer,
+i input, o output, r root, a algorithm) and names.  Adding a collective is
+a module and a row here.
+
+Precedence of the algorithm: algorithm= argument > options /
 SHMCOLL_<OP>_ALGORITHM > the collective's choose()."""
 from . import alltoall, barrier, bcast
 
-MODULES = {"barrier": barrier, "bcast": bcast, "alltoall": alltoall}
-IDS = {op: {name: i for i, name in enumerate(m.ALGORITHMS)} for op, m in MODULES.items()}
+TABLE = {
+    "barrier": (1, barrier, "Barrier", "a", ("algorithm",)),
+    "bcast": (2, bcast, "Bcast", "xra", ("buf", "root", "algorithm")),
+    "alltoall": (3, alltoall, "Alltoall", "ioa", ("sendbuf", "recvbuf", "algorithm")),
+}
+NAMES = {op: list(row[1].ALGORITHMS) for op, row in TABLE.items()}
+IDS = {op: {name: i for i, name in enumerate(names)} for op, names in NAMES.items()}
+OPS = {row[0]: op for op, row in TABLE.items()}
 
 
 def algorithms(op):
+    """Algorithm names of collective op."""
     try:
-        return list(MODULES[op].ALGORITHMS)
+        return list(NAMES[op])
     except KeyError:
-        raise ValueError(f"unknown collective {op!r}; known: {', '.join(MODULES)}") from None
+        raise ValueError(f"unknown collective {op!r}; known: {', '.join(TABLE)}") from None
 
 
-def algorithm_id(op, name):
-    try:
-        return IDS[op][name]
-    except KeyError:
-        raise ValueError(f"unknown {op} algorithm {name!r}; choose from {', '.join(IDS[op])}") from None
+def check_name(op, name):
+    if not isinstance(name, str):
+        raise TypeError(f"{op} algorithm must be a name (str) or None, not {type(name).__name__}")
+    if name not in IDS[op]:
+        raise ValueError(f"unknown {op} algorithm {name!r}; choose from {', '.join(IDS[op])}")
+    return name
 
 
 def forced(op, params):
     """The algorithm fixed by options/environment for op, validated, or None."""
     name = params.get(f"{op}_algorithm")
-    if name in (None, "", "auto"):
-        return None
-    algorithm_id(op, name)
-    return name
+    return None if name in (None, "", "auto") else check_name(op, name)
 
 
-OPS = ("barrier", "bcast", "alltoall")   # row order of the C table
-NCLASS = 65
+def pick(op, call, algorithm=None, forced_name=None):
+    """The algorithm's name: given, forced, or chosen for this call."""
+    if algorithm is not None:
+        return check_name(op, algorithm)
+    return forced_name or TABLE[op][1].choose(call)
 
 
-def size_class(nbytes):
-    return int(nbytes).bit_length()
-
-
-def fill_table(comm):
-    """Decide once per communicator and size class (bit length of the byte
-    count, judged at the class's largest size); C reads the table per call."""
-    for row, op in enumerate(OPS):
-        for k in range(NCLASS):
-            name = comm._forced.get(op) or MODULES[op].choose(comm, (1 << k) - 1)
-            comm._c.auto_alg[row * NCLASS + k] = IDS[op][name]
-
-
-def selected(comm, op, nbytes):
-    algorithms(op)
-    return MODULES[op].ALGORITHMS[comm._c.auto_alg[OPS.index(op) * NCLASS + size_class(nbytes)]]
+def plan(op, name, call):
+    """The Schedule algorithm `name` of op runs for call."""
+    from ..sched import Schedule
+    module = TABLE[op][1]
+    out = module.ALGORITHMS[name](call)
+    steps, tmp = out if isinstance(out, tuple) else (out, 0)
+    fp = module.footprint(call) if hasattr(module, "footprint") else 0
+    return Schedule(op, name, call.nranks, call.nbytes, call.root, steps, tmp, call.streams(fp) if fp else False)

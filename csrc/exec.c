@@ -1,0 +1,186 @@
+/* The schedule executor: runs one rank's compiled program for one call.
+ *
+ * Python plans every algorithm as a schedule (which bytes move from which
+ * rank to which, step by step) and compiles it per rank into a program of
+ * fixed-size instructions (shmcoll/compile.py) with every ring offset,
+ * event number and ack count resolved.  Here a call is: arrive (publish the
+ * call's signature and buffers), optionally agree on signatures with every
+ * rank, then run the instructions: post and wait on (call, event) flags,
+ * copy, single-copy read a peer's buffer, ack, and drain or record the
+ * readers a writer must wait for before it rewrites its ring, its inline
+ * slots or the stripe (lazily: only when it writes the same memory again). */
+#include "sc_internal.h"
+#include <errno.h>
+
+static char *space(sc_comm_t *c, int64_t sp, int64_t off, char *sbuf, char *rbuf)
+{
+    int r = (int)(sp >> 8 & 0xffffff);
+    switch (sp & 0xff) {
+    case SC_SEND: return sbuf + off;
+    case SC_RECV: return rbuf + off;
+    case SC_TMP: return c->tmp + off;
+    case SC_CHAN: return chan_buf(c, r) + off;
+    case SC_SLOT: return slot_data(c, r, c->call + (uint64_t)(sp >> 32)) + off;
+    default: return c->base + c->off_stripe + off;
+    }
+}
+
+/* Debt set of operand a: inline slot sets are named by the call's slot
+ * index j and stored under the slot line they land on. */
+static int set_of(sc_comm_t *c, int64_t a)
+{
+    return a < SC_SET_SLOT ? (int)a : SC_SET_SLOT + (int)((c->call + (uint64_t)(a - SC_SET_SLOT)) % SC_SLOTS);
+}
+
+static int wait_ack(sc_comm_t *c, int who, uint64_t call, uint64_t count, int64_t spin)
+{
+    sc_line_t *l = ack_line(c, who);
+    sc_wait_t w = { .line = l, .wq = &l->wq, .call = call, .event = count, .who = who, .spin_ns = spin };
+    return wait_for(c, &w);
+}
+
+static int drain(sc_comm_t *c, int s)
+{
+    int32_t *who = c->debt_who + (int64_t)s * c->size;
+    uint64_t *cnt = c->debt_cnt + (int64_t)s * c->size;
+    for (int i = 0; i < c->debt_n[s]; i++) {
+        int rc = wait_ack(c, who[i], c->debt_call[s], cnt[i], c->spin_ns);
+        if (rc) return rc;
+    }
+    c->debt_n[s] = 0;
+    return SC_OK;
+}
+
+static void debt(sc_comm_t *c, int s, int who, uint64_t count)
+{
+    if (c->debt_call[s] != c->call) {       /* what the set owed before was drained by its last writer */
+        c->debt_call[s] = c->call;
+        c->debt_n[s] = 0;
+    }
+    c->debt_who[(int64_t)s * c->size + c->debt_n[s]] = who;
+    c->debt_cnt[(int64_t)s * c->size + c->debt_n[s]++] = count;
+}
+
+/* Single copy: n bytes at `addr` in rank who's memory straight into dst. */
+static int read_peer(sc_comm_t *c, int who, char *dst, uint64_t addr, int64_t n)
+{
+    int err = sc_vm_read(rank_rec(c, who)->pid, dst, addr, n);
+    if (!err) return SC_OK;
+    return err == ESRCH ? sc_fail(c, SC_EDEAD, who, 2, 0) : sc_fail(c, SC_ECMA, who, 0, err);
+}
+
+/* Publish this call's arrival record (seqlock: readers distrust a record
+ * whose event shows SC_BUSY), then its first event. */
+static void arrive(sc_comm_t *c, uint64_t first, char *sbuf, char *rbuf)
+{
+    sc_line_t *l = post_line(c, c->rank);
+    atomic_store_explicit(&l->event, SC_BUSY, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
+    l->sig[0] = c->sig[0];
+    l->sig[1] = c->sig[1];
+    l->prev[0] = c->prev[0];
+    l->prev[1] = c->prev[1];
+    l->hist = c->hist;
+    l->addr[0] = (uintptr_t)sbuf;
+    l->addr[1] = (uintptr_t)rbuf;
+    atomic_store_explicit(&l->event, first, memory_order_release);
+    atomic_store_explicit(&l->call, c->call, memory_order_release);
+    wake_sleepers(&l->wq);
+}
+
+/* SHMCOLL_CHECK: every rank waits for every rank's arrival and compares
+ * records; all see the same records, so all raise together (SC_EDIFFER)
+ * and the communicator stays usable. */
+static int agree(sc_comm_t *c)
+{
+    for (int r = 0; r < c->size; r++) {
+        if (r == c->rank) continue;
+        sc_line_t *l = post_line(c, r);
+        sc_wait_t w = { .line = l, .wq = &l->wq, .call = c->call, .event = 0, .who = r, .nocheck = 1, .spin_ns = c->spin_ns };
+        int rc = wait_for(c, &w);
+        if (rc) return rc;
+        if (sc_check_line(c, r)) return SC_EDIFFER;
+    }
+    return SC_OK;
+}
+
+static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
+{
+    uint64_t call = c->call;
+    sc_line_t *me = post_line(c, c->rank);
+    const int64_t *in = prog + SC_HEAD, *end = in + prog[0] * SC_INSN;
+    int rc = SC_OK;
+    for (; in < end && !rc; in += SC_INSN) {
+        switch (in[0]) {
+        case SC_OP_POST:
+            post_event(me, (uint64_t)in[1]);
+            break;
+        case SC_OP_WAIT: {
+            sc_line_t *l = post_line(c, (int)in[1]);
+            sc_wait_t w = { .line = l, .wq = &l->wq, .call = call, .event = (uint64_t)in[2], .who = (int)in[1],
+                            .spin_ns = in[3] & 2 ? c->spin_far_ns : c->spin_ns };
+            if ((rc = wait_for(c, &w))) break;
+            if ((in[3] & 1) && (rc = sc_check_line(c, (int)in[1]))) sc_abort_call(c, 3, call);
+            break;
+        }
+        case SC_OP_ACK:
+            ack_event(ack_line(c, c->rank), call, (uint64_t)in[1]);
+            break;
+        case SC_OP_WAITACK:
+            rc = wait_ack(c, (int)in[1], call, (uint64_t)in[2], in[3] & 2 ? c->spin_far_ns : c->spin_ns);
+            break;
+        case SC_OP_COPY:
+            sc_copy(space(c, in[1], in[2], sbuf, rbuf), space(c, in[3], in[4], sbuf, rbuf), in[5], (int)in[6]);
+            if (c->traffic && in[7] >= 0) c->traffic[in[7]] += in[5];
+            break;
+        case SC_OP_CMA:
+            rc = read_peer(c, (int)in[3], space(c, in[1], in[2], sbuf, rbuf),
+                           post_line(c, (int)in[3])->addr[in[4] - 1] + (uint64_t)in[5], in[6]);
+            if (!rc && c->traffic) c->traffic[in[3]] += in[6];
+            break;
+        case SC_OP_DRAIN:
+            rc = drain(c, set_of(c, in[1]));
+            break;
+        case SC_OP_DEBT:
+            debt(c, set_of(c, in[1]), (int)in[2], (uint64_t)in[3]);
+            break;
+        case SC_OP_QPOST:
+            atomic_store_explicit(queue_word(c, (int)in[1], (int)in[2]), call, memory_order_release);
+            wake_sleepers(queue_wq(c));
+            break;
+        case SC_OP_QWAIT: {
+            sc_wait_t w = { .word = queue_word(c, (int)in[1], (int)in[2]), .wq = queue_wq(c), .call = call,
+                            .who = (int)in[3], .spin_ns = c->spin_ns };
+            rc = wait_for(c, &w);
+            break;
+        }
+        }
+    }
+    return rc;
+}
+
+/* One collective call: header words are [instructions, signature (2),
+ * first event, scratch bytes, 0, 0, 0].  The caller owns c->busy. */
+int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
+{
+    int rc = aborted_at(c, c->call + 1);
+    if (rc) return rc;
+    c->call++;
+    c->sig[0] = (uint64_t)prog[1];
+    c->sig[1] = (uint64_t)prog[2];
+    arrive(c, (uint64_t)prog[3], sbuf, rbuf);
+    rc = c->check && c->size > 1 ? agree(c) : SC_OK;
+    if (!rc) rc = run(c, prog, sbuf, rbuf);
+    c->hist = sc_mix(c->hist, c->prev);
+    c->prev[0] = c->sig[0];
+    c->prev[1] = c->sig[1] | (rc == SC_EDIFFER ? 1ULL << 63 : 0);   /* refused: see sc_mix */
+    return rc;
+}
+
+int sc_exec(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
+{
+    if (__atomic_exchange_n(&c->busy, 1, __ATOMIC_ACQUIRE)) return SC_EBUSY;
+    int rc = sc_exec_owned(c, prog, sbuf, rbuf);
+    __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
+    return rc;
+}

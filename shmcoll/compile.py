@@ -1,0 +1,275 @@
+"""Schedule -> per-rank programs for the C executor (csrc/exec.c).
+
+Here every move gets its protocol (a bare signal, inline in a slot line,
+staged in chunks through the writer's ring or the NUMA stripe, a direct
+single copy, or a packed barrier queue), staged moves are cut into chunks
+and laid out in their rings, and every post event and every ack is
+numbered.  All ranks are compiled together: a writer about to reuse ring
+memory must know which ack of which reader frees it.
+
+A rank runs each step as rounds: it writes round 0, then for every round k
+writes round k + 1 before it reads round k (its readers copy chunk k while
+it fills chunk k + 1), then runs the step's local copies.  A writer's ring
+holds two rounds of its chunks, so a write waits only for reads of an
+earlier round: no rank waits on an event that a later one produces."""
+import numpy as np
+
+from ._core import lib
+
+INLINE, SLOTS = lib.SC_INLINE, lib.SC_SLOTS
+BUF = {"send": lib.SC_SEND, "recv": lib.SC_RECV, "tmp": lib.SC_TMP}
+QUEUES = {"gather": 0, "release": 1}
+POST, WAIT, ACK, WAITACK, COPY, CMA, DRAIN, DEBT, QPOST, QWAIT = (
+    lib.SC_OP_POST, lib.SC_OP_WAIT, lib.SC_OP_ACK, lib.SC_OP_WAITACK, lib.SC_OP_COPY, lib.SC_OP_CMA,
+    lib.SC_OP_DRAIN, lib.SC_OP_DEBT, lib.SC_OP_QPOST, lib.SC_OP_QWAIT)
+RING, STRIPE, SLOT = lib.SC_SET_RING, lib.SC_SET_STRIPE, lib.SC_SET_SLOT
+CHECK, FAR = 1, 2
+
+
+def space(kind, rank=0, j=0):
+    return kind | rank << 8 | j << 32
+
+
+class _Ring:
+    """One call's allocator over a ring (a writer's channel or the stripe):
+    chunks go round it in order; reusing bytes means waiting for every
+    reader of the chunks that held them."""
+
+    def __init__(self, cap, align):
+        self.cap, self.align, self.pos, self.live = cap, align, 0, []
+
+    def alloc(self, n, readers):
+        n = max(-(-n // self.align) * self.align, self.align)
+        if self.pos + n > self.cap:
+            self.pos = 0
+        off, end = self.pos, self.pos + n
+        self.pos = end
+        waits, keep = {}, []
+        for chunk in self.live:
+            if chunk["off"] < end and off < chunk["end"]:
+                if len(chunk["acks"]) < chunk["readers"]:
+                    raise AssertionError("ring too small: a chunk would overwrite one not yet read")
+                for r, a in chunk["acks"].items():
+                    waits[r] = max(waits.get(r, 0), a)
+            else:
+                keep.append(chunk)
+        chunk = {"off": off, "end": end, "readers": readers, "acks": {}}
+        self.live = keep + [chunk]
+        return chunk, waits
+
+
+def _segments(parts, a, n):
+    """(src offset, dst offset, bytes, offset in chunk) of the packed bytes
+    [a, a + n) of a move's parts."""
+    out, pos = [], 0
+    for so, do, ln in parts:
+        lo, hi = max(a, pos), min(a + n, pos + ln)
+        if lo < hi:
+            out.append((so + lo - pos, do + lo - pos, hi - lo, lo - a))
+        pos += ln
+    return out
+
+
+def _protocol(m, slot_used):
+    """(how m travels, its inline slot index or None)."""
+    if m.via == "queue":
+        return "queue", None
+    if m.nbytes == 0:
+        return "signal", None
+    if m.via in ("direct", "stripe"):
+        return m.via, None
+    if m.via in ("auto", "inline") and m.nbytes <= INLINE and slot_used[m.src] < SLOTS:
+        slot_used[m.src] += 1
+        return "inline", slot_used[m.src] - 1
+    return "staged", None
+
+
+class _Compiler:
+    def __init__(self, sched, params):
+        p = self.p = sched.nranks
+        self.sched, self.params = sched, params
+        self.prog = [[] for _ in range(p)]
+        self.event = [0] * p          # last event each writer posted
+        self.acks = [0] * p           # acks each reader gave
+        self.slots = [0] * p          # inline slots each writer used
+        self.pending = [[] for _ in range(p)]   # written, not yet posted
+        self.rings = {}
+        self.stripe = _Ring(params["stripe_bytes"], params["stripe_bytes"] // params["stripe_slots"])
+        self.drained = set()
+        self.checked = set()
+        self.owed = [{} for _ in range(p)]      # writer -> {(set, reader): ack} recorded as debts
+        self.stripe_owed = {}
+        self.direct_owed = [{} for _ in range(p)]
+
+    def emit(self, rank, *words):
+        self.prog[rank].append(words + (0,) * (8 - len(words)))
+
+    def drain(self, w, s):
+        if (w, s) not in self.drained:
+            self.drained.add((w, s))
+            self.emit(w, DRAIN, s)
+
+    def post(self, w):
+        if self.pending[w]:
+            self.event[w] += 1
+            self.emit(w, POST, self.event[w])
+            for piece in self.pending[w]:
+                piece["event"] = self.event[w]
+            self.pending[w] = []
+
+    # -- one step ----------------------------------------------------------
+    def step(self, st):
+        p, par = self.p, self.params
+        moves = st.moves
+        protos, slot_j = zip(*[_protocol(m, self.slots) for m in moves]) if moves else ((), ())
+        nstaged = [0] * p
+        for m, pr in zip(moves, protos):
+            nstaged[m.src] += pr == "staged"
+        chunks = []
+        for m, pr in zip(moves, protos):
+            if pr == "staged":
+                cap = max(par["chan_bytes"] // (2 * nstaged[m.src]) & ~63, 64)
+                c = min(m.chunk or par["chunk_bytes"], cap)
+            elif pr == "stripe":
+                c = min(m.chunk or par["chunk_bytes"], self.stripe.align)
+            else:
+                c = max(m.nbytes, 1)
+            chunks.append(c)
+        nch = [max(-(-m.nbytes // c), 1) for m, c in zip(moves, chunks)]
+        pieces = [[None] * n for n in nch]
+        outs = [[] for _ in range(p)]
+        for i, m in enumerate(moves):
+            outs[m.src].append(i)
+        ins = [[] for _ in range(p)]
+        for i, m in enumerate(moves):
+            for d in m.dst:
+                ins[d].append(i)
+        if st.order:
+            for r, order in st.order.items():
+                ins[r] = list(order)
+        far = st.far or {}
+        rounds = max(nch, default=0)
+
+        def write(k):
+            for w in range(p):
+                for i in outs[w]:
+                    if k < nch[i]:
+                        pieces[i][k] = self.write(w, moves[i], protos[i], slot_j[i], k, chunks[i])
+                        if not st.batch:
+                            self.post(w)
+                self.post(w)
+
+        def read(k):
+            for r in range(p):
+                for i in ins[r]:
+                    if k < nch[i]:
+                        self.read(r, moves[i], protos[i], slot_j[i], k, chunks[i], pieces[i][k],
+                                  moves[i].src in far.get(r, ()))
+
+        if rounds:
+            write(0)
+        for k in range(rounds):
+            if k + 1 < rounds:
+                write(k + 1)
+            read(k)
+        for cp in st.copies:
+            self.emit(cp.rank, COPY, space(BUF[cp.dbuf]), cp.doff, space(BUF[cp.sbuf]), cp.soff, cp.n, 0, -1)
+
+    def write(self, w, m, proto, j, k, chunk):
+        n = min(chunk, m.nbytes - k * chunk) if m.nbytes else 0
+        piece = {"event": 0, "segs": _segments(m.parts, k * chunk, n)}
+        if proto == "queue":
+            q = QUEUES[m.sbuf]
+            for entry in ([w] if q == 0 else m.dst):
+                self.emit(w, QPOST, q, entry)
+            return piece
+        if proto == "direct":
+            if m.sbuf != "send":
+                self.pending[w].append(piece)     # ready once posted
+            return piece
+        if proto == "signal":
+            self.pending[w].append(piece)
+            return piece
+        if proto == "inline":
+            self.drain(w, SLOT + j)
+            dst = space(lib.SC_SLOT, w, j)
+            piece["space"], piece["off"] = dst, 0
+        else:
+            ring = self.stripe if proto == "stripe" else self.rings.setdefault(w, _Ring(self.params["chan_bytes"], 64))
+            self.drain(w, STRIPE if proto == "stripe" else RING)
+            alloc, waits = ring.alloc(n, len(m.dst))
+            for r, a in sorted(waits.items()):
+                self.emit(w, WAITACK, r, a, 0)
+            dst = space(lib.SC_STRIPE if proto == "stripe" else lib.SC_CHAN, w)
+            piece["space"], piece["off"], piece["alloc"] = dst, alloc["off"], alloc
+        for so, _, ln, at in piece["segs"]:
+            self.emit(w, COPY, dst, piece["off"] + at, space(BUF[m.sbuf]), so, ln, 0, -1)
+        self.pending[w].append(piece)
+        return piece
+
+    def read(self, r, m, proto, j, k, chunk, piece, far):
+        w = m.src
+        if proto == "queue":
+            q = QUEUES[m.sbuf]
+            self.emit(r, QWAIT, q, w if q == 0 else r, w)
+            return
+        flags = (CHECK if (r, w) not in self.checked else 0) | (FAR if far else 0)
+        self.checked.add((r, w))
+        self.emit(r, WAIT, w, piece["event"], flags)
+        if proto == "signal":
+            return
+        nt = int(self.sched.stream and m.dbuf == "recv")
+        if proto == "direct":
+            for so, do, ln, _ in piece["segs"]:
+                self.emit(r, CMA, space(BUF[m.dbuf]), do, w, BUF[m.sbuf], so, ln)
+        else:
+            for so, do, ln, at in piece["segs"]:
+                self.emit(r, COPY, space(BUF[m.dbuf]), do, piece["space"], piece["off"] + at, ln, nt, w)
+        self.acks[r] += 1
+        self.emit(r, ACK, self.acks[r])
+        a = self.acks[r]
+        if proto == "direct":
+            self.direct_owed[w][r] = a
+        elif proto == "inline":
+            self.owed[w][(SLOT + j, r)] = a
+        elif proto == "stripe":
+            piece["alloc"]["acks"][r] = a
+            self.stripe_owed[r] = a
+        else:
+            piece["alloc"]["acks"][r] = a
+            self.owed[w][(RING, r)] = a
+
+    def finish(self, sig, tmp):
+        """Each rank's program: header, then instructions (see core.h)."""
+        out = []
+        for w in range(self.p):
+            for r, a in sorted(self.direct_owed[w].items()):
+                self.emit(w, WAITACK, r, a, 0)
+            for (s, r), a in sorted(self.owed[w].items()):
+                self.emit(w, DEBT, s, r, a)
+            for r, a in sorted(self.stripe_owed.items()):
+                self.emit(w, DEBT, STRIPE, r, a)
+            ins = self.prog[w]
+            first = 0
+            if ins and ins[0][0] == POST:       # a leading post rides on the arrival
+                first, ins = ins[0][1], ins[1:]
+            a = np.zeros((1 + len(ins)) * 8, np.int64)
+            a[:5] = (len(ins), sig[0], sig[1], first, tmp)
+            if ins:
+                a[8:] = np.array(ins, dtype=np.int64).ravel()
+            out.append(a)
+        return out
+
+
+def compile_schedule(sched, params, sig):
+    """Every rank's program for sched; sig = the call's signature words."""
+    c = _Compiler(sched, params)
+    for st in sched.steps:
+        c.step(st)
+    return c.finish(sig, sched.tmp)
+
+
+def signature(coll, alg, root, nbytes, dtype=0, op=0):
+    """(w0, w1) as csrc/core.c's field() reads them."""
+    w0 = coll | alg << 8 | dtype << 16 | op << 24 | (root & 0xffffffff) << 32
+    return w0 - (1 << 64) if w0 >= 1 << 63 else w0, nbytes

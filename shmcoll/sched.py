@@ -1,0 +1,112 @@
+"""Schedules: what an algorithm does, as data.
+
+A schedule is a list of steps; a step holds moves (bytes one rank writes
+and a set of ranks read) and local copies.  Planning functions in
+shmcoll/coll/ build them; shmcoll/compile.py turns one into each rank's
+program for the C executor; ALCD and the traffic checks read the very same
+objects.  Buffers are named: "send" and "recv" are the user's (one buffer
+for both in Bcast), "tmp" is per-rank scratch."""
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+VIAS = ("auto", "inline", "staged", "stripe", "direct", "queue")
+
+
+@dataclass(frozen=True)
+class Move:
+    """src writes parts ((src offset, dst offset, bytes), ...) of its sbuf;
+    every rank in dst reads them into its dbuf.  via: "auto" (inline when
+    small, else staged), "inline" (in the writer's slot line), "staged"
+    (through the writer's ring, in chunks), "stripe" (the NUMA-striped
+    buffer), "direct" (single copy from the writer's buffer), "queue"
+    (a packed barrier queue, named by sbuf: "gather" or "release"; no
+    data)."""
+    src: int
+    dst: tuple
+    parts: tuple = ()
+    sbuf: str = "send"
+    dbuf: str = "recv"
+    via: str = "auto"
+    chunk: int = 0          # largest chunk for staged / stripe moves (0: the plan's)
+
+    @property
+    def nbytes(self):
+        return sum(n for _, _, n in self.parts)
+
+
+@dataclass(frozen=True)
+class Copy:
+    rank: int
+    sbuf: str
+    soff: int
+    dbuf: str
+    doff: int
+    n: int
+
+
+@dataclass
+class Step:
+    moves: list = field(default_factory=list)
+    copies: list = field(default_factory=list)     # run after the step's reads
+    order: Optional[dict] = None    # reader -> indices of the moves it reads, in its order
+    far: Optional[dict] = None      # reader -> writers it waits on spinning long
+    batch: bool = True              # one post per round of writes (False: one per write)
+
+
+@dataclass
+class Schedule:
+    op: str
+    algorithm: str
+    nranks: int
+    nbytes: int
+    root: int
+    steps: list
+    tmp: int = 0            # scratch bytes per rank
+    stream: bool = False    # copies into user memory stream past the cache
+
+    def messages(self):
+        """(sender, receiver, bytes) of every message: a move read by k
+        ranks is k messages."""
+        return [(m.src, d, m.nbytes) for s in self.steps for m in s.moves for d in m.dst]
+
+    def traffic(self):
+        """bytes[src, dst] the schedule moves between ranks."""
+        out = np.zeros((self.nranks, self.nranks), np.int64)
+        for src, dst, n in self.messages():
+            out[src, dst] += n
+        return out
+
+    def __str__(self):
+        lines = [f"{self.op}/{self.algorithm}: {self.nranks} ranks, {self.nbytes} bytes, root {self.root}, "
+                 f"{len(self.steps)} steps"]
+        for i, s in enumerate(self.steps):
+            moves = ", ".join(f"{m.src}->{','.join(map(str, m.dst))} {m.nbytes}B {m.via}" for m in s.moves)
+            lines.append(f"  step {i}: {moves or '-'}" + (f" + {len(s.copies)} local copies" if s.copies else ""))
+        return "\n".join(lines)
+
+
+@dataclass
+class Call:
+    """What a planning function sees: the call and the communicator's plan."""
+    nranks: int
+    nbytes: int             # bcast: the buffer; alltoall: one block; barrier: 0
+    root: int
+    params: dict
+    slots: list             # topology.Slot per rank
+    nodes: int              # NUMA nodes
+    cma: bool               # ranks may read each other's memory (single copy)
+
+    def pipe_chunk(self):
+        """Chunks small enough that a message of a few chunks still
+        pipelines (the writer fills chunk i + 1 while readers copy chunk i),
+        never below 8 KiB, where a hand-off costs more than the copy it
+        overlaps."""
+        c = (self.nbytes // 8 + 63) & ~63
+        return min(max(c, 8192), self.params["chunk_bytes"])
+
+    def streams(self, footprint):
+        """Copies into user memory bypass the cache once a call touches
+        more than it holds."""
+        return footprint >= self.params["nt_bytes"]
