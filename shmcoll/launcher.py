@@ -12,7 +12,7 @@ import base64
 import ctypes
 import os
 import pickle
-import select
+import selectors
 import signal
 import subprocess
 import sys
@@ -118,38 +118,49 @@ def _kill(pid):
 
 
 def _collect(job, procs, timeout):
-    """Read every rank's result while watching for deaths (pidfds)."""
+    """Read every rank's result while watching for deaths (pidfds).  A
+    selector, not select(): descriptors past FD_SETSIZE (many ranks, or a
+    caller holding many files) are fine."""
     n = len(procs)
     data, status = {r: bytearray() for r, _ in procs.values()}, {}
-    pipes = {fd: rank for rank, fd in procs.values()}
-    pidfds = {os.pidfd_open(pid): (pid, rank) for pid, (rank, _) in procs.items()}
     deadline = None if timeout is None else time.monotonic() + timeout
-    try:
-        while pipes or pidfds:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                running = sorted(r for _, r in pidfds.values())
-                raise TimeoutError(f"shmcoll.launch: ranks {running} still running after {timeout} s; killed")
-            ready, _, _ = select.select(list(pipes) + list(pidfds), [], [], left)
-            for fd in ready:
-                if fd in pipes:
-                    chunk = os.read(fd, 1 << 20)
-                    if chunk:
-                        data[pipes[fd]] += chunk
+    with selectors.DefaultSelector() as sel:
+        try:
+            for rank, fd in procs.values():
+                sel.register(fd, selectors.EVENT_READ, (None, rank))
+            for pid, (rank, _) in list(procs.items()):
+                fd = os.pidfd_open(pid)
+                try:
+                    sel.register(fd, selectors.EVENT_READ, (pid, rank))
+                except BaseException:
+                    os.close(fd)
+                    raise
+            while sel.get_map():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    running = sorted(r for p, r in (k.data for k in sel.get_map().values()) if p is not None)
+                    raise TimeoutError(f"shmcoll.launch: ranks {running} still running after {timeout} s; killed")
+                for key, _ in sel.select(left):
+                    pid, rank = key.data
+                    if pid is None:
+                        chunk = os.read(key.fd, 1 << 20)
+                        if chunk:
+                            data[rank] += chunk
+                            continue
+                        sel.unregister(key.fd)
+                        os.close(key.fd)
                         continue
-                    os.close(fd)
-                    del pipes[fd]
-                else:
-                    pid, rank = pidfds.pop(fd)
-                    os.close(fd)
+                    sel.unregister(key.fd)
+                    os.close(key.fd)
                     _, st = os.waitpid(pid, 0)
                     del procs[pid]
                     status[rank] = st
                     if st:
                         job.device.abort(rank, 2 if os.WIFSIGNALED(st) else 1)
-    finally:
-        for fd in list(pipes) + list(pidfds):
-            os.close(fd)
+        finally:
+            for key in list(sel.get_map().values()):
+                sel.unregister(key.fd)
+                os.close(key.fd)
     return _results(n, data, status)
 
 
@@ -217,6 +228,7 @@ def run(nprocs, cmd, *, bind="core", map="compact", topology=None, timeout=None,
                SHMCOLL_PLAN=base64.b64encode(pickle.dumps(job.plan)).decode())
     parent, procs, forwarders = os.getpid(), [], []
     first = None
+    sel = selectors.DefaultSelector()   # not select(): pidfds may be past FD_SETSIZE
     try:
         for rank in range(nprocs):
             def prep(rank=rank):
@@ -229,22 +241,29 @@ def run(nprocs, cmd, *, bind="core", map="compact", topology=None, timeout=None,
                 forwarders.append(threading.Thread(target=_forward, args=(src, dst), daemon=True))
                 forwarders[-1].start()
         job.device.segment.close_fd()
-        pidfds = {os.pidfd_open(p.pid): r for r, p in enumerate(procs)}
+        for rank, p in enumerate(procs):
+            fd = os.pidfd_open(p.pid)
+            try:
+                sel.register(fd, selectors.EVENT_READ, rank)
+            except BaseException:
+                os.close(fd)
+                raise
         deadline = None if timeout is None else time.monotonic() + timeout
-        while pidfds:
+        while sel.get_map():
             left = None if deadline is None else max(deadline - time.monotonic(), 0)
             if first is not None:
                 left = grace if left is None else min(left, grace)
-            ready, _, _ = select.select(list(pidfds), [], [], left)
+            ready = sel.select(left)
             if not ready:
                 if first is None:
                     print(f"shmcoll run: timeout after {timeout} s; killing ranks "
-                          f"{sorted(pidfds.values())}", file=sys.stderr)
+                          f"{sorted(k.data for k in sel.get_map().values())}", file=sys.stderr)
                     first = (None, 124)
                 break
-            for fd in ready:
-                rank = pidfds.pop(fd)
-                os.close(fd)
+            for key, _ in ready:
+                rank = key.data
+                sel.unregister(key.fd)
+                os.close(key.fd)
                 code = procs[rank].wait()
                 if code and first is None:
                     first = (rank, 128 - code if code < 0 else code)
@@ -253,6 +272,10 @@ def run(nprocs, cmd, *, bind="core", map="compact", topology=None, timeout=None,
     except KeyboardInterrupt:
         return 130
     finally:
+        for key in list(sel.get_map().values()):
+            sel.unregister(key.fd)
+            os.close(key.fd)
+        sel.close()
         for p in procs:
             if p.poll() is None:
                 p.kill()

@@ -449,3 +449,38 @@ def test_run_forwards_whole_lines():
     assert all(pattern.fullmatch(l) for l in lines), [l for l in lines if not pattern.fullmatch(l)][:3]
     for r in range(3):
         assert [int(l.split()[1][5:]) for l in lines if l.startswith(f"rank={r} ")] == list(range(300))
+
+
+# -- many open descriptors in the launching process ----------------------------------
+
+@pytest.fixture
+def many_fds():
+    """~1100 descriptors open in this process, so every pipe and pidfd the
+    launcher opens next is numbered above FD_SETSIZE (1024)."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 1400
+    if soft < want:
+        if hard != resource.RLIM_INFINITY and hard < want:
+            pytest.skip(f"RLIMIT_NOFILE hard limit {hard} < {want}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    null = os.open(os.devnull, os.O_RDONLY)
+    fds = [null] + [os.dup(null) for _ in range(1100)]
+    try:
+        assert max(fds) >= 1024
+        yield fds
+    finally:
+        for fd in fds:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_launch_with_descriptors_above_1024(many_fds):
+    assert run_ranks(_ident, 2, "fds") == [(r, 2, r, 2, "fds", None, f"<shmcoll.Comm rank {r} of 2>") for r in range(2)]
+
+
+def test_run_with_descriptors_above_1024(many_fds, capfd):
+    code = ("import shmcoll, os; c = shmcoll.init(); c.Barrier(); "
+            "os.write(1, f'rank {c.rank} of {c.size} ok\\n'.encode())")
+    assert shmcoll.run(2, ["-c", code], bind="none", timeout=60) == 0
+    assert sorted(capfd.readouterr().out.splitlines()) == ok_lines(2)
