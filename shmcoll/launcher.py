@@ -10,6 +10,8 @@ name was unlinked before any rank started, so nothing is ever left in
 import atexit
 import base64
 import ctypes
+import math
+import numbers
 import os
 import pickle
 import selectors
@@ -21,12 +23,34 @@ import time
 import traceback
 
 from .comm import Comm
-from .device import Device, make_plan
+from .device import MAX_RANKS, Device, make_plan
 from .errors import PeerDied, PeerFailure, RemoteTraceback
 from .topology import topology as _topology
 
 BINDS = ("core", "socket", "numa", "none")
 _world = None
+
+
+def _check_nprocs(nprocs):
+    """nprocs as an int, or a TypeError/ValueError naming it (not a
+    comparison error from deep inside the planner)."""
+    if isinstance(nprocs, bool) or not isinstance(nprocs, numbers.Integral):
+        raise TypeError(f"nprocs must be an int, not {type(nprocs).__name__} ({nprocs!r})")
+    if not 1 <= nprocs <= MAX_RANKS:
+        raise ValueError(f"nprocs must be between 1 and {MAX_RANKS}, not {nprocs}")
+    return int(nprocs)
+
+
+def _check_timeout(timeout):
+    """timeout in seconds as a float (or None: no limit), or a
+    TypeError/ValueError naming it."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError(f"timeout must be a number of seconds or None, not {type(timeout).__name__} ({timeout!r})")
+    if not (math.isfinite(timeout) and timeout > 0):
+        raise ValueError(f"timeout must be a finite number of seconds > 0 (or None for no limit), not {timeout!r}")
+    return float(timeout)
 
 
 class Job:
@@ -85,6 +109,7 @@ def launch(fn, nprocs, args=(), *, bind="core", map="compact", topology=None, ti
     """Run fn(comm, *args) on nprocs forked, pinned ranks; return their
     results in rank order.  A rank's exception is re-raised here with its
     rank (exc.rank) and remote traceback; on timeout every rank is killed."""
+    nprocs, timeout = _check_nprocs(nprocs), _check_timeout(timeout)
     job = Job(nprocs, bind, map, topology, options)
     parent, procs = os.getpid(), {}
     try:
@@ -221,6 +246,7 @@ def init():
 def run(nprocs, cmd, *, bind="core", map="compact", topology=None, timeout=None, options=None, grace=3.0):
     """mpiexec: run cmd on every rank; return the first failing rank's exit
     status (128 + signal for a signal), 0 if all succeed, 124 on timeout."""
+    nprocs, timeout = _check_nprocs(nprocs), _check_timeout(timeout)
     job = Job(nprocs, bind, map, topology, options)
     if cmd and (cmd[0] in ("-m", "-c") or cmd[0].endswith(".py")):
         cmd = [sys.executable] + list(cmd)

@@ -484,3 +484,53 @@ def test_run_with_descriptors_above_1024(many_fds, capfd):
             "os.write(1, f'rank {c.rank} of {c.size} ok\\n'.encode())")
     assert shmcoll.run(2, ["-c", code], bind="none", timeout=60) == 0
     assert sorted(capfd.readouterr().out.splitlines()) == ok_lines(2)
+
+
+# -- argument checking: nprocs and timeout ----------------------------------------
+
+BAD_NPROCS = [("2", TypeError), (2.0, TypeError), (True, TypeError), (None, TypeError), ([2], TypeError),
+              (0, ValueError), (-3, ValueError), (1025, ValueError)]
+BAD_TIMEOUTS = [("5", TypeError), (True, TypeError), ([1], TypeError),
+                (0, ValueError), (-1, ValueError), (float("nan"), ValueError), (float("inf"), ValueError)]
+
+
+def _must_not_run(comm):
+    raise AssertionError("a rank ran despite bad arguments")
+
+
+@pytest.mark.parametrize("nprocs,exc", BAD_NPROCS, ids=[repr(v) for v, _ in BAD_NPROCS])
+def test_launch_and_run_check_nprocs(nprocs, exc):
+    """A clear TypeError/ValueError naming nprocs and the bad value, not a
+    comparison error from the planner; nothing starts."""
+    for call in (lambda: shmcoll.launch(_must_not_run, nprocs, timeout=30),
+                 lambda: shmcoll.run(nprocs, ["-c", "raise SystemExit(5)"], timeout=30)):
+        with pytest.raises(exc) as ei:
+            call()
+        assert type(ei.value) is exc
+        assert "nprocs" in str(ei.value) and repr(nprocs) in str(ei.value), str(ei.value)
+        assert "not supported between" not in str(ei.value)
+
+
+@pytest.mark.parametrize("timeout,exc", BAD_TIMEOUTS, ids=[repr(v) for v, _ in BAD_TIMEOUTS])
+def test_launch_and_run_check_timeout(timeout, exc):
+    for call in (lambda: shmcoll.launch(_must_not_run, 2, timeout=timeout),
+                 lambda: shmcoll.run(2, ["-c", "raise SystemExit(5)"], timeout=timeout)):
+        with pytest.raises(exc) as ei:
+            call()
+        assert type(ei.value) is exc
+        assert "timeout" in str(ei.value) and repr(timeout) in str(ei.value), str(ei.value)
+
+
+def test_launch_accepts_integral_nprocs_and_timeout():
+    assert shmcoll.launch(lambda c: c.size, np.int64(2), timeout=np.float64(60)) == [2, 2]
+    assert shmcoll.launch(lambda c: c.size, 1, timeout=60) == [1]
+
+
+@pytest.mark.parametrize("args,word", [(["-n", "0"], "nprocs"), (["-n", "1025"], "nprocs"),
+                                       (["-n", "2", "--timeout", "0"], "timeout"),
+                                       (["-n", "2", "--timeout", "-5"], "timeout")])
+def test_run_cli_reports_bad_nprocs_and_timeout_as_usage_errors(args, word):
+    p = run_cli(args + ["--", "-c", "print('should not have run')"], timeout=60)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert word in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert "should not have run" not in p.stdout
