@@ -16,6 +16,7 @@ import os
 import pickle
 import selectors
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -66,6 +67,33 @@ class Job:
 
     def close(self):
         self.device.close()
+
+
+_STATES = ("none", "alive", "done", "dead")
+
+
+def _rank_state(device, rank):
+    """Rank `rank`'s registration state in the segment: "none" (never
+    registered), "alive", "done" (left cleanly) or "dead".  The one place
+    that knows the layout (an sc_state_t {int32 state; int32 pid} per rank
+    at off_state); the device layer's rank_state() replaces it."""
+    if hasattr(device, "rank_state"):
+        return device.rank_state(rank)
+    return _STATES[struct.unpack_from("=i", device.segment.mmap, device.c.off_state + 8 * rank)[0]]
+
+
+def _ended(job, rank, signalled, code):
+    """A rank's process ended: abort the job if that strands the others.
+    A crash or a failure status always does; a clean exit does when the
+    rank never registered (it never called init(), or exited before), since
+    the others would wait for it forever.  Clean exits of plain programs
+    that never use shmcoll abort nothing that anyone waits on."""
+    if signalled:
+        job.device.abort(rank, 2)
+    elif code:
+        job.device.abort(rank, 1)
+    elif _rank_state(job.device, rank) == "none":
+        job.device.abort(rank, 4)
 
 
 def _die_with_parent(parent):
@@ -180,8 +208,7 @@ def _collect(job, procs, timeout):
                     _, st = os.waitpid(pid, 0)
                     del procs[pid]
                     status[rank] = st
-                    if st:
-                        job.device.abort(rank, 2 if os.WIFSIGNALED(st) else 1)
+                    _ended(job, rank, os.WIFSIGNALED(st), st)
         finally:
             for key in list(sel.get_map().values()):
                 sel.unregister(key.fd)
@@ -293,7 +320,7 @@ def run(nprocs, cmd, *, bind="core", map="compact", topology=None, timeout=None,
                 code = procs[rank].wait()
                 if code and first is None:
                     first = (rank, 128 - code if code < 0 else code)
-                    job.device.abort(rank, 2 if code < 0 else 1)
+                _ended(job, rank, code < 0, code)
         return 0 if first is None else first[1]
     except KeyboardInterrupt:
         return 130

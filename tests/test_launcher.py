@@ -534,3 +534,43 @@ def test_run_cli_reports_bad_nprocs_and_timeout_as_usage_errors(args, word):
     assert p.returncode == 2, (p.returncode, p.stderr)
     assert word in p.stderr and "Traceback" not in p.stderr, p.stderr
     assert "should not have run" not in p.stdout
+
+
+# -- a rank that exits without ever calling init() ----------------------------------
+
+@pytest.mark.parametrize("n,skip", [(3, 2), (3, 0), (2, 1)])
+def test_run_rank_exiting_before_init_aborts_the_job(n, skip):
+    """The rank exits 0 without registering: the launcher must abort the job
+    (the others' Barrier raises, naming it) instead of letting them wait."""
+    t = time.monotonic()
+    p = run_cli(["-n", str(n), "--bind", "none", "--timeout", "60", "--", os.path.join(RANKS_DIR, "skip_init.py")],
+                env={"SKIP_RANK": str(skip)}, timeout=90)
+    took = time.monotonic() - t
+    assert p.returncode not in (0, 124), (p.returncode, p.stdout, p.stderr)
+    assert took < 15, f"the job took {took:.1f} s to end"
+    assert "should not have" not in p.stdout
+    caught = sorted(l.split(":")[0] for l in p.stdout.splitlines())
+    assert caught == [f"rank {r} caught PeerAborted blaming rank {skip}" for r in range(n) if r != skip], p.stdout
+    assert f"rank {skip} exited" in p.stderr, p.stderr
+
+
+def test_launch_rank_exiting_before_registering_aborts_the_job(monkeypatch):
+    """launch(): a forked rank that exits 0 before it registers (here: while
+    being pinned) must not leave the others waiting for it."""
+    from shmcoll import launcher
+    pin = launcher._pin
+
+    def exit_on_rank_1(job, rank):
+        if rank == 1:
+            os._exit(0)
+        pin(job, rank)
+    monkeypatch.setattr(launcher, "_pin", exit_on_rank_1)
+    out = shared_array((3, 3), np.float64, fill=-9)
+    t = time.monotonic()
+    with pytest.raises(shmcoll.PeerFailure) as ei:
+        shmcoll.launch(_raise_job, 3, args=(out, "raise"), timeout=30)
+    assert time.monotonic() - t < 15
+    assert ei.value.rank == 1 and "status 0" in str(ei.value)
+    for r in (0, 2):
+        code, who, dt = out[r]      # -9: it failed before its Barrier, in communicator creation
+        assert code == -9 or (code in (2, 3) and who == 1), f"rank {r}: {out[r].tolist()}"
