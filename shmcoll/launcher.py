@@ -8,8 +8,8 @@ waiting; ranks die with the launcher (PR_SET_PDEATHSIG), and the segment's
 name was unlinked before any rank started, so nothing is ever left in
 /dev/shm."""
 import atexit
-import base64
 import ctypes
+import fcntl
 import math
 import numbers
 import os
@@ -94,6 +94,42 @@ def _ended(job, rank, signalled, code):
         job.device.abort(rank, 1)
     elif _rank_state(job.device, rank) == "none":
         job.device.abort(rank, 4)
+
+
+def _plan_fd(plan):
+    """A sealed memfd holding the pickled plan, for exec'd ranks.  Not an
+    environment variable: for a few hundred ranks the plan outgrows the
+    kernel's 128 KiB limit on one (execve fails with E2BIG)."""
+    fd = os.memfd_create("shmcoll-plan", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        data = memoryview(pickle.dumps(plan))
+        while data:
+            data = data[os.write(fd, data):]
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
+                    fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _read_plan(fd):
+    """The plan from _plan_fd's descriptor, which is then closed.  pread:
+    every rank shares the one file offset."""
+    try:
+        size, data = os.fstat(fd).st_size, bytearray()
+    except OSError as e:
+        raise RuntimeError(f"shmcoll.init(): SHMCOLL_PLAN_FD={fd} is not open in this process ({e.strerror}); "
+                           "was it started by `shmcoll run`?") from None
+    try:
+        while len(data) < size:
+            chunk = os.pread(fd, size - len(data), len(data))
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    return pickle.loads(data)
 
 
 def _die_with_parent(parent):
@@ -250,10 +286,10 @@ def init():
     global _world
     if _world is not None:
         return _world
-    env = os.environ.get("SHMCOLL_PLAN")
-    if env:
+    plan_fd = os.environ.get("SHMCOLL_PLAN_FD")
+    if plan_fd:
         from .segment import Segment
-        rank, fd, plan = int(os.environ["SHMCOLL_RANK"]), int(os.environ["SHMCOLL_FD"]), pickle.loads(base64.b64decode(env))
+        rank, fd, plan = int(os.environ["SHMCOLL_RANK"]), int(os.environ["SHMCOLL_FD"]), _read_plan(int(plan_fd))
         dev = Device(plan, rank, Segment.from_fd(fd, plan.size))
     else:
         job = Job(1, bind="none")
@@ -277,23 +313,26 @@ def run(nprocs, cmd, *, bind="core", map="compact", topology=None, timeout=None,
     job = Job(nprocs, bind, map, topology, options)
     if cmd and (cmd[0] in ("-m", "-c") or cmd[0].endswith(".py")):
         cmd = [sys.executable] + list(cmd)
-    env = dict(os.environ, SHMCOLL_SIZE=str(nprocs), SHMCOLL_FD=str(job.device.segment.fd),
-               SHMCOLL_PLAN=base64.b64encode(pickle.dumps(job.plan)).decode())
     parent, procs, forwarders = os.getpid(), [], []
-    first = None
+    first, plan_fd = None, -1
     sel = selectors.DefaultSelector()   # not select(): pidfds may be past FD_SETSIZE
     try:
+        plan_fd = _plan_fd(job.plan)
+        env = dict(os.environ, SHMCOLL_SIZE=str(nprocs), SHMCOLL_FD=str(job.device.segment.fd),
+                   SHMCOLL_PLAN_FD=str(plan_fd))
         for rank in range(nprocs):
             def prep(rank=rank):
                 _die_with_parent(parent)
                 _pin(job, rank)
             procs.append(subprocess.Popen(cmd, env=dict(env, SHMCOLL_RANK=str(rank)), stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, pass_fds=(job.device.segment.fd,),
+                                          stderr=subprocess.PIPE, pass_fds=(job.device.segment.fd, plan_fd),
                                           preexec_fn=prep))
             for src, dst in ((procs[-1].stdout, sys.stdout), (procs[-1].stderr, sys.stderr)):
                 forwarders.append(threading.Thread(target=_forward, args=(src, dst), daemon=True))
                 forwarders[-1].start()
         job.device.segment.close_fd()
+        os.close(plan_fd)
+        plan_fd = -1
         for rank, p in enumerate(procs):
             fd = os.pidfd_open(p.pid)
             try:
@@ -329,6 +368,8 @@ def run(nprocs, cmd, *, bind="core", map="compact", topology=None, timeout=None,
             sel.unregister(key.fd)
             os.close(key.fd)
         sel.close()
+        if plan_fd >= 0:
+            os.close(plan_fd)
         for p in procs:
             if p.poll() is None:
                 p.kill()

@@ -574,3 +574,58 @@ def test_launch_rank_exiting_before_registering_aborts_the_job(monkeypatch):
     for r in (0, 2):
         code, who, dt = out[r]      # -9: it failed before its Barrier, in communicator creation
         assert code == -9 or (code in (2, 3) and who == 1), f"rank {r}: {out[r].tolist()}"
+
+
+# -- the plan of exec'd ranks travels in a sealed memfd, not the environment ---------
+
+MAX_ARG_STRLEN = 32 * 4096      # the kernel's limit on one environment string
+
+
+def test_run_256_ranks():
+    """`shmcoll run -n 256`: the plan (~146 KB pickled) no longer travels in
+    one environment variable, so execve does not fail with E2BIG.  Plain
+    programs keep the test fast; each rank sees the plan's descriptor."""
+    script = 'stat -L -c "$SHMCOLL_RANK %s" /proc/self/fd/$SHMCOLL_PLAN_FD'
+    p = run_cli(["-n", "256", "--bind", "none", "--timeout", "120", "--", "sh", "-c", script], timeout=180)
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = sorted(tuple(int(x) for x in l.split()) for l in p.stdout.splitlines())
+    assert [r for r, _ in got] == list(range(256)), p.stdout[-2000:]
+    assert len({size for _, size in got}) == 1 and got[0][1] > MAX_ARG_STRLEN, got[:3]
+
+
+def test_run_ranks_read_a_plan_over_128_kib():
+    """Real ranks (init() and collectives) with a plan far over 128 KiB: a
+    3-rank job on a virtual topology of 4096 cores."""
+    code = ("import os, pickle, numpy as np, shmcoll; c = shmcoll.init(); c.Barrier(); "
+            "b = np.arange(1000) if c.rank == 1 else np.zeros(1000, np.int64); c.Bcast(b, root=1); "
+            "assert (b == np.arange(1000)).all(); s = np.full((3, 5), c.rank); r = np.empty_like(s); "
+            "c.Alltoall(s, r); assert (r == np.arange(3)[:, None]).all(); "
+            "assert 'SHMCOLL_PLAN' not in os.environ; "
+            "os.write(1, f'{c.rank} {c.size} {len(pickle.dumps(c.plan))}\\n'.encode())")
+    p = run_cli(["-n", "3", "--topology", "4x1024", "--timeout", "60", "--", "-c", code], timeout=90)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = sorted(tuple(int(x) for x in l.split()) for l in p.stdout.splitlines())
+    assert [g[:2] for g in got] == [(r, 3) for r in range(3)], p.stdout
+    assert all(g[2] > MAX_ARG_STRLEN for g in got), got
+
+
+def test_plan_fd_round_trip_is_sealed_and_closed():
+    from shmcoll import launcher
+    from shmcoll.device import make_plan
+    topo = shmcoll.topology("4x1024")
+    plan = make_plan(3, topo, topo.placement(3, "core", "compact"))
+    fd = launcher._plan_fd(plan)
+    try:
+        assert os.fstat(fd).st_size > MAX_ARG_STRLEN
+        assert not os.get_inheritable(fd)           # only the ranks it is passed to get it
+        with pytest.raises(PermissionError):
+            os.pwrite(fd, b"x", 0)                  # sealed: no rank can change the others' plan
+        dup = os.dup(fd)
+        got = launcher._read_plan(dup)
+        with pytest.raises(OSError):
+            os.fstat(dup)                           # _read_plan closed it
+    finally:
+        os.close(fd)
+    assert pickle.dumps(got) == pickle.dumps(plan)
+    with pytest.raises(RuntimeError, match="SHMCOLL_PLAN_FD"):
+        launcher._read_plan(dup)
