@@ -29,6 +29,13 @@ from .errors import PeerDied, PeerFailure, RemoteTraceback
 from .topology import topology as _topology
 
 BINDS = ("core", "socket", "numa", "none")
+# Result pipes are read at most this much at a time (a pipe holds 64 KiB).
+# Not more: os.read(fd, 1 MiB) allocates a buffer glibc serves by mmap, and
+# freeing it (at the latest at EOF, where the read returns b"") raises
+# glibc's mmap threshold for the rest of the caller's life, so its later
+# large buffers come from the heap, where they alias (4K aliasing) and
+# slow its collectives down.
+PIPE_CHUNK = 1 << 16
 _world = None
 
 
@@ -232,7 +239,7 @@ def _collect(job, procs, timeout):
                 for key, _ in sel.select(left):
                     pid, rank = key.data
                     if pid is None:
-                        chunk = os.read(key.fd, 1 << 20)
+                        chunk = os.read(key.fd, PIPE_CHUNK)
                         if chunk:
                             data[rank] += chunk
                             continue

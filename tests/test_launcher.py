@@ -629,3 +629,56 @@ def test_plan_fd_round_trip_is_sealed_and_closed():
     assert pickle.dumps(got) == pickle.dumps(plan)
     with pytest.raises(RuntimeError, match="SHMCOLL_PLAN_FD"):
         launcher._read_plan(dup)
+
+
+# -- result pipes are read in small chunks ------------------------------------------
+
+def test_launch_reads_result_pipes_in_chunks_of_64_kib_at_most(monkeypatch):
+    """A large read (1 MiB) allocates a block glibc serves by mmap; freeing
+    it raises glibc's mmap threshold in the caller for good, and its later
+    large buffers alias (4K aliasing) and slow its collectives down.  The
+    launcher must never ask for more than 64 KiB, however large a result."""
+    sizes, real_read = [], os.read
+
+    def read(fd, n):
+        sizes.append(n)
+        return real_read(fd, n)
+    monkeypatch.setattr(os, "read", read)
+    got = shmcoll.launch(lambda c: np.full(3 << 20, c.rank, np.uint8), 2, timeout=60)
+    monkeypatch.undo()
+    assert [a.shape == (3 << 20,) and (a == r).all() for r, a in enumerate(got)] == [True, True]
+    assert sizes, "launch() no longer reads results with os.read: update this test"
+    assert max(sizes) <= 1 << 16, sorted(set(sizes))
+
+
+MMAP_PROBE = """
+import ctypes, sys
+import shmcoll
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype, libc.malloc.restype = MallInfo2, ctypes.c_void_p
+got = shmcoll.launch(lambda c, n: b"x" * n, 2, args=(int(sys.argv[1]),), timeout=60)
+assert [len(g) for g in got] == [int(sys.argv[1])] * 2
+# one probe only: freeing the probe's block (if mmapped) raises the threshold itself
+before = libc.mallinfo2().hblks
+p = libc.malloc(512 << 10)
+print("mmapped" if libc.mallinfo2().hblks > before else "heap")
+"""
+
+
+@pytest.mark.parametrize("nbytes", [100, 60_000])
+def test_launch_leaves_the_glibc_mmap_threshold_alone(nbytes):
+    """After a launch() with small results, a 512 KiB malloc in the caller
+    is still served by mmap (glibc's default threshold, 128 KiB): the
+    launcher freed no large mmapped block (a 1 MiB read buffer at EOF did)
+    that would have raised the threshold for the rest of the process.
+    (Results over 128 KiB raise it whatever the launcher does: they are such
+    blocks themselves.)"""
+    if not hasattr(__import__("ctypes").CDLL(None), "mallinfo2"):
+        pytest.skip("no glibc mallinfo2")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_TUNABLES"))}
+    p = subprocess.run([sys.executable, "-c", MMAP_PROBE, str(nbytes)], env=env, capture_output=True, text=True,
+                       timeout=90)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["mmapped"], "something in import shmcoll / launch() raised glibc's mmap threshold"
