@@ -682,3 +682,20 @@ def test_launch_leaves_the_glibc_mmap_threshold_alone(nbytes):
                        timeout=90)
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == ["mmapped"], "something in import shmcoll / launch() raised glibc's mmap threshold"
+
+
+# -- init() from a thread that then exits ----------------------------------------------
+
+@pytest.mark.xfail(strict=False, reason="needs the engine of issue 7")
+@pytest.mark.parametrize("n,threaded", [(2, "0"), (3, "1"), (3, "")], ids=["2-rank0", "3-rank1", "3-all"])
+def test_run_init_from_a_thread_that_exits(n, threaded):
+    """A rank that calls shmcoll.init() from a threading.Thread which then
+    exits stays alive to its peers: later collectives succeed (they used to
+    declare it dead once that thread was gone)."""
+    env = {"THREAD_RANKS": threaded, "SHMCOLL_LIVENESS_NS": str(5_000_000), "LATE_S": "0.5"}
+    t = time.monotonic()
+    p = run_cli(["-n", str(n), "--bind", "none", "--timeout", "60", "--", os.path.join(RANKS_DIR, "thread_init.py")],
+                env=env, timeout=90)
+    assert p.returncode == 0, (p.returncode, p.stdout, p.stderr[-3000:])
+    assert time.monotonic() - t < 60
+    assert sorted(l.split(" (")[0] for l in p.stdout.splitlines()) == ok_lines(n), p.stdout
