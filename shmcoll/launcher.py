@@ -10,6 +10,7 @@ name was unlinked before any rank started, so nothing is ever left in
 import atexit
 import ctypes
 import fcntl
+import inspect
 import math
 import numbers
 import os
@@ -76,17 +77,37 @@ class Job:
         self.device.close()
 
 
-_STATES = ("none", "alive", "done", "dead")
+_STATES = ("none", "alive", "done", "dead")     # device.rank_state()'s 0..3
 
 
 def _rank_state(device, rank):
-    """Rank `rank`'s registration state in the segment: "none" (never
-    registered), "alive", "done" (left cleanly) or "dead".  The one place
-    that knows the layout (an sc_state_t {int32 state; int32 pid} per rank
-    at off_state); the device layer's rank_state() replaces it."""
-    if hasattr(device, "rank_state"):
-        return device.rank_state(rank)
-    return _STATES[struct.unpack_from("=i", device.segment.mmap, device.c.off_state + 8 * rank)[0]]
+    """Rank `rank`'s registration state: "none" (never registered),
+    "alive", "done" (left cleanly) or "dead", from device.rank_state()."""
+    get = getattr(device, "rank_state", None)
+    if get is None:
+        # compatibility shim for the device before issue 7's engine, which
+        # has no rank_state(): its layout, an {int32 state; int32 pid} per
+        # rank at off_state.  Remove with that device.
+        return _STATES[struct.unpack_from("=i", device.segment.mmap, device.c.off_state + 8 * rank)[0]]
+    state = get(rank)
+    return _STATES[state] if isinstance(state, numbers.Integral) else state
+
+
+def _register(device, tracer):
+    """Register this process as its rank.  tracer: the launcher's pid; only
+    it and its descendants (the job's ranks) may then ptrace this process
+    or read its memory with process_vm_readv (PR_SET_PTRACER), not every
+    process of the user."""
+    try:
+        takes_tracer = len(inspect.signature(device.register).parameters) >= 2
+    except (TypeError, ValueError):
+        takes_tracer = True
+    if takes_tracer:
+        device.register(os.getpid(), tracer)
+    else:
+        # compatibility shim for the device before issue 7's engine:
+        # register(pid) only (it allows any ptracer).  Remove with it.
+        device.register(os.getpid())
 
 
 def _ended(job, rank, signalled, code):
@@ -151,12 +172,12 @@ def _pin(job, rank):
         os.sched_setaffinity(0, job.plan.slots[rank].cpus)
 
 
-def _rank_main(job, rank, fn, args, out):
+def _rank_main(job, rank, fn, args, out, parent):
     global _world
     code, dev = 0, None
     try:
         dev = job.device.for_rank(rank)
-        dev.register(os.getpid())
+        _register(dev, parent)
         _world = Comm(dev)
         payload = (True, fn(_world, *args), None)
         _world.Free()     # a clean exit, not a death, for peers still finishing
@@ -195,7 +216,7 @@ def launch(fn, nprocs, args=(), *, bind="core", map="compact", topology=None, ti
                     _die_with_parent(parent)
                     _pin(job, rank)
                 finally:
-                    _rank_main(job, rank, fn, args, w)
+                    _rank_main(job, rank, fn, args, w, parent)
             os.close(w)
             procs[pid] = (rank, r)
         return _collect(job, procs, timeout)
@@ -298,10 +319,14 @@ def init():
         from .segment import Segment
         rank, fd, plan = int(os.environ["SHMCOLL_RANK"]), int(os.environ["SHMCOLL_FD"]), _read_plan(int(plan_fd))
         dev = Device(plan, rank, Segment.from_fd(fd, plan.size))
+        # the launcher, not our parent: a rank may be started by a shell or
+        # wrapper that `shmcoll run` started
+        tracer = int(os.environ.get("SHMCOLL_LAUNCHER_PID") or os.getppid())
     else:
         job = Job(1, bind="none")
         dev = job.device.for_rank(0)
-    dev.register(os.getpid())
+        tracer = os.getpid()
+    _register(dev, tracer)
     _world = Comm(dev)
     atexit.register(_world.Free)
     hook = sys.excepthook
@@ -326,7 +351,7 @@ def run(nprocs, cmd, *, bind="core", map="compact", topology=None, timeout=None,
     try:
         plan_fd = _plan_fd(job.plan)
         env = dict(os.environ, SHMCOLL_SIZE=str(nprocs), SHMCOLL_FD=str(job.device.segment.fd),
-                   SHMCOLL_PLAN_FD=str(plan_fd))
+                   SHMCOLL_PLAN_FD=str(plan_fd), SHMCOLL_LAUNCHER_PID=str(parent))
         for rank in range(nprocs):
             def prep(rank=rank):
                 _die_with_parent(parent)

@@ -699,3 +699,75 @@ def test_run_init_from_a_thread_that_exits(n, threaded):
     assert p.returncode == 0, (p.returncode, p.stdout, p.stderr[-3000:])
     assert time.monotonic() - t < 60
     assert sorted(l.split(" (")[0] for l in p.stdout.splitlines()) == ok_lines(n), p.stdout
+
+
+# -- the launcher talks to the engine through Device.register / Device.rank_state -------
+
+def test_launch_registers_ranks_with_the_launcher_as_tracer(monkeypatch):
+    """launch(): every rank registers through Device.register(pid, tracer)
+    with the launching process as tracer, so only the job's processes may
+    ptrace or process_vm_readv it (PR_SET_PTRACER), not any of the user's."""
+    import inspect
+    from shmcoll import device
+    orig = device.Device.register
+    orig_takes_tracer = len(inspect.signature(orig).parameters) >= 3
+    got = shared_array((3, 2), np.int64, fill=-1)
+
+    def register(self, pid, tracer=None):
+        got[self.rank] = (pid, -2 if tracer is None else tracer)
+        return orig(self, pid, tracer) if orig_takes_tracer else orig(self, pid)
+    monkeypatch.setattr(device.Device, "register", register)
+    pids = run_ranks(lambda c: os.getpid(), 3)
+    assert got[:, 0].tolist() == pids
+    assert got[:, 1].tolist() == [os.getpid()] * 3, "ranks must name the launcher as their tracer"
+
+
+def test_run_registers_ranks_with_the_launcher_as_tracer():
+    """`shmcoll run`: the tracer is the launcher, also when the rank's
+    parent is a shell the launcher started (not the rank's parent pid)."""
+    script = os.path.join(RANKS_DIR, "tracer.py")
+    for cmd in ([script], ["sh", "-c", f'"{sys.executable}" "{script}"; exit $?']):
+        p = subprocess.Popen(cli("run", "-n", "2", "--bind", "none", "--timeout", "60", "--", *cmd),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        out, err = p.communicate(timeout=90)
+        assert p.returncode == 0, err[-3000:]
+        lines = sorted(l.split() for l in out.splitlines())
+        assert [(l[0], l[1], l[2], l[3]) for l in lines] == [("rank", str(r), "tracer", str(p.pid)) for r in range(2)], \
+            (cmd, out)
+        if cmd[0] == "sh":
+            assert all(l[5] != str(p.pid) for l in lines), out      # the shell is the parent
+
+
+class _FakeDevice:
+    """Just what the launcher may use of a device: rank_state() and abort()."""
+
+    def __init__(self, states):
+        self.states, self.aborts = states, []
+
+    def rank_state(self, rank):
+        return self.states[rank]
+
+    def abort(self, rank, code):
+        self.aborts.append((rank, code))
+
+
+class _FakeJob:
+    def __init__(self, device):
+        self.device = device
+
+
+@pytest.mark.parametrize("states", [(0, 1, 2, 3), ("none", "alive", "done", "dead")], ids=["int", "str"])
+def test_rank_state_comes_from_device_rank_state(states):
+    """The launcher reads a rank's state only through device.rank_state()
+    (the engine's sc_rank_state: 0 none, 1 alive, 2 done, 3 dead), never
+    from the segment's layout, and aborts the job (code 4) for a rank that
+    exited 0 without registering, but not for one that registered."""
+    from shmcoll import launcher
+    dev = _FakeDevice(states)
+    assert [launcher._rank_state(dev, r) for r in range(4)] == ["none", "alive", "done", "dead"]
+    job = _FakeJob(dev)
+    for rank in (1, 2, 3):
+        launcher._ended(job, rank, False, 0)
+    assert dev.aborts == []
+    launcher._ended(job, 0, False, 0)
+    assert dev.aborts == [(0, 4)]
