@@ -15,7 +15,12 @@ def _run(argv):
     cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
     if not cmd:
         ap.error("no command given (shmcoll run -n 4 -- script.py)")
-    from .launcher import run
+    from .launcher import _check_nprocs, _check_timeout, run
+    try:
+        _check_nprocs(a.n)
+        _check_timeout(a.timeout)
+    except (TypeError, ValueError) as e:
+        ap.error(str(e))
     return run(a.n, cmd, bind=a.bind, map=a.map, topology=a.topology, timeout=a.timeout)
 
 

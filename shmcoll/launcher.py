@@ -8,12 +8,16 @@ waiting; ranks die with the launcher (PR_SET_PDEATHSIG), and the segment's
 name was unlinked before any rank started, so nothing is ever left in
 /dev/shm."""
 import atexit
-import base64
 import ctypes
+import fcntl
+import inspect
+import math
+import numbers
 import os
 import pickle
-import select
+import selectors
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -21,12 +25,41 @@ import time
 import traceback
 
 from .comm import Comm
-from .device import Device, make_plan
+from .device import MAX_RANKS, Device, make_plan
 from .errors import PeerDied, PeerFailure, RemoteTraceback
 from .topology import topology as _topology
 
 BINDS = ("core", "socket", "numa", "none")
+# Result pipes are read at most this much at a time (a pipe holds 64 KiB).
+# Not more: os.read(fd, 1 MiB) allocates a buffer glibc serves by mmap, and
+# freeing it (at the latest at EOF, where the read returns b"") raises
+# glibc's mmap threshold for the rest of the caller's life, so its later
+# large buffers come from the heap, where they alias (4K aliasing) and
+# slow its collectives down.
+PIPE_CHUNK = 1 << 16
 _world = None
+
+
+def _check_nprocs(nprocs):
+    """nprocs as an int, or a TypeError/ValueError naming it (not a
+    comparison error from deep inside the planner)."""
+    if isinstance(nprocs, bool) or not isinstance(nprocs, numbers.Integral):
+        raise TypeError(f"nprocs must be an int, not {type(nprocs).__name__} ({nprocs!r})")
+    if not 1 <= nprocs <= MAX_RANKS:
+        raise ValueError(f"nprocs must be between 1 and {MAX_RANKS}, not {nprocs}")
+    return int(nprocs)
+
+
+def _check_timeout(timeout):
+    """timeout in seconds as a float (or None: no limit), or a
+    TypeError/ValueError naming it."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError(f"timeout must be a number of seconds or None, not {type(timeout).__name__} ({timeout!r})")
+    if not (math.isfinite(timeout) and timeout > 0):
+        raise ValueError(f"timeout must be a finite number of seconds > 0 (or None for no limit), not {timeout!r}")
+    return float(timeout)
 
 
 class Job:
@@ -44,6 +77,89 @@ class Job:
         self.device.close()
 
 
+_STATES = ("none", "alive", "done", "dead")     # device.rank_state()'s 0..3
+
+
+def _rank_state(device, rank):
+    """Rank `rank`'s registration state: "none" (never registered),
+    "alive", "done" (left cleanly) or "dead", from device.rank_state()."""
+    get = getattr(device, "rank_state", None)
+    if get is None:
+        # compatibility shim for the device before issue 7's engine, which
+        # has no rank_state(): its layout, an {int32 state; int32 pid} per
+        # rank at off_state.  Remove with that device.
+        return _STATES[struct.unpack_from("=i", device.segment.mmap, device.c.off_state + 8 * rank)[0]]
+    state = get(rank)
+    return _STATES[state] if isinstance(state, numbers.Integral) else state
+
+
+def _register(device, tracer):
+    """Register this process as its rank.  tracer: the launcher's pid; only
+    it and its descendants (the job's ranks) may then ptrace this process
+    or read its memory with process_vm_readv (PR_SET_PTRACER), not every
+    process of the user."""
+    try:
+        takes_tracer = len(inspect.signature(device.register).parameters) >= 2
+    except (TypeError, ValueError):
+        takes_tracer = True
+    if takes_tracer:
+        device.register(os.getpid(), tracer)
+    else:
+        # compatibility shim for the device before issue 7's engine:
+        # register(pid) only (it allows any ptracer).  Remove with it.
+        device.register(os.getpid())
+
+
+def _ended(job, rank, signalled, code):
+    """A rank's process ended: abort the job if that strands the others.
+    A crash or a failure status always does; a clean exit does when the
+    rank never registered (it never called init(), or exited before), since
+    the others would wait for it forever.  Clean exits of plain programs
+    that never use shmcoll abort nothing that anyone waits on."""
+    if signalled:
+        job.device.abort(rank, 2)
+    elif code:
+        job.device.abort(rank, 1)
+    elif _rank_state(job.device, rank) == "none":
+        job.device.abort(rank, 4)
+
+
+def _plan_fd(plan):
+    """A sealed memfd holding the pickled plan, for exec'd ranks.  Not an
+    environment variable: for a few hundred ranks the plan outgrows the
+    kernel's 128 KiB limit on one (execve fails with E2BIG)."""
+    fd = os.memfd_create("shmcoll-plan", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        data = memoryview(pickle.dumps(plan))
+        while data:
+            data = data[os.write(fd, data):]
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
+                    fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _read_plan(fd):
+    """The plan from _plan_fd's descriptor, which is then closed.  pread:
+    every rank shares the one file offset."""
+    try:
+        size, data = os.fstat(fd).st_size, bytearray()
+    except OSError as e:
+        raise RuntimeError(f"shmcoll.init(): SHMCOLL_PLAN_FD={fd} is not open in this process ({e.strerror}); "
+                           "was it started by `shmcoll run`?") from None
+    try:
+        while len(data) < size:
+            chunk = os.pread(fd, size - len(data), len(data))
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    return pickle.loads(data)
+
+
 def _die_with_parent(parent):
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, signal.SIGKILL)           # PR_SET_PDEATHSIG
@@ -56,12 +172,12 @@ def _pin(job, rank):
         os.sched_setaffinity(0, job.plan.slots[rank].cpus)
 
 
-def _rank_main(job, rank, fn, args, out):
+def _rank_main(job, rank, fn, args, out, parent):
     global _world
     code, dev = 0, None
     try:
         dev = job.device.for_rank(rank)
-        dev.register(os.getpid())
+        _register(dev, parent)
         _world = Comm(dev)
         payload = (True, fn(_world, *args), None)
         _world.Free()     # a clean exit, not a death, for peers still finishing
@@ -85,6 +201,7 @@ def launch(fn, nprocs, args=(), *, bind="core", map="compact", topology=None, ti
     """Run fn(comm, *args) on nprocs forked, pinned ranks; return their
     results in rank order.  A rank's exception is re-raised here with its
     rank (exc.rank) and remote traceback; on timeout every rank is killed."""
+    nprocs, timeout = _check_nprocs(nprocs), _check_timeout(timeout)
     job = Job(nprocs, bind, map, topology, options)
     parent, procs = os.getpid(), {}
     try:
@@ -99,7 +216,7 @@ def launch(fn, nprocs, args=(), *, bind="core", map="compact", topology=None, ti
                     _die_with_parent(parent)
                     _pin(job, rank)
                 finally:
-                    _rank_main(job, rank, fn, args, w)
+                    _rank_main(job, rank, fn, args, w, parent)
             os.close(w)
             procs[pid] = (rank, r)
         return _collect(job, procs, timeout)
@@ -118,38 +235,48 @@ def _kill(pid):
 
 
 def _collect(job, procs, timeout):
-    """Read every rank's result while watching for deaths (pidfds)."""
+    """Read every rank's result while watching for deaths (pidfds).  A
+    selector, not select(): descriptors past FD_SETSIZE (many ranks, or a
+    caller holding many files) are fine."""
     n = len(procs)
     data, status = {r: bytearray() for r, _ in procs.values()}, {}
-    pipes = {fd: rank for rank, fd in procs.values()}
-    pidfds = {os.pidfd_open(pid): (pid, rank) for pid, (rank, _) in procs.items()}
     deadline = None if timeout is None else time.monotonic() + timeout
-    try:
-        while pipes or pidfds:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                running = sorted(r for _, r in pidfds.values())
-                raise TimeoutError(f"shmcoll.launch: ranks {running} still running after {timeout} s; killed")
-            ready, _, _ = select.select(list(pipes) + list(pidfds), [], [], left)
-            for fd in ready:
-                if fd in pipes:
-                    chunk = os.read(fd, 1 << 20)
-                    if chunk:
-                        data[pipes[fd]] += chunk
+    with selectors.DefaultSelector() as sel:
+        try:
+            for rank, fd in procs.values():
+                sel.register(fd, selectors.EVENT_READ, (None, rank))
+            for pid, (rank, _) in list(procs.items()):
+                fd = os.pidfd_open(pid)
+                try:
+                    sel.register(fd, selectors.EVENT_READ, (pid, rank))
+                except BaseException:
+                    os.close(fd)
+                    raise
+            while sel.get_map():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    running = sorted(r for p, r in (k.data for k in sel.get_map().values()) if p is not None)
+                    raise TimeoutError(f"shmcoll.launch: ranks {running} still running after {timeout} s; killed")
+                for key, _ in sel.select(left):
+                    pid, rank = key.data
+                    if pid is None:
+                        chunk = os.read(key.fd, PIPE_CHUNK)
+                        if chunk:
+                            data[rank] += chunk
+                            continue
+                        sel.unregister(key.fd)
+                        os.close(key.fd)
                         continue
-                    os.close(fd)
-                    del pipes[fd]
-                else:
-                    pid, rank = pidfds.pop(fd)
-                    os.close(fd)
+                    sel.unregister(key.fd)
+                    os.close(key.fd)
                     _, st = os.waitpid(pid, 0)
                     del procs[pid]
                     status[rank] = st
-                    if st:
-                        job.device.abort(rank, 2 if os.WIFSIGNALED(st) else 1)
-    finally:
-        for fd in list(pipes) + list(pidfds):
-            os.close(fd)
+                    _ended(job, rank, os.WIFSIGNALED(st), st)
+        finally:
+            for key in list(sel.get_map().values()):
+                sel.unregister(key.fd)
+                os.close(key.fd)
     return _results(n, data, status)
 
 
@@ -187,15 +314,19 @@ def init():
     global _world
     if _world is not None:
         return _world
-    env = os.environ.get("SHMCOLL_PLAN")
-    if env:
+    plan_fd = os.environ.get("SHMCOLL_PLAN_FD")
+    if plan_fd:
         from .segment import Segment
-        rank, fd, plan = int(os.environ["SHMCOLL_RANK"]), int(os.environ["SHMCOLL_FD"]), pickle.loads(base64.b64decode(env))
+        rank, fd, plan = int(os.environ["SHMCOLL_RANK"]), int(os.environ["SHMCOLL_FD"]), _read_plan(int(plan_fd))
         dev = Device(plan, rank, Segment.from_fd(fd, plan.size))
+        # the launcher, not our parent: a rank may be started by a shell or
+        # wrapper that `shmcoll run` started
+        tracer = int(os.environ.get("SHMCOLL_LAUNCHER_PID") or os.getppid())
     else:
         job = Job(1, bind="none")
         dev = job.device.for_rank(0)
-    dev.register(os.getpid())
+        tracer = os.getpid()
+    _register(dev, tracer)
     _world = Comm(dev)
     atexit.register(_world.Free)
     hook = sys.excepthook
@@ -210,49 +341,67 @@ def init():
 def run(nprocs, cmd, *, bind="core", map="compact", topology=None, timeout=None, options=None, grace=3.0):
     """mpiexec: run cmd on every rank; return the first failing rank's exit
     status (128 + signal for a signal), 0 if all succeed, 124 on timeout."""
+    nprocs, timeout = _check_nprocs(nprocs), _check_timeout(timeout)
     job = Job(nprocs, bind, map, topology, options)
     if cmd and (cmd[0] in ("-m", "-c") or cmd[0].endswith(".py")):
         cmd = [sys.executable] + list(cmd)
-    env = dict(os.environ, SHMCOLL_SIZE=str(nprocs), SHMCOLL_FD=str(job.device.segment.fd),
-               SHMCOLL_PLAN=base64.b64encode(pickle.dumps(job.plan)).decode())
     parent, procs, forwarders = os.getpid(), [], []
-    first = None
+    first, plan_fd = None, -1
+    sel = selectors.DefaultSelector()   # not select(): pidfds may be past FD_SETSIZE
     try:
+        plan_fd = _plan_fd(job.plan)
+        env = dict(os.environ, SHMCOLL_SIZE=str(nprocs), SHMCOLL_FD=str(job.device.segment.fd),
+                   SHMCOLL_PLAN_FD=str(plan_fd), SHMCOLL_LAUNCHER_PID=str(parent))
         for rank in range(nprocs):
             def prep(rank=rank):
                 _die_with_parent(parent)
                 _pin(job, rank)
             procs.append(subprocess.Popen(cmd, env=dict(env, SHMCOLL_RANK=str(rank)), stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, pass_fds=(job.device.segment.fd,),
+                                          stderr=subprocess.PIPE, pass_fds=(job.device.segment.fd, plan_fd),
                                           preexec_fn=prep))
             for src, dst in ((procs[-1].stdout, sys.stdout), (procs[-1].stderr, sys.stderr)):
                 forwarders.append(threading.Thread(target=_forward, args=(src, dst), daemon=True))
                 forwarders[-1].start()
         job.device.segment.close_fd()
-        pidfds = {os.pidfd_open(p.pid): r for r, p in enumerate(procs)}
+        os.close(plan_fd)
+        plan_fd = -1
+        for rank, p in enumerate(procs):
+            fd = os.pidfd_open(p.pid)
+            try:
+                sel.register(fd, selectors.EVENT_READ, rank)
+            except BaseException:
+                os.close(fd)
+                raise
         deadline = None if timeout is None else time.monotonic() + timeout
-        while pidfds:
+        while sel.get_map():
             left = None if deadline is None else max(deadline - time.monotonic(), 0)
             if first is not None:
                 left = grace if left is None else min(left, grace)
-            ready, _, _ = select.select(list(pidfds), [], [], left)
+            ready = sel.select(left)
             if not ready:
                 if first is None:
                     print(f"shmcoll run: timeout after {timeout} s; killing ranks "
-                          f"{sorted(pidfds.values())}", file=sys.stderr)
+                          f"{sorted(k.data for k in sel.get_map().values())}", file=sys.stderr)
                     first = (None, 124)
                 break
-            for fd in ready:
-                rank = pidfds.pop(fd)
-                os.close(fd)
+            for key, _ in ready:
+                rank = key.data
+                sel.unregister(key.fd)
+                os.close(key.fd)
                 code = procs[rank].wait()
                 if code and first is None:
                     first = (rank, 128 - code if code < 0 else code)
-                    job.device.abort(rank, 2 if code < 0 else 1)
+                _ended(job, rank, code < 0, code)
         return 0 if first is None else first[1]
     except KeyboardInterrupt:
         return 130
     finally:
+        for key in list(sel.get_map().values()):
+            sel.unregister(key.fd)
+            os.close(key.fd)
+        sel.close()
+        if plan_fd >= 0:
+            os.close(plan_fd)
         for p in procs:
             if p.poll() is None:
                 p.kill()
