@@ -1,0 +1,539 @@
+"""Issue 7 defects: every mismatch raises on every rank and nothing hangs,
+concurrent use from two threads, object dtypes, split Alltoall elements,
+local errors abort the communicator, stall timeout (SIGSTOP), SIGINT while
+blocked, read-only root buffers.
+
+Each multi-rank case runs under a short launch timeout (the fixed engine
+raises within milliseconds, so a hang fails the test as TimeoutError well
+before pytest-timeout's outer limit).  Outcomes are classified inside the
+ranks with isinstance, so subclasses the engine may add still count."""
+import os
+import re
+import select
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import shmcoll
+from conftest import SMALL, pattern, poison, run_ranks, shared_array
+
+pytestmark = pytest.mark.timeout(120)
+
+T = 20                      # launch timeout for cases that hung on the old engine
+CHUNK = SMALL["chunk_bytes"]
+MismatchError = getattr(shmcoll, "MismatchError", None)
+PeerTimeout = getattr(shmcoll, "PeerTimeout", None)
+
+
+def kind_of(e):
+    """'mismatch' / 'timeout' / 'peer' for shmcoll's classes, else the type name."""
+    if MismatchError is not None and isinstance(e, MismatchError):
+        return "mismatch"
+    if PeerTimeout is not None and isinstance(e, PeerTimeout):
+        return "timeout"
+    if isinstance(e, shmcoll.PeerFailure):
+        return "peer"
+    return type(e).__name__
+
+
+def describe(e):
+    return (kind_of(e), str(e), getattr(e, "rank", None), tuple(c.__name__ for c in type(e).__mro__))
+
+
+def attempt_kind(comm, name, call):
+    """Like conftest.attempt (call, then a Barrier) but classified:
+    (phase, kind, message, .rank, names of the exception's classes) or None."""
+    phase = name
+    try:
+        call()
+        phase = "Barrier"
+        comm.Barrier()
+    except Exception as e:
+        return (phase,) + describe(e)
+    return None
+
+
+def assert_all_raise(got, field):
+    """Every rank raised MismatchError or PeerFailure; at least one
+    MismatchError, and every MismatchError names `field`."""
+    assert all(g is not None for g in got), f"some rank raised nothing: {got}"
+    assert all(g[1] in ("mismatch", "peer") for g in got), got
+    mism = [g for g in got if g[1] == "mismatch"]
+    assert mism, f"no rank raised MismatchError: {got}"
+    for g in mism:
+        assert field in g[2], f"the message should name {field!r}: {g}"
+
+
+def test_error_classes():
+    assert issubclass(shmcoll.MismatchError, shmcoll.ShmcollError)
+    assert issubclass(shmcoll.MismatchError, ValueError)
+    assert issubclass(shmcoll.PeerTimeout, shmcoll.PeerFailure)
+
+
+# -- (a) different collectives on different ranks -------------------------------
+
+def _do(comm, op):
+    n, me = comm.size, comm.rank
+    if op == "Barrier":
+        comm.Barrier()
+    elif op == "Bcast":
+        want = pattern(1000, np.int8, 1, 0)
+        buf = want.copy() if me == 0 else poison(1000, np.int8)
+        comm.Bcast(buf, root=0)
+    else:
+        send = pattern(n * 64, np.int8, 2, me).reshape(n, 64)
+        comm.Alltoall(send, poison(n * 64, np.int8).reshape(n, 64))
+
+
+def _mixed_job(comm, ops):
+    op = ops[comm.rank]
+    return attempt_kind(comm, op, lambda: _do(comm, op))
+
+
+MIXED = [("Barrier", "Bcast"), ("Bcast", "Barrier"), ("Barrier", "Alltoall"), ("Alltoall", "Barrier"),
+         ("Bcast", "Alltoall"), ("Alltoall", "Bcast"), ("Barrier", "Bcast", "Alltoall"),
+         ("Alltoall", "Barrier", "Bcast")]
+
+
+@pytest.mark.parametrize("check", [0, 1])
+@pytest.mark.parametrize("ops", MIXED, ids="-".join)
+def test_different_collectives_raise_everywhere(ops, check):
+    got = run_ranks(_mixed_job, len(ops), ops, timeout=T, options={"check": check})
+    assert_all_raise(got, "collective")
+
+
+# -- (b) different Barrier algorithms -----------------------------------------------
+
+@pytest.mark.parametrize("algs", [("original", "padded", "hierarchical"), ("padded", "padded", "all_to_all"),
+                                  ("all_to_all", "original", "original"), ("hierarchical", "hierarchical", "padded")],
+                         ids="-".join)
+def test_different_barrier_algorithms_raise(algs):
+    def job(comm):
+        return attempt_kind(comm, "Barrier", lambda: comm.Barrier(algs[comm.rank]))
+    got = run_ranks(job, 3, timeout=T)
+    assert_all_raise(got, "algorithm")
+
+
+# -- (c) different roots, then one more Bcast -----------------------------------------
+
+def _roots_job(comm, count, roots):
+    me = comm.rank
+    out = []
+    for call, root in ((1, roots[me]), (2, 0)):
+        want = pattern(count, np.int8, call, root)
+        buf = want.copy() if me == root else poison(count, np.int8)
+        try:
+            comm.Bcast(buf, root=root)
+            out.append(("ok", bool(buf.tobytes() == want.tobytes()), None))
+        except Exception as e:
+            out.append((kind_of(e), None, str(e)))
+    return out
+
+
+@pytest.mark.parametrize("count", [64, 65536, 4 << 20])
+@pytest.mark.parametrize("roots", [(0, 1), (0, 0, 1), (1, 1, 0)], ids=lambda r: "".join(map(str, r)))
+def test_different_roots_raise_by_the_next_call(roots, count):
+    got = run_ranks(_roots_job, len(roots), count, roots, timeout=T)
+    for r, (first, second) in enumerate(got):
+        assert first[0] != "ok" or second[0] != "ok", \
+            f"rank {r} completed both calls (first delivered {'right' if first[1] else 'wrong'} data): {got}"
+        for c in (first, second):
+            assert c[0] in ("ok", "mismatch", "peer"), f"rank {r}: {c}"
+        if second[0] == "ok":
+            assert second[1], f"rank {r}: the second Bcast returned wrong data without raising"
+    mism = [c for pair in got for c in pair if c[0] == "mismatch"]
+    assert mism and any("root" in c[2] for c in mism), f"no MismatchError names the root: {got}"
+    # "rank X has Y" in a first-call message must quote what rank X passed
+    for first, _ in got:
+        if first[0] == "mismatch" and "root" in first[2]:
+            for who, val in re.findall(r"rank (\d+) has (-?\d+)", first[2]):
+                assert int(who) < len(roots) and roots[int(who)] == int(val), \
+                    f"message misquotes rank {who}'s root: {first[2]} (roots {roots})"
+
+
+# -- (d) limited / numa with a differing byte count on a late-segment reader ----
+
+# With k = 1 on 5 ranks, reader r starts each round at segment r - 1.  A
+# reader whose own (smaller) byte count gives fewer segments than that in
+# its first round never reaches its first segment: the old engine checked
+# the byte count only there, so it skipped the check.
+@pytest.mark.parametrize("bad_rank,bad_count", [(4, 130), (3, 100), (3, 22 * CHUNK + 8)])
+@pytest.mark.parametrize("alg", ["limited", "numa"])
+def test_limited_numa_byte_count_differs(alg, bad_rank, bad_count):
+    def job(comm):
+        count = bad_count if comm.rank == bad_rank else 20 * CHUNK + 5
+        buf = pattern(count, np.int8, 3, 0) if comm.rank == 0 else poison(count, np.int8)
+        return attempt_kind(comm, "Bcast", lambda: comm.Bcast(buf, root=0, algorithm=alg))
+    got = run_ranks(job, 5, timeout=T, options=dict(SMALL, bcast_k=1))
+    assert_all_raise(got, "byte count")
+
+
+# -- (e) byte counts that make the automatic choice diverge ----------------------
+
+@pytest.mark.parametrize("first,second", [(10000, 20000), (20000, 10000)])
+def test_auto_choice_diverging_on_byte_count(first, second):
+    def job(comm):
+        count = first if comm.rank < 5 else second
+        buf = pattern(count, np.int8, 4, 0) if comm.rank == 0 else poison(count, np.int8)
+        return attempt_kind(comm, "Bcast", lambda: comm.Bcast(buf, root=0, algorithm=None))
+    got = run_ranks(job, 9, timeout=T)
+    assert_all_raise(got, "byte count")
+
+
+# -- (f) two threads of one rank on one communicator ------------------------------
+
+def _threads_job(comm, reps, mixed):
+    me = comm.rank
+    log = []
+    for rep in range(reps):
+        start = threading.Barrier(2)
+        res = [[], []]
+
+        def worker(t):
+            start.wait()
+            for j in range(4):
+                try:
+                    if mixed and (j + t) % 2:
+                        count = 1000 if t == 0 else 3000       # a cross-thread pairing is a size mismatch
+                        want = pattern(count, np.int8, rep, t)
+                        buf = want.copy() if me == 0 else poison(count, np.int8)
+                        comm.Bcast(buf, root=0)
+                        res[t].append(("ok",) if buf.tobytes() == want.tobytes() else ("wrong data",))
+                    else:
+                        comm.Barrier()
+                        res[t].append(("ok",))
+                except Exception as e:
+                    k = "thread" if isinstance(e, RuntimeError) and "thread" in str(e) else \
+                        "shmcoll" if isinstance(e, shmcoll.ShmcollError) else type(e).__name__
+                    res[t].append((k, str(e)))
+        ths = [threading.Thread(target=worker, args=(t,)) for t in (0, 1)]
+        for th in ths:
+            th.start()
+        for th in ths:
+            th.join()
+        log.append(res)
+    return log
+
+
+@pytest.mark.parametrize("mixed", [False, True], ids=["barrier", "barrier+bcast"])
+def test_two_threads_on_one_comm(mixed):
+    got = run_ranks(_threads_job, 2, 20, mixed, timeout=45)    # a crash or a hang fails here
+    seen_thread_error = False
+    for r, log in enumerate(got):
+        for rep, res in enumerate(log):
+            for t, calls in enumerate(res):
+                for c in calls:
+                    assert c[0] in ("ok", "thread", "shmcoll"), f"rank {r} rep {rep} thread {t}: {c}"
+                    seen_thread_error |= c[0] == "thread"
+    assert seen_thread_error, "two threads in collectives at once never raised the concurrency RuntimeError"
+
+
+# -- (g) object dtypes --------------------------------------------------------------
+
+STRUCT = np.dtype([("a", np.int64), ("o", object)])
+
+
+def _object_job(comm, op, kind, bad_rank):
+    n, me = comm.size, comm.rank
+    if op == "Bcast":
+        if me == bad_rank:
+            if kind == "object":
+                buf = np.array([1, "x", None, 2.5] * 2, dtype=object)          # 8 x 8 B
+            else:
+                buf = np.zeros(4, STRUCT)                                     # 4 x 16 B
+        else:
+            buf = pattern(8, np.int64, 5, 0) if me == 0 else poison(8, np.int64)
+        return attempt_kind(comm, "Bcast", lambda: comm.Bcast(buf, root=0))
+    if me == bad_rank:
+        if kind == "object":
+            send = np.array([[me, "s"]] * n, dtype=object)                  # n x 16 B
+            recv = np.empty((n, 2), dtype=object)
+        else:
+            send = np.zeros((n, 1), STRUCT)
+            recv = np.zeros((n, 1), STRUCT)
+    else:
+        send = pattern(2 * n, np.int64, 6, me).reshape(n, 2)
+        recv = poison(2 * n, np.int64).reshape(n, 2)
+    return attempt_kind(comm, "Alltoall", lambda: comm.Alltoall(send, recv))
+
+
+@pytest.mark.parametrize("bad_rank", [0, 2])
+@pytest.mark.parametrize("kind", ["object", "struct"])
+@pytest.mark.parametrize("op", ["Bcast", "Alltoall"])
+def test_object_dtypes_rejected(op, kind, bad_rank):
+    got = run_ranks(_object_job, 3, op, kind, bad_rank, timeout=T)
+    assert got[bad_rank] is not None and got[bad_rank][:2] == (op, "TypeError"), got
+    for r in range(3):
+        if r != bad_rank:
+            assert got[r] is not None and got[r][1] == "peer" and got[r][3] == bad_rank, f"rank {r}: {got}"
+
+
+# -- (h) Alltoall blocks must hold whole elements ------------------------------------
+
+@pytest.mark.parametrize("who", ["both", "rank0"])
+def test_alltoall_blocks_split_elements(who):
+    def job(comm):
+        if who == "both" or comm.rank == 0:
+            send, recv = np.arange(3, dtype=np.int32), np.zeros(3, np.int32)      # 6-byte blocks
+        else:
+            send, recv = np.arange(6, dtype=np.int16), np.zeros(6, np.int16)      # 6-byte blocks, whole int16s
+        return attempt_kind(comm, "Alltoall", lambda: comm.Alltoall(send, recv))
+    got = run_ranks(job, 2, timeout=T)
+    assert all(g is not None for g in got), got
+    bad = [0, 1] if who == "both" else [0]
+    for r in range(2):
+        if r in bad:
+            assert got[r][0] == "Alltoall" and ("ValueError" in got[r][4] or got[r][1] == "peer"), f"rank {r}: {got}"
+        else:
+            assert got[r][1] == "peer" and got[r][3] == 0, f"rank {r}: {got}"
+    assert any("ValueError" in got[r][4] and got[r][1] != "peer" for r in bad), got
+
+
+# -- (i) any local error aborts the communicator -----------------------------------------
+
+def _two_calls(comm, op, bad_rank, bad):
+    """Call 1 (rank bad_rank does `bad` instead), then a correct call 2.
+    Returns per call ('ok', data right) or (kind, message, .rank, classes)."""
+    n, me = comm.size, comm.rank
+    out = []
+    for call in (1, 2):
+        broken = me == bad_rank and call == 1
+        alg = ["x"] if broken and bad == "algorithm" else None
+        try:
+            ok = True
+            if op == "Barrier":
+                comm.Barrier(alg)
+            elif op == "Bcast":
+                want = pattern(500, np.int16, call, 0)
+                buf = want.copy() if me == 0 else poison(500, np.int16)
+                comm.Bcast(buf, root=0, algorithm=alg)
+                ok = buf.tobytes() == want.tobytes()
+            elif op == "Alltoall":
+                send = pattern(n * 40, np.int16, call, me).reshape(n, 40)
+                recv = poison(n * 40, np.int16).reshape(n, 40)
+                comm.Alltoall(send, recv, algorithm=alg)
+                want = np.stack([pattern(n * 40, np.int16, call, i).reshape(n, 40)[me] for i in range(n)])
+                ok = recv.tobytes() == want.tobytes()
+            else:                                       # pickled bcast, root 0
+                obj = (lambda: 0) if broken else {"call": call, "data": list(range(call * 10))}
+                got = comm.bcast(obj if me == 0 else None, root=0)
+                ok = got == {"call": call, "data": list(range(call * 10))}
+            out.append(("ok", bool(ok)))
+        except Exception as e:
+            out.append(describe(e))
+    return out
+
+
+@pytest.mark.parametrize("op,bad_rank,bad", [("Barrier", 1, "algorithm"), ("Barrier", 0, "algorithm"),
+                                             ("Bcast", 1, "algorithm"), ("Bcast", 0, "algorithm"),
+                                             ("Alltoall", 2, "algorithm"), ("bcast", 0, "unpicklable")])
+def test_local_error_aborts_the_communicator(op, bad_rank, bad):
+    got = run_ranks(_two_calls, 3, op, bad_rank, bad, timeout=T)
+    first, second = got[bad_rank]
+    if bad == "algorithm":
+        assert first[0] == "TypeError", f"algorithm=['x'] should raise TypeError: {got}"
+    else:
+        assert first[0] != "ok", f"pickling a lambda should raise: {got}"
+    assert second[0] != "ok", f"the erring rank's next call should raise, it returned: {got}"
+    for r in range(3):
+        if r == bad_rank:
+            continue
+        a, b = got[r]
+        if a[0] == "ok":
+            assert a[1], f"rank {r}: call 1 returned wrong data: {got}"
+        else:
+            assert a[0] == "peer" and a[2] == bad_rank, f"rank {r}: {got}"
+        assert b[0] == "peer", f"rank {r}: the call after the abort should raise PeerFailure: {got}"
+
+
+# -- (j) a stopped rank: stall timeout -----------------------------------------------------
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def _stop_job(comm, out, msgs, pids, victim):
+    me = comm.rank
+    pids[me] = os.getpid()
+    comm.Barrier()                                   # everybody is up
+    if me == victim:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    t = time.monotonic()
+    try:
+        comm.Barrier()
+        out[me] = (1, -1, time.monotonic() - t)
+        return None
+    except Exception as e:
+        dt = time.monotonic() - t
+        code = 2 if PeerTimeout is not None and isinstance(e, PeerTimeout) else \
+            3 if isinstance(e, shmcoll.PeerFailure) else 4
+        out[me] = (code, getattr(e, "rank", -1) if isinstance(getattr(e, "rank", None), int) else -1, dt)
+        b = str(e).encode()[:255]
+        msgs[me, :len(b)] = np.frombuffer(b, np.uint8)
+        raise
+
+
+@pytest.mark.parametrize("how", ["option", "env"])
+def test_stopped_rank_times_out(how, monkeypatch):
+    n, victim = 3, 1
+    out = shared_array((n, 3), np.float64, fill=-9)
+    msgs = shared_array((n, 256), np.uint8)
+    pids = shared_array(n, np.int64)
+    kw = {"options": {"timeout": 2}}
+    if how == "env":
+        monkeypatch.setenv("SHMCOLL_TIMEOUT", "2")
+        kw = {}
+    t = time.monotonic()
+    with pytest.raises(Exception) as ei:
+        run_ranks(_stop_job, n, out, msgs, pids, victim, timeout=40, **kw)
+    took = time.monotonic() - t
+    assert took < 25, f"launch took {took:.1f} s (its own timeout, not the stall timeout, ended it): {ei.value!r}"
+    text = [bytes(m).rstrip(b"\0").decode(errors="replace") for m in msgs]
+    others = [r for r in range(n) if r != victim]
+    timed_out = [r for r in others if out[r][0] == 2]
+    assert timed_out, f"no rank raised PeerTimeout: {out.tolist()} {text}"
+    for r in others:
+        code, who, dt = out[r]
+        assert code in (2, 3), f"rank {r}: {out[r].tolist()} {text[r]}"
+        assert dt < 10, f"rank {r} waited {dt:.1f} s"
+        if code == 2:
+            assert who == victim and re.search(rf"\b{victim}\b", text[r]), f"rank {r}: {text[r]} ({who})"
+            assert dt >= 1.5, f"rank {r} timed out after {dt:.2f} s with timeout=2"
+    assert all(pids), pids
+    deadline = time.monotonic() + 5
+    while any(_alive(p) for p in pids.tolist()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(p) for p in pids.tolist()), "a rank outlived launch()"
+
+
+# -- (k) SIGINT to a rank blocked in a collective ------------------------------------------
+
+def _readable(fd, within):
+    r, _, _ = select.select([fd], [], [], within)
+    return bool(r)
+
+
+def _sigint_job(comm, op, out, ready, report, done):
+    """Ranks 0 and 1 enter `op` and wait for rank 2 (the sender; root of
+    Bcast), which signals rank 1 once it is known to be waiting and joins
+    only after rank 1 reported (or 5 s passed)."""
+    me, n = comm.rank, comm.size
+    sender, target = 2, 1
+    comm.Barrier()
+
+    def call():
+        if op == "Barrier":
+            comm.Barrier()
+        elif op == "Bcast":
+            buf = pattern(4096, np.int8, 7, sender) if me == sender else poison(4096, np.int8)
+            comm.Bcast(buf, root=sender)
+        else:
+            send = pattern(n * 512, np.int8, 8, me).reshape(n, 512)
+            comm.Alltoall(send, poison(n * 512, np.int8).reshape(n, 512))
+
+    if me == sender:
+        pid = int(os.read(ready[0], 32).decode())      # the target is about to call
+        time.sleep(0.2)                                # give it time to block (not relied on)
+        out[me, 1] = time.monotonic()
+        os.kill(pid, signal.SIGINT)
+        _readable(report[0], 5.0)                      # the old engine delivers it only after we join
+    elif me == target:
+        os.write(ready[1], str(os.getpid()).encode())
+    t0 = time.monotonic()
+    try:
+        call()
+        out[me, 0] = 1
+    except KeyboardInterrupt:
+        out[me, 0] = 5
+    except shmcoll.PeerFailure:
+        out[me, 0] = 3
+    except Exception:
+        out[me, 0] = 4
+    t1 = time.monotonic()
+    out[me, 2], out[me, 3] = t0, t1
+    if me == target:
+        os.write(report[1], b"x")
+        _readable(done[0], 10.0)     # stay alive: the others' failure must come from the abort
+    elif me == sender:
+        os.write(done[1], b"x")
+    return None
+
+
+@pytest.mark.parametrize("op", ["Barrier", "Bcast", "Alltoall"])
+def test_sigint_interrupts_a_blocked_rank(op):
+    out = shared_array((3, 4), np.float64, fill=-9)
+    pipes = [os.pipe() for _ in range(3)]
+    try:
+        try:
+            run_ranks(_sigint_job, 3, op, out, *pipes, timeout=T)
+        except KeyboardInterrupt as e:          # re-raised from rank 1, not ours
+            if getattr(e, "rank", None) is None:
+                raise
+        except Exception:
+            pass                                # launch may report the abort; the ranks' records decide
+    finally:
+        for r, w in pipes:
+            os.close(r)
+            os.close(w)
+    code, _, t0, t1 = out[1]
+    sent = out[2, 1]
+    assert code == 5, f"rank 1 did not raise KeyboardInterrupt: {out.tolist()}"
+    assert sent > 0 and t1 >= sent, f"rank 1 left its call before the signal was sent: {out.tolist()}"
+    assert t1 - sent < 1.0, f"KeyboardInterrupt came {t1 - sent:.2f} s after SIGINT"
+    for r in (0, 2):
+        assert out[r, 0] == 3, f"rank {r} should raise PeerFailure after the abort: {out.tolist()}"
+
+
+# -- (l) read-only root buffers; root=True ---------------------------------------------------
+
+def _readonly_job(comm, form):
+    bad = []
+    for alg in ["binomial", "original", "limited", "numa", None]:
+        for count in [1, 96, 97, 5000, 300001]:
+            for root in range(comm.size):
+                want = pattern(count, np.int8, count, root)
+                if comm.rank == root:
+                    if form == "bytes":
+                        arg = want.tobytes()
+                    elif form == "memoryview":
+                        arg = memoryview(want.tobytes())
+                    else:
+                        arg = want.copy()
+                        arg.setflags(write=False)
+                    comm.Bcast(arg, root=root, algorithm=alg)
+                    got = bytes(arg)
+                else:
+                    buf = poison(count, np.int8)
+                    comm.Bcast(buf, root=root, algorithm=alg)
+                    got = buf.tobytes()
+                if got != want.tobytes():
+                    bad.append((comm.rank, alg, count, root))
+    return bad
+
+
+@pytest.mark.parametrize("form", ["ndarray", "bytes", "memoryview"])
+def test_readonly_root_buffer_accepted(form):
+    got = run_ranks(_readonly_job, 3, form, timeout=60)
+    assert [b for r in got for b in r] == []
+
+
+@pytest.mark.parametrize("bad_rank", [0, 1])
+def test_root_true_rejected(bad_rank):
+    def job(comm):
+        buf = pattern(100, np.int8, 9, 1) if comm.rank == 1 else poison(100, np.int8)
+        root = True if comm.rank == bad_rank else 1
+        return attempt_kind(comm, "Bcast", lambda: comm.Bcast(buf, root=root))
+    got = run_ranks(job, 3, timeout=T)
+    g = got[bad_rank]
+    assert g is not None and g[0] == "Bcast" and ("ValueError" in g[4] or "TypeError" in g[4]) \
+        and g[1] != "peer", got
+    for r in range(3):
+        if r != bad_rank:
+            assert got[r] is not None and got[r][1] == "peer" and got[r][3] == bad_rank, f"rank {r}: {got}"
