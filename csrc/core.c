@@ -153,15 +153,17 @@ void sc_abort_call(sc_comm_t *c, int32_t code, uint64_t call)
         r->abort_at = 0;
 }
 
-/* Python's abort: its own rank's, between calls, counts from the call it
- * did not make; anyone else's (the launcher's for a dead rank) at once. */
+/* Python's abort of this rank, between calls: it counts from the call
+ * the rank did not make. */
+void sc_abort_self(sc_comm_t *c, int32_t code)
+{
+    sc_abort_call(c, code, c->call + 1);
+}
+
+/* An abort that counts at once (the launcher's, for a rank that died). */
 void sc_set_abort(sc_comm_t *c, int32_t rank, int32_t code)
 {
     uint32_t zero = 0;
-    if (rank == c->rank && rank >= 0) {
-        sc_abort_call(c, code, c->call + 1);
-        return;
-    }
     atomic_compare_exchange_strong(&hdr(c)->abort_word, &zero, (uint32_t)(rank + 1) | (uint32_t)code << 16);
 }
 
@@ -244,13 +246,11 @@ static const uint64_t *unmarked(const uint64_t *s, uint64_t *out)
 int sc_check_line(sc_comm_t *c, int who)
 {
     sc_line_t *l = post_line(c, who);
-    uint64_t c1 = atomic_load_explicit(&l->call, memory_order_acquire);
-    uint64_t e1 = atomic_load_explicit(&l->event, memory_order_acquire);
+    uint64_t s1 = atomic_load_explicit(&l->seq, memory_order_acquire);
+    uint64_t c1 = atomic_load_explicit(&l->call, memory_order_relaxed);
     uint64_t sig[2] = { l->sig[0], l->sig[1] }, prev[2] = { l->prev[0], l->prev[1] }, hist = l->hist, tmp[2];
     atomic_thread_fence(memory_order_acquire);
-    if (e1 == SC_BUSY || atomic_load_explicit(&l->call, memory_order_relaxed) != c1 ||
-        atomic_load_explicit(&l->event, memory_order_relaxed) == SC_BUSY)
-        return SC_OK;
+    if ((s1 & 1) || atomic_load_explicit(&l->seq, memory_order_relaxed) != s1) return SC_OK;
     int64_t d = (int64_t)(c1 - c->call);
     int rc = SC_OK;
     if (d == 0) {

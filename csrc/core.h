@@ -95,6 +95,7 @@ typedef struct sc_comm {
     uint64_t sig[2];         /* this call's signature (collective, algorithm, dtype, op, root; byte count) */
     uint64_t prev[2];        /* the previous call's */
     uint64_t hist;           /* a hash of every call's before the previous */
+    int64_t recheck;         /* neighbours (1 left, 2 right) to check at the next call: not waited on in this one */
     int32_t busy;
     int32_t err_rank;
     int32_t err_code;
@@ -110,6 +111,7 @@ int sc_register(sc_comm_t *c, int32_t pid, int32_t tracer);
 void sc_deregister(sc_comm_t *c);
 int sc_rank_state(sc_comm_t *c, int32_t rank);
 void sc_set_abort(sc_comm_t *c, int32_t rank, int32_t code);
+void sc_abort_self(sc_comm_t *c, int32_t code);
 uint32_t sc_abort_word(sc_comm_t *c);
 int sc_probe_cma(sc_comm_t *c);
 

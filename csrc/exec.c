@@ -69,12 +69,15 @@ static int read_peer(sc_comm_t *c, int who, char *dst, uint64_t addr, int64_t n)
     return err == ESRCH ? sc_fail(c, SC_EDEAD, who, 2, 0) : sc_fail(c, SC_ECMA, who, 0, err);
 }
 
-/* Publish this call's arrival record (seqlock: readers distrust a record
- * whose event shows SC_BUSY), then its first event. */
+/* Publish this call's arrival record and first event (a sequence lock:
+ * sc_check_line trusts a record only if seq was even and unchanged
+ * around its reads).  The event goes before the call: a waiter that sees
+ * the new call sees its first event. */
 static void arrive(sc_comm_t *c, uint64_t first, char *sbuf, char *rbuf)
 {
     sc_line_t *l = post_line(c, c->rank);
-    atomic_store_explicit(&l->event, SC_BUSY, memory_order_relaxed);
+    uint64_t s = atomic_load_explicit(&l->seq, memory_order_relaxed);
+    atomic_store_explicit(&l->seq, s + 1, memory_order_relaxed);
     atomic_thread_fence(memory_order_release);
     l->sig[0] = c->sig[0];
     l->sig[1] = c->sig[1];
@@ -85,6 +88,7 @@ static void arrive(sc_comm_t *c, uint64_t first, char *sbuf, char *rbuf)
     l->addr[1] = (uintptr_t)rbuf;
     atomic_store_explicit(&l->event, first, memory_order_release);
     atomic_store_explicit(&l->call, c->call, memory_order_release);
+    atomic_store_explicit(&l->seq, s + 2, memory_order_release);
     wake_sleepers(&l->wq);
 }
 
@@ -159,8 +163,30 @@ static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
     return rc;
 }
 
+/* A rank that waited on no one in the last call (a bcast root) checked
+ * no one's signature: at its next call it checks its neighbours' records
+ * of the last call (waiting for them to have arrived there), so different
+ * roots raise on the writers too, by their next call. */
+static int recheck(sc_comm_t *c, int64_t mask)
+{
+    for (int k = 0; k < 2; k++) {
+        if (!(mask >> k & 1)) continue;
+        int nb = (c->rank + (k ? 1 : c->size - 1)) % c->size;
+        sc_line_t *l = post_line(c, nb);
+        sc_wait_t w = { .line = l, .wq = &l->wq, .call = c->call - 1, .event = 0, .who = nb, .spin_ns = c->spin_ns };
+        int rc = wait_for(c, &w);
+        if (rc) return rc;
+        if ((rc = sc_check_line(c, nb))) {
+            sc_abort_call(c, 3, c->call);
+            return rc;
+        }
+    }
+    return SC_OK;
+}
+
 /* One collective call: header words are [instructions, signature (2),
- * first event, scratch bytes, 0, 0, 0].  The caller owns c->busy. */
+ * first event, scratch bytes, neighbours to check at the next call, 0, 0].
+ * The caller owns c->busy. */
 int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
 {
     int rc = aborted_at(c, c->call + 1);
@@ -169,7 +195,8 @@ int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
     c->sig[0] = (uint64_t)prog[1];
     c->sig[1] = (uint64_t)prog[2];
     arrive(c, (uint64_t)prog[3], sbuf, rbuf);
-    rc = c->check && c->size > 1 ? agree(c) : SC_OK;
+    rc = c->check && c->size > 1 ? agree(c) : recheck(c, c->recheck);
+    c->recheck = prog[5];
     if (!rc) rc = run(c, prog, sbuf, rbuf);
     c->hist = sc_mix(c->hist, c->prev);
     c->prev[0] = c->sig[0];

@@ -23,23 +23,20 @@ typedef struct { _Atomic uint32_t sleepers, posts; } sc_wq_t;
  * or any later call: a writer in a later call has finished every event of
  * C.  Post lines also carry the writer's arrival record for the call: its
  * signature, the previous call's, a hash of all before, and its buffers'
- * addresses for single-copy readers. */
+ * addresses for single-copy readers, under a sequence lock (seq odd while
+ * the writer rewrites record and call). */
 struct sc_line {
     _Atomic uint64_t call;
     _Atomic uint64_t event;
     sc_wq_t wq;
+    _Atomic uint64_t seq;
     uint64_t sig[2];
     uint64_t prev[2];
     uint64_t hist;
     uint64_t addr[2];             /* send, recv buffer of this call */
-    char pad[SC_LINE - 80];
+    char pad[SC_LINE - 88];
 };
 _Static_assert(sizeof(struct sc_line) == SC_LINE, "flag line size");
-
-/* The event a writer shows while it rewrites its arrival record: readers of
- * an earlier call take it as reached (the writer finished that call), and
- * a record read while it shows is not trusted (a seqlock). */
-#define SC_BUSY UINT64_MAX
 
 typedef struct {
     _Atomic uint32_t abort_word;  /* (rank + 1) | code << 16, first error wins */

@@ -38,8 +38,11 @@ class _Ring:
     def __init__(self, cap, align):
         self.cap, self.align, self.pos, self.live = cap, align, 0, []
 
-    def alloc(self, n, readers):
-        n = max(-(-n // self.align) * self.align, self.align)
+    def alloc(self, slot, readers):
+        """A slot of `slot` bytes (a step's largest chunk: equal slots,
+        so a ring of two rounds never loses room to wrapping)."""
+        n = max(-(-slot // self.align) * self.align, self.align)
+        self.pos = -(-self.pos // n) * n
         if self.pos + n > self.cap:
             self.pos = 0
         off, end = self.pos, self.pos + n
@@ -136,6 +139,10 @@ class _Compiler:
                 c = max(m.nbytes, 1)
             chunks.append(c)
         nch = [max(-(-m.nbytes // c), 1) for m, c in zip(moves, chunks)]
+        slot = [0] * p
+        for m, pr, c in zip(moves, protos, chunks):
+            if pr == "staged":
+                slot[m.src] = max(slot[m.src], c)
         pieces = [[None] * n for n in nch]
         outs = [[] for _ in range(p)]
         for i, m in enumerate(moves):
@@ -154,7 +161,7 @@ class _Compiler:
             for w in range(p):
                 for i in outs[w]:
                     if k < nch[i]:
-                        pieces[i][k] = self.write(w, moves[i], protos[i], slot_j[i], k, chunks[i])
+                        pieces[i][k] = self.write(w, moves[i], protos[i], slot_j[i], k, chunks[i], slot[w])
                         if not st.batch:
                             self.post(w)
                 self.post(w)
@@ -175,7 +182,7 @@ class _Compiler:
         for cp in st.copies:
             self.emit(cp.rank, COPY, space(BUF[cp.dbuf]), cp.doff, space(BUF[cp.sbuf]), cp.soff, cp.n, 0, -1)
 
-    def write(self, w, m, proto, j, k, chunk):
+    def write(self, w, m, proto, j, k, chunk, slot):
         n = min(chunk, m.nbytes - k * chunk) if m.nbytes else 0
         piece = {"event": 0, "segs": _segments(m.parts, k * chunk, n)}
         if proto == "queue":
@@ -197,7 +204,7 @@ class _Compiler:
         else:
             ring = self.stripe if proto == "stripe" else self.rings.setdefault(w, _Ring(self.params["chan_bytes"], 64))
             self.drain(w, STRIPE if proto == "stripe" else RING)
-            alloc, waits = ring.alloc(n, len(m.dst))
+            alloc, waits = ring.alloc(chunk if proto == "stripe" else slot, len(m.dst))
             for r, a in sorted(waits.items()):
                 self.emit(w, WAITACK, r, a, 0)
             dst = space(lib.SC_STRIPE if proto == "stripe" else lib.SC_CHAN, w)
@@ -253,8 +260,12 @@ class _Compiler:
             first = 0
             if ins and ins[0][0] == POST:       # a leading post rides on the arrival
                 first, ins = ins[0][1], ins[1:]
+            mask = 0
+            for bit, nb in ((1, (w - 1) % self.p), (2, (w + 1) % self.p)):
+                if nb != w and (w, nb) not in self.checked and not (bit == 2 and mask and nb == (w - 1) % self.p):
+                    mask |= bit
             a = np.zeros((1 + len(ins)) * 8, np.int64)
-            a[:5] = (len(ins), sig[0], sig[1], first, tmp)
+            a[:6] = (len(ins), sig[0], sig[1], first, tmp, mask)
             if ins:
                 a[8:] = np.array(ins, dtype=np.int64).ravel()
             out.append(a)

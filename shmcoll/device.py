@@ -7,7 +7,6 @@ the C fast entries' cache); the C executor then runs each collective in
 one call.  Collectives use only Device and the C entry points, never the
 segment directly."""
 import ctypes
-import functools
 import os
 import sys
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from .segment import Segment
 
 PAGE = 4096
 MAX_RANKS = 1024
-MIN_CHAN = 4 * PAGE
+MIN_CHAN = 2 * PAGE
 ABORT_REASONS = {1: "raised an exception", 2: "died", 3: "passed bad or mismatched arguments", 4: "exited",
                  5: "timed out waiting for a peer", 6: "was interrupted (KeyboardInterrupt)",
                  7: "could not read a peer's memory"}
@@ -46,12 +45,17 @@ def make_plan(nranks, topo, slots, options=None):
     p = {k: v for k, (v, _) in res.items()}
     p["chan_bytes"] = _round(max(int(p["chan_bytes"]), MIN_CHAN), PAGE)
     p["shm_bytes"] = int(p["shm_bytes"]) if p["shm_bytes"] is not None else _shm_free()
+    if not 0 <= int(p["call_base"]) < 1 << 64:
+        raise ValueError(f"call_base must be in 0 .. 2**64 - 1, not {p['call_base']}")
+    if float(p["timeout"]) < 0:
+        raise ValueError(f"timeout must be >= 0 seconds (0: never), not {p['timeout']}")
     p["chunk_opt"], p["tile_opt"] = p["chunk_bytes"], p["tile_bytes"]
     _derive(p, nranks, topo, slots)
     plan = Plan(nranks, p, list(slots), topo)
     plan.size = Device.layout(plan)
     asked = p["chan_bytes"]
-    while plan.size > p["shm_bytes"] and p["chan_bytes"] > MIN_CHAN:
+    # only a default channel size shrinks: one the user asked for fails as asked
+    while res["chan_bytes"][1] == "default" and plan.size > p["shm_bytes"] and p["chan_bytes"] > MIN_CHAN:
         fixed = plan.size - (nranks + 1) * p["chan_bytes"]      # lines, headers: what channels leave
         fit = (p["shm_bytes"] - fixed) // (nranks + 1) // PAGE * PAGE
         p["chan_bytes"] = max(min(fit, p["chan_bytes"] - PAGE), MIN_CHAN)
@@ -85,7 +89,7 @@ def _derive(p, nranks, topo, slots):
     p["spin_now_ns"] = int(p["spin_ns"] if p["spin_ns"] is not None else (0 if _over(slots) else 50_000))
     p["check"] = int(p["check"])
     p["timeout_ns"] = int(float(p["timeout"]) * 1e9)
-    p["call_base"] = int(p["call_base"]) % (1 << 64)
+    p["call_base"] = int(p["call_base"])
 
 
 def _over(slots):
@@ -228,10 +232,10 @@ class Device:
                               (self.addr, method, on_error, ids, desc), None)
 
     # -- lifetime ---------------------------------------------------------------
-    def register(self, pid, tracer=None):
-        """Mark this rank alive; only the job's processes (the launcher and
-        its descendants) may read its memory."""
-        if lib.sc_register(self.c, pid, os.getppid() if tracer is None else tracer) != 0:
+    def register(self, pid, tracer):
+        """Mark this rank alive; only the job's processes (tracer, the
+        launcher, and its descendants) may read its memory."""
+        if lib.sc_register(self.c, pid, tracer) != 0:
             raise RuntimeError(f"rank {self.rank} could not register")
 
     def rank_state(self, rank):
@@ -248,7 +252,12 @@ class Device:
         self.segment.close_fd()
 
     def abort(self, rank, code):
-        lib.sc_set_abort(self.c, rank, code)
+        """Abort the job for rank's failure.  This rank's own abort lets
+        peers finish the calls it finished; anyone else's counts at once."""
+        if rank == self.rank:
+            lib.sc_abort_self(self.c, code)
+        else:
+            lib.sc_set_abort(self.c, rank, code)
 
     def failure(self, rc, what, names=None):
         """The exception for a failed C call (rc < 0).  names(field, value)
@@ -256,7 +265,7 @@ class Device:
         c, me = self.c, self.rank
         if rc == lib.SC_EABORT:
             who, code = c.err_rank, c.err_a
-            cls = PeerDied if code in (2, 4) else PeerAborted
+            cls = PeerDied if code == 2 else PeerAborted
             return cls(who, f"{ABORT_REASONS.get(code, 'aborted')} (seen in {what} on rank {me})")
         if rc == lib.SC_EDEAD:
             return PeerDied(c.err_rank, f"{'exited' if c.err_code == 4 else 'died'} while rank {me} waited on "

@@ -10,14 +10,12 @@ name was unlinked before any rank started, so nothing is ever left in
 import atexit
 import ctypes
 import fcntl
-import inspect
 import math
 import numbers
 import os
 import pickle
 import selectors
 import signal
-import struct
 import subprocess
 import sys
 import threading
@@ -36,6 +34,7 @@ BINDS = ("core", "socket", "numa", "none")
 # glibc's mmap threshold for the rest of the caller's life, so its later
 # large buffers come from the heap, where they alias (4K aliasing) and
 # slow its collectives down.
+GRACE_S = 5.0     # after a rank fails, how long the others may take to finish
 PIPE_CHUNK = 1 << 16
 _world = None
 
@@ -82,14 +81,8 @@ _STATES = ("none", "alive", "done", "dead")     # device.rank_state()'s 0..3
 
 def _rank_state(device, rank):
     """Rank `rank`'s registration state: "none" (never registered),
-    "alive", "done" (left cleanly) or "dead", from device.rank_state()."""
-    get = getattr(device, "rank_state", None)
-    if get is None:
-        # compatibility shim for the device before issue 7's engine, which
-        # has no rank_state(): its layout, an {int32 state; int32 pid} per
-        # rank at off_state.  Remove with that device.
-        return _STATES[struct.unpack_from("=i", device.segment.mmap, device.c.off_state + 8 * rank)[0]]
-    state = get(rank)
+    "alive", "done" (left cleanly) or "dead"."""
+    state = device.rank_state(rank)
     return _STATES[state] if isinstance(state, numbers.Integral) else state
 
 
@@ -98,16 +91,7 @@ def _register(device, tracer):
     it and its descendants (the job's ranks) may then ptrace this process
     or read its memory with process_vm_readv (PR_SET_PTRACER), not every
     process of the user."""
-    try:
-        takes_tracer = len(inspect.signature(device.register).parameters) >= 2
-    except (TypeError, ValueError):
-        takes_tracer = True
-    if takes_tracer:
-        device.register(os.getpid(), tracer)
-    else:
-        # compatibility shim for the device before issue 7's engine:
-        # register(pid) only (it allows any ptracer).  Remove with it.
-        device.register(os.getpid())
+    device.register(os.getpid(), tracer)
 
 
 def _ended(job, rank, signalled, code):
@@ -252,9 +236,18 @@ def _collect(job, procs, timeout):
                 except BaseException:
                     os.close(fd)
                     raise
+            failed = None       # when the first rank failed: the rest get GRACE_S to finish
             while sel.get_map():
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
+                now = time.monotonic()
+                if failed is not None and now > failed + GRACE_S:
+                    for pid in procs:       # stopped or stuck outside a collective: the job is over
+                        os.kill(pid, signal.SIGKILL)
+                    failed = float("inf")
+                left = None if deadline is None else deadline - now
+                if failed is not None and failed != float("inf"):
+                    left = failed + GRACE_S - now if left is None else min(left, failed + GRACE_S - now)
+                    left = max(left, 0.01)
+                if deadline is not None and now >= deadline:
                     running = sorted(r for p, r in (k.data for k in sel.get_map().values()) if p is not None)
                     raise TimeoutError(f"shmcoll.launch: ranks {running} still running after {timeout} s; killed")
                 for key, _ in sel.select(left):
@@ -273,6 +266,8 @@ def _collect(job, procs, timeout):
                     del procs[pid]
                     status[rank] = st
                     _ended(job, rank, os.WIFSIGNALED(st), st)
+                    if st and failed is None:
+                        failed = time.monotonic()
         finally:
             for key in list(sel.get_map().values()):
                 sel.unregister(key.fd)

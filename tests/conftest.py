@@ -59,17 +59,21 @@ def run_cases(job, n, cases, **kw):
     assert failures == [], "\n".join(failures[:20])
 
 
-def attempt(comm, name, call):
-    """call() (the collective `name`), then a Barrier; (phase, exception
-    type, message, .rank) of what raised, or None.  A bad-argument test
-    runs this on every rank."""
+def _plain(e):
+    return type(e).__name__, str(e), getattr(e, "rank", None)
+
+
+def attempt(comm, name, call, describe=_plain):
+    """call() (the collective `name`), then a Barrier; (phase,) +
+    describe(exception) of what raised (by default its type name, message
+    and .rank), or None.  A bad-argument test runs this on every rank."""
     phase = name
     try:
         call()
         phase = "Barrier"
         comm.Barrier()
     except Exception as e:
-        return phase, type(e).__name__, str(e), getattr(e, "rank", None)
+        return (phase,) + describe(e)
     return None
 
 

@@ -360,8 +360,8 @@ def _protocols_differ(comm, second):
 @pytest.mark.parametrize("second", ["bcast", "alltoall"])
 def test_mismatched_protocols_never_read_stale_data(second):
     got = run_ranks(_protocols_differ, 2, second, options={"cma_bytes": 0})
-    assert got[1] is not None and got[1][0] == "MismatchError" and "differ" in got[1][1], got
-    assert got[0] is not None and got[0][0] in ("PeerAborted", "MismatchError"), got
+    assert all(g is not None and g[0] in ("PeerAborted", "MismatchError") for g in got), got
+    assert any(g[0] == "MismatchError" and "differ" in g[1] for g in got), got
 
 
 def _gil_hammer(comm, n):

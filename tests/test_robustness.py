@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import shmcoll
-from conftest import SMALL, pattern, poison, run_ranks, shared_array
+from conftest import SMALL, attempt, pattern, poison, run_ranks, shared_array
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -44,16 +44,9 @@ def describe(e):
 
 
 def attempt_kind(comm, name, call):
-    """Like conftest.attempt (call, then a Barrier) but classified:
-    (phase, kind, message, .rank, names of the exception's classes) or None."""
-    phase = name
-    try:
-        call()
-        phase = "Barrier"
-        comm.Barrier()
-    except Exception as e:
-        return (phase,) + describe(e)
-    return None
+    """conftest.attempt, classified: (phase, kind, message, .rank, names of
+    the exception's classes) or None."""
+    return attempt(comm, name, call, describe)
 
 
 def assert_all_raise(got, field):

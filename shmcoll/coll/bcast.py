@@ -45,7 +45,7 @@ def binomial(call):
 
 
 def _grouped(call, via):
-    p, n, par, readers = call.nranks, call.nbytes, call.params, _readers(call)
+    n, par, readers = call.nbytes, call.params, _readers(call)
     k = max(par["bcast_k"], 1)
     groups = -(-len(readers) // k)
     if not readers:
