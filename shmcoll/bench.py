@@ -104,6 +104,109 @@ def run_shmcoll(op, n, algorithm, cfg):
             for i, (size, _, _, selected) in enumerate(ranks[0])]
 
 
+# --- ref: another installation of shmcoll ----------------------------------
+
+def git_version(path):
+    """``git describe --always --dirty`` of the checkout holding ``path``, or None."""
+    try:
+        p = subprocess.run(["git", "-C", os.path.dirname(os.path.abspath(path)), "describe", "--always",
+                            "--dirty", "--abbrev=12"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return p.stdout.strip() if p.returncode == 0 else None
+
+
+#: Prints the ref's shmcoll location, then its bench's --help (to see which flags it knows).
+_REF_PROBE = ("import shmcoll, sys; print(shmcoll.__file__, flush=True); "
+              "from shmcoll.bench import parse; parse(['--help'])")
+
+
+class Ref:
+    """The ``--ref`` column: ``shmcoll bench`` (auto only) of another shmcoll installation.
+
+    ``spec`` is an interpreter (e.g. a virtualenv's ``bin/python`` holding the
+    previous commit), a virtualenv directory, or a source checkout with its C
+    core built in place (``python setup.py build_ext --inplace``), which this
+    interpreter runs with ``PYTHONPATH`` set to it.  The subprocess runs from an
+    empty directory and without this process' ``PYTHONPATH``, so it cannot
+    import this tree's shmcoll by accident.
+    """
+
+    def __init__(self, spec):
+        self.spec, self.tree = spec, None
+        if os.path.isdir(os.path.join(spec, "shmcoll")):
+            self.python, self.tree = sys.executable, os.path.abspath(spec)
+        elif os.path.isdir(spec):
+            self.python = os.path.join(spec, "bin", "python")
+        else:
+            self.python = spec
+        self.env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        if self.tree:
+            self.env["PYTHONPATH"] = self.tree
+        self.file = self.commit = self.error = None
+        self.knows_order = False
+
+    def run(self, cmd, cwd, timeout):
+        return subprocess.run(cmd, cwd=cwd, env=self.env, timeout=timeout, stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True)
+
+    def probe(self):
+        """Which shmcoll the ref imports and whether its bench knows --order; False (and a note) if broken."""
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                p = self.run([self.python, "-c", _REF_PROBE], tmp, 120)
+                if p.returncode:
+                    raise RuntimeError(f"exit {p.returncode}: " + " | ".join(p.stderr.strip().splitlines()[-3:]))
+            except (OSError, subprocess.TimeoutExpired, RuntimeError) as e:
+                self.error = f"{self.python} cannot run shmcoll bench: {e}"
+                print(f"note: ref {self.error}", flush=True)
+                return False
+        self.file, _, help_text = p.stdout.partition("\n")
+        self.knows_order = "--order" in help_text
+        self.commit = git_version(self.file)
+        print(f"ref: {self.python} -> {self.file} ({self.commit or 'not a git checkout'})", flush=True)
+        if os.path.realpath(self.file) == os.path.realpath(shmcoll.__file__):
+            print("note: the ref imports the very shmcoll being measured", flush=True)
+        return True
+
+    def describe(self):
+        return {"spec": self.spec, "python": self.python, "pythonpath": self.tree, "shmcoll": self.file,
+                "commit": self.commit, "error": self.error}
+
+    def command(self, op, n, cfg, out):
+        """Only flags the bench of main before --order knows; without --order, the sizes go in
+        measured order (that bench keeps the order given), so the ref's one job runs our sequence."""
+        sizes = cfg.sizes if self.knows_order else [s for s, _ in sequence(op, cfg)]
+        return ([self.python, "-m", "shmcoll", "bench", op, "-n", str(n),
+                 "--sizes", ",".join(map(str, sizes)), "--algorithms", "none", "--peers", "none",
+                 "--bind", cfg.bind, "--min-time", str(cfg.min_time), "--reps", str(cfg.reps),
+                 "--max-iters", str(cfg.max_iters), "--timeout", str(cfg.timeout), "--json", out]
+                + (["--order", cfg.order] if self.knows_order else [])
+                + (["--topology", cfg.topology] if cfg.topology else []))
+
+    def measure(self, op, n, cfg):
+        """Rows of impl ``shmcoll-ref`` (the ref's auto), in the order of ``sequence``."""
+        seq = sequence(op, cfg)
+        error = lambda text: [record(op, n, s, "shmcoll-ref", "auto", error=text, order=o) for s, o in seq]
+        if self.error:
+            return error(self.error)
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "ref.json")
+            try:
+                p = self.run(self.command(op, n, cfg, out), tmp, cfg.timeout + 60)
+                if not os.path.exists(out):   # exit 1 with a JSON only means some result was wrong
+                    raise RuntimeError(f"exit {p.returncode}: " + " | ".join(p.stderr.strip().splitlines()[-3:]))
+                with open(out) as f:
+                    rows = [r for r in json.load(f)["results"] if r["algorithm"] == "auto"]
+                if [r["size"] for r in rows] != [s for s, _ in seq]:
+                    raise RuntimeError(f"ref measured sizes {[r['size'] for r in rows]}, "
+                                       f"expected {[s for s, _ in seq]}")
+            except (subprocess.TimeoutExpired, OSError, ValueError, KeyError, RuntimeError) as e:
+                print(f"note: ref failed for {op} n={n}: {e}", flush=True)
+                return error(str(e))
+        return [dict(r, impl="shmcoll-ref", order=o) for r, (_, o) in zip(rows, seq)]
+
+
 # --- peers -------------------------------------------------------------------
 
 def _mp_rank(rank, n, bar, cell, queue, cfg, pin):
@@ -181,7 +284,7 @@ def run_mpi(name, op, n, cfg, libraries):
 # --- output ------------------------------------------------------------------
 
 def column(row):
-    return row["algorithm"] if row["impl"] == "shmcoll" else row["impl"]
+    return {"shmcoll": row["algorithm"], "shmcoll-ref": "ref"}.get(row["impl"], row["impl"])
 
 
 def cell(row):
@@ -199,12 +302,19 @@ def key(row):
 
 
 def ratio(rows, row_key, peers):
-    """auto / best peer in this table row, or None."""
+    """auto / the fastest of the columns ``peers`` in this table row, or None."""
     by = {(key(r), column(r)): r for r in rows}
     ok = lambda r: r is not None and r["valid"] and not r["error"]
     auto = by.get((row_key, "auto"))
     peer_us = [by[row_key, p]["us"] for p in peers if ok(by.get((row_key, p)))]
     return auto["us"] / min(peer_us) if peer_us and ok(auto) else None
+
+
+def ratio_text(rounds, row_key, peers):
+    """Median of the per-round ratios, with their range when there are several rounds."""
+    each = [x for x in (ratio(rs, row_key, peers) for rs in rounds) if x is not None]
+    text = f"{statistics.median(each):.2f}" if each else "-"
+    return text + (f" [{min(each):.2f}-{max(each):.2f}]" if len(each) > 1 else "")
 
 
 def merge(rounds):
@@ -219,21 +329,20 @@ def merge(rounds):
 
 
 def table(op, n, rounds, peers):
-    """Rows = sizes, columns = algorithms, auto, peers, and auto / best peer
-    (with several rounds: medians, and the median of each round's ratio, so
-    the host drifting between columns of one round cannot fake a ratio)."""
+    """Rows = (size, order), columns = algorithms, auto, ref, peers, auto / ref
+    and auto / best peer (with several rounds: medians, and the median of each
+    round's ratio, so the host drifting between columns of one round cannot
+    fake a ratio)."""
     rows = merge(rounds)
     cols = list(dict.fromkeys(column(r) for r in rows))
     by = {(key(r), column(r)): r for r in rows}
-    header = ["size", "order"] + cols + ["auto/best-peer"]
+    has_ref = "ref" in cols
+    header = ["size", "order"] + cols + (["auto/ref"] if has_ref else []) + ["auto/best-peer"]
     lines = []
     for k in dict.fromkeys(key(r) for r in rows):    # as measured: up, then down
-        each = [x for x in (ratio(rs, k, peers) for rs in rounds) if x is not None]
-        text = f"{statistics.median(each):.2f}" if each else "-"
-        if len(each) > 1:
-            text += f" [{min(each):.2f}-{max(each):.2f}]"
         lines.append(["-" if op == "barrier" else human(k[0]), k[1]]
-                     + [cell(by[k, c]) if (k, c) in by else "-" for c in cols] + [text])
+                     + [cell(by[k, c]) if (k, c) in by else "-" for c in cols]
+                     + ([ratio_text(rounds, k, ["ref"])] if has_ref else []) + [ratio_text(rounds, k, peers)])
     widths = [max(len(x) for x in col) for col in zip(header, *lines)]
     fmt = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))
     rounds_note = f", median of {len(rounds)} rounds" if len(rounds) > 1 else ""
@@ -320,6 +429,10 @@ def parse(argv):
     p.add_argument("--bind", default="auto", choices=["auto", "core", "socket", "numa", "none"],
                    help="shmcoll binding; auto = core (MPI peers: core, or none when oversubscribed, as their launchers need)")
     p.add_argument("--peers", default="auto", help="auto (all found) | none | comma list of mpich,ompi,mp")
+    p.add_argument("--ref", metavar="PYTHON|DIR",
+                   help="add a column 'ref': the automatic choice of another shmcoll installation (e.g. the "
+                        "previous commit), measured by the same method in each round, and auto/ref; PYTHON "
+                        "is an interpreter that imports it, DIR a virtualenv or a source checkout built in place")
     p.add_argument("--json", help="write every number and the machine description here")
     p.add_argument("--plot", help="write a log-log latency plot here (needs matplotlib)")
     p.add_argument("--quick", action="store_true", help="3 sizes, 0.02 s per repetition")
@@ -348,6 +461,9 @@ def main(argv=None):
         else:
             print(f"note: peer {name} not found at {os.environ.get(*PEER_DIRS[name])} "
                   f"(set {PEER_DIRS[name][0]} to a venv with {name} and mpi4py); skipped")
+    ref = Ref(cfg.ref) if cfg.ref else None
+    if ref:
+        ref.probe()
     results, libraries = [], {}
     for op in cfg.ops:
         algs = shmcoll.algorithms(op)
@@ -360,6 +476,8 @@ def main(argv=None):
                 rows = []
                 for alg in algs + [None]:
                     rows += run_shmcoll(op, n, alg, cfg)
+                if ref:
+                    rows += ref.measure(op, n, cfg)
                 for name in mpi_peers:
                     rows += run_mpi(name, op, n, cfg, libraries)
                 if "mp" in peers:
@@ -372,8 +490,10 @@ def main(argv=None):
         print(f"FAILED: shmcoll {r['op']} n={r['nprocs']} size={r['size']} algorithm={r['algorithm']}: "
               f"{r['error'] or 'result differs from numpy'}")
     doc = {"machine": machine_info(), "peers": libraries,
+           "shmcoll": {"file": shmcoll.__file__, "commit": git_version(shmcoll.__file__)},
+           "ref": ref.describe() if ref else None,
            "config": {k: getattr(cfg, k) for k in ("ops", "nprocs", "sizes", "algorithms", "topology",
-                                                   "bind", "peers", "order", "min_time", "reps", "rounds",
+                                                   "bind", "peers", "order", "ref", "min_time", "reps", "rounds",
                                                    "max_iters")},
            "results": results}
     if cfg.json:
