@@ -44,10 +44,26 @@ def sizes_for(op, sizes):
     return [0] if op == "barrier" else sizes
 
 
-def record(op, n, size, impl, algorithm, per_rank_times=None, valid=None, error=None, selected=None):
+def sequence(op, cfg):
+    """The (size, order) pairs one job measures, in the order it measures them.
+
+    ``up`` runs the sizes ascending, ``down`` descending, ``both`` ascending
+    then descending in the same job (the largest size twice in a row), so a
+    size is seen both fresh and right after the large calls.  Barrier has one
+    row whatever the order.
+    """
+    if op == "barrier":
+        return [(0, "down" if cfg.order == "down" else "up")]
+    up = sorted(set(cfg.sizes))
+    seq = {"up": [(s, "up") for s in up], "down": [(s, "down") for s in reversed(up)]}
+    return seq["up"] + seq["down"] if cfg.order == "both" else seq[cfg.order]
+
+
+def record(op, n, size, impl, algorithm, per_rank_times=None, valid=None, error=None, selected=None,
+           order="up"):
     """One JSON row; ``per_rank_times[rank][rep]`` -> max over ranks, median of reps (µs)."""
     reps = [max(ts) * 1e6 for ts in zip(*per_rank_times)] if per_rank_times else None
-    return {"op": op, "nprocs": n, "size": size, "impl": impl, "algorithm": algorithm,
+    return {"op": op, "nprocs": n, "size": size, "order": order, "impl": impl, "algorithm": algorithm,
             "selected": selected, "us": statistics.median(reps) if reps else None,
             "reps_us": reps, "valid": valid, "error": error}
 
@@ -74,17 +90,121 @@ def _shmcoll_rank(comm, op, sizes, algorithm, cfg):
 
 def run_shmcoll(op, n, algorithm, cfg):
     """One launch per algorithm, so a failing algorithm costs only its own column."""
-    sizes = sizes_for(op, cfg.sizes)
+    seq = sequence(op, cfg)
+    sizes = [s for s, _ in seq]
     bind = cfg.bind if cfg.bind != "auto" else "core"   # pinned even when oversubscribed: shmcoll's best
     name = algorithm or "auto"
     try:
         ranks = shmcoll.launch(_shmcoll_rank, n, args=(op, sizes, algorithm, cfg), bind=bind,
                                topology=cfg.topology, timeout=cfg.timeout)
     except Exception as e:  # a rank raised or hung: report it in the table, keep going
-        return [record(op, n, s, "shmcoll", name, error=f"{type(e).__name__}: {e}") for s in sizes]
+        return [record(op, n, s, "shmcoll", name, error=f"{type(e).__name__}: {e}", order=o) for s, o in seq]
     return [record(op, n, size, "shmcoll", name, [r[i][2] for r in ranks],
-                   valid=all(r[i][1] for r in ranks), selected=selected)
+                   valid=all(r[i][1] for r in ranks), selected=selected, order=seq[i][1])
             for i, (size, _, _, selected) in enumerate(ranks[0])]
+
+
+# --- ref: another installation of shmcoll ----------------------------------
+
+def git_version(path):
+    """``git describe --always --dirty`` of the checkout holding ``path``, or None."""
+    try:
+        p = subprocess.run(["git", "-C", os.path.dirname(os.path.abspath(path)), "describe", "--always",
+                            "--dirty", "--abbrev=12"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return p.stdout.strip() if p.returncode == 0 else None
+
+
+#: Prints the ref's shmcoll location, then its bench's --help (to see which flags it knows).
+_REF_PROBE = ("import shmcoll, sys; print(shmcoll.__file__, flush=True); "
+              "from shmcoll.bench import parse; parse(['--help'])")
+
+
+class Ref:
+    """The ``--ref`` column: ``shmcoll bench`` (auto only) of another shmcoll installation.
+
+    ``spec`` is an interpreter (e.g. a virtualenv's ``bin/python`` holding the
+    previous commit), a virtualenv directory, or a source checkout with its C
+    core built in place (``python setup.py build_ext --inplace``), which this
+    interpreter runs with ``PYTHONPATH`` set to it.  The subprocess runs from an
+    empty directory and without this process' ``PYTHONPATH``, so it cannot
+    import this tree's shmcoll by accident.
+    """
+
+    def __init__(self, spec):
+        self.spec, self.tree = spec, None
+        if os.path.isdir(os.path.join(spec, "shmcoll")):
+            self.python, self.tree = sys.executable, os.path.abspath(spec)
+        elif os.path.isdir(spec):
+            self.python = os.path.join(spec, "bin", "python")
+        else:
+            self.python = spec
+        self.env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        if self.tree:
+            self.env["PYTHONPATH"] = self.tree
+        self.file = self.commit = self.error = None
+        self.knows_order = False
+
+    def run(self, cmd, cwd, timeout):
+        return subprocess.run(cmd, cwd=cwd, env=self.env, timeout=timeout, stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True)
+
+    def probe(self):
+        """Which shmcoll the ref imports and whether its bench knows --order; False (and a note) if broken."""
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                p = self.run([self.python, "-c", _REF_PROBE], tmp, 120)
+                if p.returncode:
+                    raise RuntimeError(f"exit {p.returncode}: " + " | ".join(p.stderr.strip().splitlines()[-3:]))
+            except (OSError, subprocess.TimeoutExpired, RuntimeError) as e:
+                self.error = f"{self.python} cannot run shmcoll bench: {e}"
+                print(f"note: ref {self.error}", flush=True)
+                return False
+        self.file, _, help_text = p.stdout.partition("\n")
+        self.knows_order = "--order" in help_text
+        self.commit = git_version(self.file)
+        print(f"ref: {self.python} -> {self.file} ({self.commit or 'not a git checkout'})", flush=True)
+        if os.path.realpath(self.file) == os.path.realpath(shmcoll.__file__):
+            print("note: the ref imports the very shmcoll being measured", flush=True)
+        return True
+
+    def describe(self):
+        return {"spec": self.spec, "python": self.python, "pythonpath": self.tree, "shmcoll": self.file,
+                "commit": self.commit, "error": self.error}
+
+    def command(self, op, n, cfg, out):
+        """Only flags the bench of main before --order knows; without --order, the sizes go in
+        measured order (that bench keeps the order given), so the ref's one job runs our sequence."""
+        sizes = cfg.sizes if self.knows_order else [s for s, _ in sequence(op, cfg)]
+        return ([self.python, "-m", "shmcoll", "bench", op, "-n", str(n),
+                 "--sizes", ",".join(map(str, sizes)), "--algorithms", "none", "--peers", "none",
+                 "--bind", cfg.bind, "--min-time", str(cfg.min_time), "--reps", str(cfg.reps),
+                 "--max-iters", str(cfg.max_iters), "--timeout", str(cfg.timeout), "--json", out]
+                + (["--order", cfg.order] if self.knows_order else [])
+                + (["--topology", cfg.topology] if cfg.topology else []))
+
+    def measure(self, op, n, cfg):
+        """Rows of impl ``shmcoll-ref`` (the ref's auto), in the order of ``sequence``."""
+        seq = sequence(op, cfg)
+        error = lambda text: [record(op, n, s, "shmcoll-ref", "auto", error=text, order=o) for s, o in seq]
+        if self.error:
+            return error(self.error)
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "ref.json")
+            try:
+                p = self.run(self.command(op, n, cfg, out), tmp, cfg.timeout + 60)
+                if not os.path.exists(out):   # exit 1 with a JSON only means some result was wrong
+                    raise RuntimeError(f"exit {p.returncode}: " + " | ".join(p.stderr.strip().splitlines()[-3:]))
+                with open(out) as f:
+                    rows = [r for r in json.load(f)["results"] if r["algorithm"] == "auto"]
+                if [r["size"] for r in rows] != [s for s, _ in seq]:
+                    raise RuntimeError(f"ref measured sizes {[r['size'] for r in rows]}, "
+                                       f"expected {[s for s, _ in seq]}")
+            except (subprocess.TimeoutExpired, OSError, ValueError, KeyError, RuntimeError) as e:
+                print(f"note: ref failed for {op} n={n}: {e}", flush=True)
+                return error(str(e))
+        return [dict(r, impl="shmcoll-ref", order=o) for r, (_, o) in zip(rows, seq)]
 
 
 # --- peers -------------------------------------------------------------------
@@ -115,7 +235,8 @@ def run_mp(op, n, cfg):
     times = dict(queue.get(timeout=cfg.timeout) for _ in procs)
     for p in procs:
         p.join()
-    return [record(op, n, 0, "mp", None, [times[r] for r in range(n)], valid=True)]
+    (size, order), = sequence(op, cfg)
+    return [record(op, n, size, "mp", None, [times[r] for r in range(n)], valid=True, order=order)]
 
 
 def peer_venv(name):
@@ -126,7 +247,8 @@ def peer_venv(name):
 
 
 def mpi_command(name, venv, n, op, cfg, out):
-    """The peer's own mpiexec, bound one rank per core, or unbound when oversubscribed."""
+    """The peer's own mpiexec, bound one rank per core, or unbound when oversubscribed.
+    The sizes go in the order ``sequence`` measures them (the script keeps it)."""
     fits = n <= len(CPUS)
     if name == "mpich":
         bind = ["-bind-to", "core" if fits else "none"]
@@ -135,7 +257,7 @@ def mpi_command(name, venv, n, op, cfg, out):
     # -I: keep the shmcoll/ directory (the script's) off the peer's sys.path.
     return [os.path.join(venv, "bin", "mpiexec"), "-n", str(n), *bind,
             os.path.join(venv, "bin", "python"), "-I", _mpi_peer.__file__,
-            "--ops", op, "--sizes", ",".join(map(str, cfg.sizes)), "--reps", str(cfg.reps),
+            "--ops", op, "--sizes", ",".join(str(s) for s, _ in sequence(op, cfg)), "--reps", str(cfg.reps),
             "--min-time", str(cfg.min_time), "--max-iters", str(cfg.max_iters), "--json", out]
 
 
@@ -153,16 +275,16 @@ def run_mpi(name, op, n, cfg, libraries):
                 doc = json.load(f)
         except (subprocess.TimeoutExpired, OSError, ValueError, RuntimeError) as e:
             print(f"note: peer {name} failed for {op} n={n}: {e}", flush=True)
-            return [record(op, n, s, name, None, error=str(e)) for s in sizes_for(op, cfg.sizes)]
+            return [record(op, n, s, name, None, error=str(e), order=o) for s, o in sequence(op, cfg)]
     libraries[name] = doc["library"]
-    return [dict(record(op, n, r["size"], name, None, valid=r["valid"]), us=r["us"], reps_us=r["reps_us"])
-            for r in doc["results"]]
+    return [dict(record(op, n, r["size"], name, None, valid=r["valid"], order=o), us=r["us"], reps_us=r["reps_us"])
+            for r, (_, o) in zip(doc["results"], sequence(op, cfg))]
 
 
 # --- output ------------------------------------------------------------------
 
 def column(row):
-    return row["algorithm"] if row["impl"] == "shmcoll" else row["impl"]
+    return {"shmcoll": row["algorithm"], "shmcoll-ref": "ref"}.get(row["impl"], row["impl"])
 
 
 def cell(row):
@@ -174,20 +296,32 @@ def cell(row):
     return f"{text} ({row['selected']})" if row["selected"] else text
 
 
-def ratio(rows, size, peers):
-    """auto / best peer at this size, or None."""
-    by = {(r["size"], column(r)): r for r in rows}
+def key(row):
+    """A table row: (size, order), in the order they were measured."""
+    return row["size"], row.get("order", "up")
+
+
+def ratio(rows, row_key, peers):
+    """auto / the fastest of the columns ``peers`` in this table row, or None."""
+    by = {(key(r), column(r)): r for r in rows}
     ok = lambda r: r is not None and r["valid"] and not r["error"]
-    auto = by.get((size, "auto"))
-    peer_us = [by[size, p]["us"] for p in peers if ok(by.get((size, p)))]
+    auto = by.get((row_key, "auto"))
+    peer_us = [by[row_key, p]["us"] for p in peers if ok(by.get((row_key, p)))]
     return auto["us"] / min(peer_us) if peer_us and ok(auto) else None
 
 
+def ratio_text(rounds, row_key, peers):
+    """Median of the per-round ratios, with their range when there are several rounds."""
+    each = [x for x in (ratio(rs, row_key, peers) for rs in rounds) if x is not None]
+    text = f"{statistics.median(each):.2f}" if each else "-"
+    return text + (f" [{min(each):.2f}-{max(each):.2f}]" if len(each) > 1 else "")
+
+
 def merge(rounds):
-    """One row per (size, column): the median over rounds (errors kept)."""
+    """One row per (size, order, column): the median over rounds (errors kept)."""
     out = []
     for first in rounds[0]:
-        same = [r for rows in rounds for r in rows if r["size"] == first["size"] and column(r) == column(first)]
+        same = [r for rows in rounds for r in rows if key(r) == key(first) and column(r) == column(first)]
         good = [r["us"] for r in same if r["us"] is not None]
         out.append(dict(first, us=statistics.median(good) if good else None,
                         valid=all(r["valid"] for r in same), error=next((r["error"] for r in same if r["error"]), None)))
@@ -195,21 +329,20 @@ def merge(rounds):
 
 
 def table(op, n, rounds, peers):
-    """Rows = sizes, columns = algorithms, auto, peers, and auto / best peer
-    (with several rounds: medians, and the median of each round's ratio, so
-    the host drifting between columns of one round cannot fake a ratio)."""
+    """Rows = (size, order), columns = algorithms, auto, ref, peers, auto / ref
+    and auto / best peer (with several rounds: medians, and the median of each
+    round's ratio, so the host drifting between columns of one round cannot
+    fake a ratio)."""
     rows = merge(rounds)
     cols = list(dict.fromkeys(column(r) for r in rows))
-    by = {(r["size"], column(r)): r for r in rows}
-    header = ["size"] + cols + ["auto/best-peer"]
+    by = {(key(r), column(r)): r for r in rows}
+    has_ref = "ref" in cols
+    header = ["size", "order"] + cols + (["auto/ref"] if has_ref else []) + ["auto/best-peer"]
     lines = []
-    for size in sorted({r["size"] for r in rows}):
-        each = [x for x in (ratio(rs, size, peers) for rs in rounds) if x is not None]
-        text = f"{statistics.median(each):.2f}" if each else "-"
-        if len(each) > 1:
-            text += f" [{min(each):.2f}-{max(each):.2f}]"
-        lines.append(["-" if op == "barrier" else human(size)]
-                     + [cell(by[size, c]) if (size, c) in by else "-" for c in cols] + [text])
+    for k in dict.fromkeys(key(r) for r in rows):    # as measured: up, then down
+        lines.append(["-" if op == "barrier" else human(k[0]), k[1]]
+                     + [cell(by[k, c]) if (k, c) in by else "-" for c in cols]
+                     + ([ratio_text(rounds, k, ["ref"])] if has_ref else []) + [ratio_text(rounds, k, peers)])
     widths = [max(len(x) for x in col) for col in zip(header, *lines)]
     fmt = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))
     rounds_note = f", median of {len(rounds)} rounds" if len(rounds) > 1 else ""
@@ -249,20 +382,23 @@ def plot(doc, path):
     good = [r for r in doc["results"] if r["us"] is not None and r["valid"] and not r["error"]]
     points = {}
     for r in good:      # one point per cell: the median over rounds
-        points.setdefault((r["op"], r["nprocs"], r["size"], column(r)), []).append(r)
+        points.setdefault((r["op"], r["nprocs"], key(r), column(r)), []).append(r)
     rows = [dict(rs[0], us=statistics.median(r["us"] for r in rs)) for rs in points.values()]
+    if len({r.get("order", "up") for r in rows if r["op"] != "barrier"}) > 1:   # one line per order
+        rows = [dict(r, label=f"{column(r)} ({r.get('order', 'up')})") for r in rows]
     panels = sorted({(r["op"], r["nprocs"] if r["op"] != "barrier" else 0) for r in rows})
     if not panels:
         return
     ncol = min(3, len(panels))
     fig, axes = plt.subplots(math.ceil(len(panels) / ncol), ncol, squeeze=False,
                              figsize=(5 * ncol, 4 * math.ceil(len(panels) / ncol)))
-    colors = {c: f"C{i % 10}" for i, c in enumerate(dict.fromkeys(column(r) for r in rows))}
+    label = lambda r: r.get("label") or column(r)
+    colors = {c: f"C{i % 10}" for i, c in enumerate(dict.fromkeys(label(r) for r in rows))}
     for ax, (op, n) in zip(axes.flat, panels):
         mine = [r for r in rows if r["op"] == op and (op == "barrier" or r["nprocs"] == n)]
-        for col in dict.fromkeys(column(r) for r in mine):
+        for col in dict.fromkeys(label(r) for r in mine):
             pts = sorted((r["nprocs"] if op == "barrier" else r["size"], r["us"])
-                         for r in mine if column(r) == col)
+                         for r in mine if label(r) == col)
             ax.plot(*zip(*pts), marker="o", label=col, color=colors[col])
         ax.set(xscale="log", yscale="log", ylabel="µs", title=op if op == "barrier" else f"{op}, n={n}",
                xlabel="processes" if op == "barrier" else "bytes")
@@ -285,11 +421,18 @@ def parse(argv):
     p.add_argument("ops", nargs="+", choices=sorted(OPS))
     p.add_argument("-n", "--nprocs", default="2", help="comma-separated process counts (default 2)")
     p.add_argument("--sizes", help="comma-separated bytes (default 8 B..16 MiB in steps of 8x)")
+    p.add_argument("--order", default="up", choices=["up", "down", "both"],
+                   help="sizes ascending, descending, or ascending then descending in the same job "
+                        "(shows what large calls leave behind for the sizes after them)")
     p.add_argument("--algorithms", default="all", help="'all' or comma-separated names (auto always runs)")
     p.add_argument("--topology", help="topology spec passed to shmcoll.launch")
     p.add_argument("--bind", default="auto", choices=["auto", "core", "socket", "numa", "none"],
                    help="shmcoll binding; auto = core (MPI peers: core, or none when oversubscribed, as their launchers need)")
     p.add_argument("--peers", default="auto", help="auto (all found) | none | comma list of mpich,ompi,mp")
+    p.add_argument("--ref", metavar="PYTHON|DIR",
+                   help="add a column 'ref': the automatic choice of another shmcoll installation (e.g. the "
+                        "previous commit), measured by the same method in each round, and auto/ref; PYTHON "
+                        "is an interpreter that imports it, DIR a virtualenv or a source checkout built in place")
     p.add_argument("--json", help="write every number and the machine description here")
     p.add_argument("--plot", help="write a log-log latency plot here (needs matplotlib)")
     p.add_argument("--quick", action="store_true", help="3 sizes, 0.02 s per repetition")
@@ -318,6 +461,9 @@ def main(argv=None):
         else:
             print(f"note: peer {name} not found at {os.environ.get(*PEER_DIRS[name])} "
                   f"(set {PEER_DIRS[name][0]} to a venv with {name} and mpi4py); skipped")
+    ref = Ref(cfg.ref) if cfg.ref else None
+    if ref:
+        ref.probe()
     results, libraries = [], {}
     for op in cfg.ops:
         algs = shmcoll.algorithms(op)
@@ -330,6 +476,8 @@ def main(argv=None):
                 rows = []
                 for alg in algs + [None]:
                     rows += run_shmcoll(op, n, alg, cfg)
+                if ref:
+                    rows += ref.measure(op, n, cfg)
                 for name in mpi_peers:
                     rows += run_mpi(name, op, n, cfg, libraries)
                 if "mp" in peers:
@@ -342,8 +490,11 @@ def main(argv=None):
         print(f"FAILED: shmcoll {r['op']} n={r['nprocs']} size={r['size']} algorithm={r['algorithm']}: "
               f"{r['error'] or 'result differs from numpy'}")
     doc = {"machine": machine_info(), "peers": libraries,
+           "shmcoll": {"file": shmcoll.__file__, "commit": git_version(shmcoll.__file__)},
+           "ref": ref.describe() if ref else None,
            "config": {k: getattr(cfg, k) for k in ("ops", "nprocs", "sizes", "algorithms", "topology",
-                                                   "bind", "peers", "min_time", "reps", "rounds", "max_iters")},
+                                                   "bind", "peers", "order", "ref", "min_time", "reps", "rounds",
+                                                   "max_iters")},
            "results": results}
     if cfg.json:
         with open(cfg.json, "w") as f:

@@ -1,5 +1,8 @@
 """Smoke tests of `shmcoll bench`: tiny configs, so the whole file stays well under 20 s."""
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -55,3 +58,147 @@ def test_mpi_peer_runs_same_method(peer):
     (row,) = bench.run_mpi(peer, "barrier", 2, cfg, libraries)
     assert row["error"] is None and row["valid"] and row["us"] > 0
     assert libraries[peer]
+
+
+# --- --order -------------------------------------------------------------------
+
+def measured(rows, impl="shmcoll", op="alltoall"):
+    """(size, order) of one column's rows, in the order they were measured."""
+    return [(r["size"], r["order"]) for r in rows if r["impl"] == impl and r["op"] == op
+            and r["algorithm"] in ("auto", None)]
+
+
+@pytest.mark.parametrize("order, want", [
+    ("up", [(8, "up"), (4096, "up")]),
+    ("down", [(4096, "down"), (8, "down")]),
+    ("both", [(8, "up"), (4096, "up"), (4096, "down"), (8, "down")])])
+def test_order_sequence_and_peer_command(order, want):
+    cfg = bench.parse(["alltoall", *TINY[:2], "--sizes", "4096,8,4096", "--order", order])
+    assert bench.sequence("alltoall", cfg) == want
+    assert bench.sequence("barrier", cfg) == [(0, "down" if order == "down" else "up")]
+    cmd = bench.mpi_command("mpich", "/venv", 2, "alltoall", cfg, "out.json")
+    assert cmd[cmd.index("--sizes") + 1] == ",".join(str(s) for s, _ in want)   # the peer keeps it
+    assert bench.parse(["barrier"]).order == "up"
+
+
+@pytest.mark.timeout(60)
+def test_order_both_measures_each_size_both_ways_in_one_job(tmp_path, capsys):
+    out = tmp_path / "b.json"
+    assert bench.main(["barrier", "alltoall", *TINY, "--order", "both", "--rounds", "1", "--algorithms", "pairwise",
+                       "--peers", "mp", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    rows = doc["results"]
+    assert doc["config"]["order"] == "both"
+    assert measured(rows) == [(8, "up"), (4096, "up"), (4096, "down"), (8, "down")]
+    assert [(r["size"], r["order"]) for r in rows if r["algorithm"] == "pairwise"] == measured(rows)
+    assert measured(rows, op="barrier") == [(0, "up")] and measured(rows, "mp", "barrier") == [(0, "up")]
+    assert all(r["valid"] and r["us"] > 0 for r in rows)
+    text = capsys.readouterr().out
+    lines = [l.split() for l in text.splitlines() if l.split()[:1] in (["8"], ["4K"])]
+    assert [l[:2] for l in lines] == [["8", "up"], ["4K", "up"], ["4K", "down"], ["8", "down"]]
+    assert " order " in text
+
+
+# --- --ref ---------------------------------------------------------------------
+
+TREE = os.path.dirname(os.path.dirname(os.path.abspath(shmcoll.__file__)))
+
+
+def test_ref_spec_forms(tmp_path):
+    py = bench.Ref(sys.executable)
+    assert py.python == sys.executable and py.tree is None and "PYTHONPATH" not in py.env
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    assert bench.Ref(str(tmp_path / "venv")).python == str(tmp_path / "venv" / "bin" / "python")
+    tree = bench.Ref(TREE)
+    assert tree.python == sys.executable and tree.env["PYTHONPATH"] == TREE
+
+
+#: Every option of `shmcoll bench` before --order and --ref (main at 52ca25f): a ref
+#: still at that version must understand every flag it is given.
+OLD_FLAGS = {"-n", "--nprocs", "--sizes", "--algorithms", "--topology", "--bind", "--peers", "--json", "--plot",
+             "--quick", "--min-time", "--reps", "--rounds", "--max-iters", "--timeout"}
+
+
+@pytest.mark.parametrize("knows_order", [False, True])
+def test_ref_command_fits_the_refs_cli(knows_order):
+    cfg = bench.parse(["alltoall", *TINY, "--order", "both", "--topology", "1x2"])
+    ref = bench.Ref(sys.executable)
+    ref.knows_order = knows_order
+    cmd = ref.command("alltoall", 2, cfg, "out.json")
+    assert cmd[:5] == [sys.executable, "-m", "shmcoll", "bench", "alltoall"]
+    flags = {x for x in cmd[5:] if x.startswith("-")}
+    if knows_order:
+        assert cmd[cmd.index("--order") + 1] == "both" and cmd[cmd.index("--sizes") + 1] == "8,4096"
+    else:
+        assert flags <= OLD_FLAGS
+        assert cmd[cmd.index("--sizes") + 1] == "8,4096,4096,8"   # measured order, spelled out
+    assert cmd[cmd.index("--algorithms") + 1] == "none" and cmd[cmd.index("--peers") + 1] == "none"
+
+
+def run_ref(tmp_path, ref, extra=()):
+    out = tmp_path / "b.json"
+    assert bench.main(["bcast", *TINY, "--order", "both", "--rounds", "2", "--algorithms", "none",
+                       "--peers", "none", "--ref", ref, "--json", str(out), *extra]) == 0
+    return json.loads(out.read_text())
+
+
+@pytest.mark.timeout(120)
+def test_ref_column_interleaved_and_same_method(tmp_path, capsys):
+    """This very tree as the ref, run by this interpreter: a column 'ref' beside auto in every round."""
+    doc = run_ref(tmp_path, TREE)
+    assert doc["ref"]["python"] == sys.executable and doc["ref"]["error"] is None
+    assert os.path.realpath(doc["ref"]["shmcoll"]) == os.path.realpath(shmcoll.__file__)
+    assert doc["config"]["ref"] == TREE
+    rows = doc["results"]
+    seq = [(8, "up"), (4096, "up"), (4096, "down"), (8, "down")]
+    for k in (0, 1):   # each round: auto's job, then the ref's, both the whole sequence
+        mine = [r for r in rows if r["round"] == k]
+        assert [(r["impl"], r["size"], r["order"]) for r in mine] == \
+            [("shmcoll", *s) for s in seq] + [("shmcoll-ref", *s) for s in seq]
+    for r in (r for r in rows if r["impl"] == "shmcoll-ref"):
+        assert r["algorithm"] == "auto" and r["selected"] in shmcoll.algorithms("bcast")
+        assert r["valid"] and r["error"] is None and r["us"] > 0 and len(r["reps_us"]) == 3
+    text = capsys.readouterr().out
+    header = next(l for l in text.splitlines() if l.startswith("size"))
+    assert header.split() == ["size", "order", "auto", "ref", "auto/ref", "auto/best-peer"]
+
+
+def old_bench_source():
+    """shmcoll/bench.py as it was before --order, from git history, or None."""
+    git = lambda *a: subprocess.run(["git", "-C", TREE, *a], capture_output=True, text=True)
+    log = git("log", "--format=%H", "-n", "30", "--", "shmcoll/bench.py")
+    for commit in log.stdout.split() if log.returncode == 0 else []:
+        text = git("show", f"{commit}:shmcoll/bench.py").stdout
+        if text and '"--order"' not in text:
+            return text
+    return None
+
+
+@pytest.mark.timeout(120)
+def test_ref_with_the_old_bench_cli(tmp_path):
+    """A ref whose bench predates --order (this package with the old bench.py) still runs both orders."""
+    old = old_bench_source()
+    if old is None:
+        pytest.skip("no git history with the bench before --order")
+    pkg = tmp_path / "old" / "shmcoll"
+    pkg.mkdir(parents=True)
+    src = os.path.dirname(os.path.abspath(shmcoll.__file__))
+    for name in os.listdir(src):
+        if name not in ("bench.py", "__pycache__"):
+            os.symlink(os.path.join(src, name), pkg / name)
+    (pkg / "bench.py").write_text(old)
+    ref = bench.Ref(str(tmp_path / "old"))
+    assert ref.probe() and not ref.knows_order
+    doc = run_ref(tmp_path, str(tmp_path / "old"))
+    got = [(r["size"], r["order"]) for r in doc["results"] if r["impl"] == "shmcoll-ref" and r["round"] == 0]
+    assert got == [(8, "up"), (4096, "up"), (4096, "down"), (8, "down")]
+    assert all(r["valid"] and r["us"] > 0 for r in doc["results"])
+
+
+@pytest.mark.timeout(60)
+def test_broken_ref_is_an_error_column_not_a_failure(tmp_path, capsys):
+    doc = run_ref(tmp_path, str(tmp_path / "no-such-python"))
+    refs = [r for r in doc["results"] if r["impl"] == "shmcoll-ref"]
+    assert refs and all(r["error"] and r["us"] is None for r in refs)
+    assert doc["ref"]["error"]
+    assert "ERROR" in capsys.readouterr().out
