@@ -204,6 +204,11 @@ int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
     return rc;
 }
 
+/* The Python path owns the context while it plans (it may grow the
+ * scratch buffer and replace programs, which a running call uses). */
+int sc_own(sc_comm_t *c) { return __atomic_exchange_n(&c->busy, 1, __ATOMIC_ACQUIRE) ? SC_EBUSY : SC_OK; }
+void sc_disown(sc_comm_t *c) { __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE); }
+
 int sc_exec(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
 {
     if (__atomic_exchange_n(&c->busy, 1, __ATOMIC_ACQUIRE)) return SC_EBUSY;

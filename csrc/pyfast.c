@@ -120,6 +120,7 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
             if (!plain(&b[nb - 1])) { ok = 0; break; }
             key[3 + (roles[i] == 'o')] = b[nb - 1].len;
             if (nb == 1) key[5] = b[0].itemsize;
+            else if (b[nb - 1].itemsize != key[5]) { ok = 0; break; }   /* mixed item sizes: Python checks */
             if (roles[i] != 'o') sbuf = b[nb - 1].buf;
             if (roles[i] != 'i') rbuf = b[nb - 1].buf;
             break;
@@ -139,7 +140,8 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
             break;
         }
     }
-    if (ok && sbuf && rbuf && sbuf != rbuf && key[3] && key[4] && sbuf < rbuf + key[4] && rbuf < sbuf + key[3]) ok = 0;
+    /* two buffers (not Bcast's one) that overlap, the same one included: Python refuses */
+    if (ok && nb == 2 && key[3] && key[4] && sbuf < rbuf + key[4] && rbuf < sbuf + key[3]) ok = 0;
     const int64_t *prog = ok ? lookup(c, key) : NULL;
     int rc = prog ? run(c, prog, sbuf, rbuf) : 0;
     for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);

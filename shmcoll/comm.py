@@ -95,9 +95,10 @@ class Comm:
     def _words(self, what, field, value):
         if field == 1:
             return select.OPS.get(value, value)
-        if field == 6:
-            return select.NAMES[what.lower()][value] if 0 <= value < len(select.NAMES[what.lower()]) else value
-        return value
+        if field == 6 and self._c.err_when == 0:     # this call's collective names the ids
+            names = select.NAMES[what.lower()]
+            return names[value] if 0 <= value < len(names) else value
+        return f"algorithm id {value}" if field == 6 else value
 
     def _bad(self, exc):
         """A local error: abort so the other ranks raise too."""
@@ -149,7 +150,12 @@ class Comm:
         call = self._call(nbytes, root)
         name = select.pick(op, call, algorithm, self._forced[op])
         cid = select.TABLE[op][0]
-        prog = self._dev.program(key, cid, select.IDS[op][name], lambda: select.plan(op, name, call))
+        if lib.sc_own(self._c):     # another thread is running a call: touch nothing it uses
+            self._fail(lib.SC_EBUSY, select.TABLE[op][2])
+        try:
+            prog = self._dev.program(key, cid, select.IDS[op][name], lambda: select.plan(op, name, call))
+        finally:
+            lib.sc_disown(self._c)
         rc = self._dev.execute(prog, saddr, raddr)
         if rc:
             self._fail(rc, select.TABLE[op][2])

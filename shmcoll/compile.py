@@ -190,9 +190,9 @@ class _Compiler:
             for entry in ([w] if q == 0 else m.dst):
                 self.emit(w, QPOST, q, entry)
             return piece
-        if proto == "direct":
+        if proto == "direct":           # readers copy from the user's sendbuf, published at arrival
             if m.sbuf != "send":
-                self.pending[w].append(piece)     # ready once posted
+                raise ValueError(f"a direct move reads the writer's sendbuf, not {m.sbuf!r}")
             return piece
         if proto == "signal":
             self.pending[w].append(piece)

@@ -47,8 +47,12 @@ def make_plan(nranks, topo, slots, options=None):
     p["shm_bytes"] = int(p["shm_bytes"]) if p["shm_bytes"] is not None else _shm_free()
     if not 0 <= int(p["call_base"]) < 1 << 64:
         raise ValueError(f"call_base must be in 0 .. 2**64 - 1, not {p['call_base']}")
-    if float(p["timeout"]) < 0:
-        raise ValueError(f"timeout must be >= 0 seconds (0: never), not {p['timeout']}")
+    if not 0 <= float(p["timeout"]) < 1e9:
+        raise ValueError(f"timeout must be a number of seconds in [0, 1e9) (0: never), not {p['timeout']}")
+    for name, low in (("chunk_bytes", 64), ("tile_bytes", 64), ("stripe_slots", 1), ("bcast_k", 1),
+                      ("nt_bytes", 0), ("cma_bytes", 0)):
+        if p[name] is not None and not low <= int(p[name]) < 1 << 50:
+            raise ValueError(f"{name} must be at least {low}, not {p[name]}")
     p["chunk_opt"], p["tile_opt"] = p["chunk_bytes"], p["tile_bytes"]
     _derive(p, nranks, topo, slots)
     plan = Plan(nranks, p, list(slots), topo)
@@ -190,7 +194,9 @@ class Device:
         collective, algorithm or -1, root, byte counts, item size), planned
         by make() -> Schedule on a miss, and installed for the fast entries."""
         prog = self._programs.get(key)
-        if prog is None:
+        if prog is not None:
+            self._install(key, prog)        # another key may have taken its cache slot
+        else:
             sched = make()
             sig = signature(coll, alg, sched.root, sched.nbytes)
             prog = compile_schedule(sched, self.plan.params, sig)[self.rank]
@@ -199,10 +205,13 @@ class Device:
                 ffi.memmove(self.c.cache, b"\0" * ffi.sizeof(self.c.cache), ffi.sizeof(self.c.cache))
             self._programs[key] = prog
             self._scratch(int(prog[4]))
-            e = self.c.cache[lib.sc_cache_slot(ffi.new("int64_t[6]", key))]
-            e.key = list(key)
-            e.prog = ffi.cast("int64_t *", prog.ctypes.data)
+            self._install(key, prog)
         return prog
+
+    def _install(self, key, prog):
+        e = self.c.cache[lib.sc_cache_slot(ffi.new("int64_t[6]", key))]
+        e.key = list(key)
+        e.prog = ffi.cast("int64_t *", prog.ctypes.data)
 
     def _scratch(self, n):
         if n and (self._tmp is None or self._tmp.size < n):

@@ -530,3 +530,77 @@ def test_root_true_rejected(bad_rank):
     for r in range(3):
         if r != bad_rank:
             assert got[r] is not None and got[r][1] == "peer" and got[r][3] == bad_rank, f"rank {r}: {got}"
+
+
+# -- found in review: the fast path must refuse what the Python path refuses ----------------
+
+def _fast_path_refusals(comm):
+    """After one good call has cached the program, the same shapes with the
+    same buffer twice, or a receive buffer of other item size, must still be
+    refused (the C entry declines them to the checked method)."""
+    out = []
+    a = np.arange(4 * comm.size, dtype=np.uint8)
+    comm.Alltoall(a, np.empty_like(a))
+    try:
+        comm.Alltoall(a, a)
+        out.append("same buffer accepted")
+    except ValueError as e:
+        out.append("overlap" in str(e))
+    return out
+
+
+def test_fast_path_refuses_the_same_buffer_twice():
+    got = run_ranks(_fast_path_refusals, 2)
+    assert all(g == [True] for g in got), got
+
+
+def _mixed_itemsize(comm):
+    s = np.zeros(12, np.uint8)
+    comm.Alltoall(s, np.empty_like(s))
+    try:
+        comm.Alltoall(s, np.empty(3, np.int32))
+        return "accepted"
+    except ValueError as e:
+        return "whole" in str(e)
+
+
+def test_fast_path_checks_whole_elements_of_the_recvbuf():
+    got = run_ranks(_mixed_itemsize, 2)
+    assert got == [True, True], got
+
+
+@pytest.mark.parametrize("name,value", [("chunk_bytes", -1), ("tile_bytes", -1), ("stripe_slots", -1),
+                                        ("bcast_k", 0), ("timeout", float("inf")), ("timeout", -1)])
+def test_bad_sizes_in_options_are_refused(name, value):
+    with pytest.raises(ValueError, match=name.split("_")[0]):
+        run_ranks(lambda comm: None, 2, options={name: value})
+
+
+def _colliding(comm, sizes, rounds):
+    """Two call shapes that share a slot of the C cache, alternated: both
+    stay correct (and both are reinstalled, see Device.program)."""
+    bad = 0
+    for i in range(rounds):
+        for n in sizes:
+            want = np.arange(n, dtype=np.uint8) + i
+            buf = want.copy() if comm.rank == 0 else np.zeros(n, np.uint8)
+            comm.Bcast(buf, 0)
+            bad += int(not (buf == want).all())
+    return bad
+
+
+def test_cache_slot_collision_stays_correct():
+    from shmcoll._core import ffi, lib
+    key = lambda n: ffi.new("int64_t[6]", (2, -1, 0, n, 0, 1))
+    slot = lib.sc_cache_slot(key(8))
+    other = next(n for n in range(9, 100000) if lib.sc_cache_slot(key(n)) == slot)
+    assert run_ranks(_colliding, 2, (8, other), 50) == [0, 0]
+
+
+def test_direct_moves_read_only_the_sendbuf():
+    from shmcoll.compile import compile_schedule
+    from shmcoll.sched import Move, Schedule, Step
+    sched = Schedule("alltoall", "custom", 2, 8, 0, [Step([Move(0, (1,), ((0, 0, 8),), sbuf="tmp", via="direct")])], 8)
+    params = {"chan_bytes": 8192, "chunk_bytes": 1024, "stripe_bytes": 8192, "stripe_slots": 2}
+    with pytest.raises(ValueError, match="sendbuf"):
+        compile_schedule(sched, params, (0, 0))
