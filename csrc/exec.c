@@ -32,11 +32,25 @@ static int set_of(sc_comm_t *c, int64_t a)
     return a < SC_SET_SLOT ? (int)a : SC_SET_SLOT + (int)((c->call + (uint64_t)(a - SC_SET_SLOT)) % SC_SLOTS);
 }
 
+/* Wait for line l (written by who) to reach (call, ev). */
+static int wait_line(sc_comm_t *c, sc_line_t *l, int who, uint64_t call, uint64_t ev, int64_t spin, int nocheck)
+{
+    sc_wait_t w = { .line = l, .wq = &l->wq, .call = call, .event = ev, .who = who, .nocheck = nocheck, .spin_ns = spin };
+    return wait_for(c, &w);
+}
+
 static int wait_ack(sc_comm_t *c, int who, uint64_t call, uint64_t count, int64_t spin)
 {
-    sc_line_t *l = ack_line(c, who);
-    sc_wait_t w = { .line = l, .wq = &l->wq, .call = call, .event = count, .who = who, .spin_ns = spin };
-    return wait_for(c, &w);
+    return wait_line(c, ack_line(c, who), who, call, count, spin, 0);
+}
+
+/* Wait for who's post line; with check, then compare its arrival record
+ * with ours (a mismatch aborts the job from this call on). */
+static int wait_post(sc_comm_t *c, int who, uint64_t call, uint64_t ev, int64_t spin, int check)
+{
+    int rc = wait_line(c, post_line(c, who), who, call, ev, spin, 0);
+    if (!rc && check && (rc = sc_check_line(c, who))) sc_abort_call(c, 3, c->call);
+    return rc;
 }
 
 static int drain(sc_comm_t *c, int s)
@@ -99,9 +113,7 @@ static int agree(sc_comm_t *c)
 {
     for (int r = 0; r < c->size; r++) {
         if (r == c->rank) continue;
-        sc_line_t *l = post_line(c, r);
-        sc_wait_t w = { .line = l, .wq = &l->wq, .call = c->call, .event = 0, .who = r, .nocheck = 1, .spin_ns = c->spin_ns };
-        int rc = wait_for(c, &w);
+        int rc = wait_line(c, post_line(c, r), r, c->call, 0, c->spin_ns, 1);
         if (rc) return rc;
         if (sc_check_line(c, r)) return SC_EDIFFER;
     }
@@ -119,14 +131,9 @@ static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
         case SC_OP_POST:
             post_event(me, (uint64_t)in[1]);
             break;
-        case SC_OP_WAIT: {
-            sc_line_t *l = post_line(c, (int)in[1]);
-            sc_wait_t w = { .line = l, .wq = &l->wq, .call = call, .event = (uint64_t)in[2], .who = (int)in[1],
-                            .spin_ns = in[3] & 2 ? c->spin_far_ns : c->spin_ns };
-            if ((rc = wait_for(c, &w))) break;
-            if ((in[3] & 1) && (rc = sc_check_line(c, (int)in[1]))) sc_abort_call(c, 3, call);
+        case SC_OP_WAIT:
+            rc = wait_post(c, (int)in[1], call, (uint64_t)in[2], in[3] & 2 ? c->spin_far_ns : c->spin_ns, in[3] & 1);
             break;
-        }
         case SC_OP_ACK:
             ack_event(ack_line(c, c->rank), call, (uint64_t)in[1]);
             break;
@@ -171,15 +178,8 @@ static int recheck(sc_comm_t *c, int64_t mask)
 {
     for (int k = 0; k < 2; k++) {
         if (!(mask >> k & 1)) continue;
-        int nb = (c->rank + (k ? 1 : c->size - 1)) % c->size;
-        sc_line_t *l = post_line(c, nb);
-        sc_wait_t w = { .line = l, .wq = &l->wq, .call = c->call - 1, .event = 0, .who = nb, .spin_ns = c->spin_ns };
-        int rc = wait_for(c, &w);
+        int rc = wait_post(c, (c->rank + (k ? 1 : c->size - 1)) % c->size, c->call - 1, 0, c->spin_ns, 1);
         if (rc) return rc;
-        if ((rc = sc_check_line(c, nb))) {
-            sc_abort_call(c, 3, c->call);
-            return rc;
-        }
     }
     return SC_OK;
 }

@@ -170,8 +170,7 @@ class _Compiler:
             for r in range(p):
                 for i in ins[r]:
                     if k < nch[i]:
-                        self.read(r, moves[i], protos[i], slot_j[i], k, chunks[i], pieces[i][k],
-                                  moves[i].src in far.get(r, ()))
+                        self.read(r, moves[i], protos[i], slot_j[i], pieces[i][k], moves[i].src in far.get(r, ()))
 
         if rounds:
             write(0)
@@ -214,7 +213,7 @@ class _Compiler:
         self.pending[w].append(piece)
         return piece
 
-    def read(self, r, m, proto, j, k, chunk, piece, far):
+    def read(self, r, m, proto, j, piece, far):
         w = m.src
         if proto == "queue":
             q = QUEUES[m.sbuf]

@@ -18,6 +18,7 @@ from ._core import ffi, lib
 from .compile import compile_schedule, signature
 from .errors import CMAError, MismatchError, PeerAborted, PeerDied, PeerTimeout
 from .segment import Segment
+from .topology import oversubscribed
 
 PAGE = 4096
 MAX_RANKS = 1024
@@ -90,15 +91,10 @@ def _derive(p, nranks, topo, slots):
     p["stripe_slots"] = int(p["stripe_slots"] or -(-max(8, 2 * groups) // nodes) * nodes)
     p["stripe_bytes"] = max(p["chan_bytes"] // PAGE // p["stripe_slots"], 1) * PAGE * p["stripe_slots"]
     p["spin_far_ns"] = int(p["spin_ns"] if p["spin_ns"] is not None else 50_000)
-    p["spin_now_ns"] = int(p["spin_ns"] if p["spin_ns"] is not None else (0 if _over(slots) else 50_000))
+    p["spin_now_ns"] = int(p["spin_ns"] if p["spin_ns"] is not None else (0 if oversubscribed(slots) else 50_000))
     p["check"] = int(p["check"])
     p["timeout_ns"] = int(float(p["timeout"]) * 1e9)
     p["call_base"] = int(p["call_base"])
-
-
-def _over(slots):
-    from .topology import oversubscribed
-    return oversubscribed(slots)
 
 
 def _shm_free():
@@ -201,8 +197,7 @@ class Device:
             sig = signature(coll, alg, sched.root, sched.nbytes)
             prog = compile_schedule(sched, self.plan.params, sig)[self.rank]
             if len(self._programs) >= 4 * lib.SC_CACHE:
-                self._programs.clear()
-                ffi.memmove(self.c.cache, b"\0" * ffi.sizeof(self.c.cache), ffi.sizeof(self.c.cache))
+                self.clear_programs()
             self._programs[key] = prog
             self._scratch(int(prog[4]))
             self._install(key, prog)

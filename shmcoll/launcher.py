@@ -82,8 +82,7 @@ _STATES = ("none", "alive", "done", "dead")     # device.rank_state()'s 0..3
 def _rank_state(device, rank):
     """Rank `rank`'s registration state: "none" (never registered),
     "alive", "done" (left cleanly) or "dead"."""
-    state = device.rank_state(rank)
-    return _STATES[state] if isinstance(state, numbers.Integral) else state
+    return _STATES[device.rank_state(rank)]
 
 
 def _register(device, tracer):
