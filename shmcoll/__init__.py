@@ -11,16 +11,17 @@ from .topology import topology
 def schedule(op, algorithm, nranks, nbytes, root=0, *, topology=None, options=None, cma=False):
     """The Schedule `algorithm` of collective `op` runs on nranks ranks for
     nbytes (bcast: the buffer; alltoall: one block), placed as the
-    launcher would place them (topology: e.g. "2x4"), without running it."""
+    launcher would place them (topology: e.g. "2x4"), without running it;
+    algorithm None: the one the automatic choice takes."""
     from .topology import topology as _topology
     from .coll import select
     from .device import make_plan
     from .sched import Call
-    select.check_name(op, algorithm) if op in select.TABLE else select.algorithms(op)
+    select.algorithms(op)
     topo = _topology(topology)
     plan = make_plan(nranks, topo, topo.placement(nranks, "core", "compact"), options)
     call = Call(nranks, nbytes, root, plan.params, plan.slots, len(topo.nodes), cma)
-    return select.plan(op, algorithm, call)
+    return select.plan(op, select.pick(op, call, algorithm, select.forced(op, plan.params)), call)
 
 
 __all__ = ["CMAError", "Comm", "MismatchError", "PeerAborted", "PeerDied", "PeerFailure", "PeerTimeout",

@@ -150,3 +150,16 @@ def test_schedule_traffic_is_the_sum_of_its_moves(op):
                     assert np.array_equal(off_diagonal(t), steps_traffic(s, n)), f"{op} {alg} n={n} {nb} B root {root}"
                     count += 1
     assert count > 0
+
+
+@pytest.mark.parametrize("op", ["barrier", "bcast", "alltoall"])
+def test_module_schedule_without_algorithm_is_the_automatic_choice(op):
+    """shmcoll.schedule(op, None, ...) plans what a Comm would choose (it
+    raised TypeError: the name check ran before the choice)."""
+    for n in (1, 2, 3, 5, 8):
+        for nb in ([0] if op == "barrier" else SIZES):
+            auto = shmcoll.schedule(op, None, n, nb)
+            named = shmcoll.schedule(op, auto.algorithm, n, nb)
+            assert auto.algorithm in shmcoll.algorithms(op)
+            assert np.array_equal(auto.traffic(), named.traffic()) and len(auto.steps) == len(named.steps), \
+                f"{op} n={n} {nb} B"
