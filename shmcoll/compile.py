@@ -179,7 +179,8 @@ class _Compiler:
                 write(k + 1)
             read(k)
         for cp in st.copies:
-            self.emit(cp.rank, COPY, space(BUF[cp.dbuf]), cp.doff, space(BUF[cp.sbuf]), cp.soff, cp.n, 0, -1)
+            nt = int(self.sched.stream and cp.dbuf == "recv")
+            self.emit(cp.rank, COPY, space(BUF[cp.dbuf]), cp.doff, space(BUF[cp.sbuf]), cp.soff, cp.n, nt, -1)
 
     def write(self, w, m, proto, j, k, chunk, slot):
         n = min(chunk, m.nbytes - k * chunk) if m.nbytes else 0
