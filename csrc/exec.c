@@ -98,8 +98,8 @@ static void arrive(sc_comm_t *c, uint64_t first, char *sbuf, char *rbuf)
     l->prev[0] = c->prev[0];
     l->prev[1] = c->prev[1];
     l->hist = c->hist;
-    l->addr[0] = (uintptr_t)sbuf;
-    l->addr[1] = (uintptr_t)rbuf;
+    if (l->addr[0] != (uintptr_t)sbuf) l->addr[0] = (uintptr_t)sbuf;   /* mostly unchanged: no store */
+    if (l->addr[1] != (uintptr_t)rbuf) l->addr[1] = (uintptr_t)rbuf;
     atomic_store_explicit(&l->event, first, memory_order_release);
     atomic_store_explicit(&l->call, c->call, memory_order_release);
     atomic_store_explicit(&l->seq, s + 2, memory_order_release);
@@ -171,14 +171,37 @@ static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
 }
 
 /* A rank that waited on no one in the last call (a bcast root) checked
- * no one's signature: at its next call it checks its neighbours' records
- * of the last call (waiting for them to have arrived there), so different
- * roots raise on the writers too, by their next call. */
-static int recheck(sc_comm_t *c, int64_t mask)
+ * no one's signature: in its next call it checks its neighbours' records
+ * of the last call, so different roots raise on the writers too, by
+ * their next call.  A neighbour already there is checked before the
+ * program runs; one still behind is waited for after it (a root waiting
+ * first would hold its readers back a call). */
+static int neighbour(sc_comm_t *c, int k)
+{
+    return (c->rank + (k ? 1 : c->size - 1)) % c->size;
+}
+
+static int64_t recheck_ready(sc_comm_t *c, int64_t mask, int *rc)
 {
     for (int k = 0; k < 2; k++) {
         if (!(mask >> k & 1)) continue;
-        int rc = wait_post(c, (c->rank + (k ? 1 : c->size - 1)) % c->size, c->call - 1, 0, c->spin_ns, 1);
+        int who = neighbour(c, k);
+        uint64_t at = atomic_load_explicit(&post_line(c, who)->call, memory_order_acquire);
+        if ((int64_t)(at - (c->call - 1)) < 0) continue;
+        mask &= ~(1LL << k);
+        if ((*rc = sc_check_line(c, who))) {
+            sc_abort_call(c, 3, c->call);
+            return 0;
+        }
+    }
+    return mask;
+}
+
+static int recheck_wait(sc_comm_t *c, int64_t mask)
+{
+    for (int k = 0; k < 2; k++) {
+        if (!(mask >> k & 1)) continue;
+        int rc = wait_post(c, neighbour(c, k), c->call - 1, 0, c->spin_ns, 1);
         if (rc) return rc;
     }
     return SC_OK;
@@ -195,9 +218,12 @@ int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
     c->sig[0] = (uint64_t)prog[1];
     c->sig[1] = (uint64_t)prog[2];
     arrive(c, (uint64_t)prog[3], sbuf, rbuf);
-    rc = c->check && c->size > 1 ? agree(c) : recheck(c, c->recheck);
+    int64_t behind = 0;
+    if (c->check && c->size > 1) rc = agree(c);
+    else behind = recheck_ready(c, c->recheck, &rc);
     c->recheck = prog[5];
     if (!rc) rc = run(c, prog, sbuf, rbuf);
+    if (!rc && behind) rc = recheck_wait(c, behind);
     c->hist = sc_mix(c->hist, c->prev);
     c->prev[0] = c->sig[0];
     c->prev[1] = c->sig[1] | (rc == SC_EDIFFER ? 1ULL << 63 : 0);   /* refused: see sc_mix */

@@ -25,14 +25,14 @@ typedef struct { _Atomic uint32_t sleepers, posts; } sc_wq_t;
  * signature, the previous call's, a hash of all before, and its buffers'
  * addresses for single-copy readers, under a sequence lock (seq odd while
  * the writer rewrites record and call). */
-struct sc_line {
+struct sc_line {                  /* first 64 bytes: what a reader checks */
     _Atomic uint64_t call;
     _Atomic uint64_t event;
-    sc_wq_t wq;
     _Atomic uint64_t seq;
     uint64_t sig[2];
     uint64_t prev[2];
     uint64_t hist;
+    sc_wq_t wq;                   /* apart: sleepers counting in do not bounce the flag */
     uint64_t addr[2];             /* send, recv buffer of this call */
     char pad[SC_LINE - 88];
 };
