@@ -44,13 +44,20 @@ static int wait_ack(sc_comm_t *c, int who, uint64_t call, uint64_t count, int64_
     return wait_line(c, ack_line(c, who), who, call, count, spin, 0);
 }
 
-/* Wait for who's post line; with check, then compare its arrival record
- * with ours (a mismatch aborts the job from this call on). */
+/* Compare who's arrival record with ours; a mismatch aborts the job from
+ * this call on. */
+static int check_post(sc_comm_t *c, int who)
+{
+    int rc = sc_check_line(c, who);
+    if (rc) sc_abort_call(c, 3, c->call);
+    return rc;
+}
+
+/* Wait for who's post line; with check, then check its record. */
 static int wait_post(sc_comm_t *c, int who, uint64_t call, uint64_t ev, int64_t spin, int check)
 {
     int rc = wait_line(c, post_line(c, who), who, call, ev, spin, 0);
-    if (!rc && check && (rc = sc_check_line(c, who))) sc_abort_call(c, 3, c->call);
-    return rc;
+    return !rc && check ? check_post(c, who) : rc;
 }
 
 static int drain(sc_comm_t *c, int s)
@@ -189,10 +196,7 @@ static int64_t recheck_ready(sc_comm_t *c, int64_t mask, int *rc)
         uint64_t at = atomic_load_explicit(&post_line(c, who)->call, memory_order_acquire);
         if ((int64_t)(at - (c->call - 1)) < 0) continue;
         mask &= ~(1LL << k);
-        if ((*rc = sc_check_line(c, who))) {
-            sc_abort_call(c, 3, c->call);
-            return 0;
-        }
+        if ((*rc = check_post(c, who))) return 0;
     }
     return mask;
 }

@@ -37,6 +37,7 @@ struct sc_line {                  /* first 64 bytes: what a reader checks */
     char pad[SC_LINE - 88];
 };
 _Static_assert(sizeof(struct sc_line) == SC_LINE, "flag line size");
+_Static_assert(offsetof(struct sc_line, wq) == 64, "the checked record fills the first cache line");
 
 typedef struct {
     _Atomic uint32_t abort_word;  /* (rank + 1) | code << 16, first error wins */

@@ -179,8 +179,13 @@ class _Compiler:
                 write(k + 1)
             read(k)
         for cp in st.copies:
-            nt = int(self.sched.stream and cp.dbuf == "recv")
-            self.emit(cp.rank, COPY, space(BUF[cp.dbuf]), cp.doff, space(BUF[cp.sbuf]), cp.soff, cp.n, nt, -1)
+            self.emit(cp.rank, COPY, space(BUF[cp.dbuf]), cp.doff, space(BUF[cp.sbuf]), cp.soff, cp.n,
+                      self.streamed(cp.dbuf), -1)
+
+    def streamed(self, dbuf):
+        """1: copies into dbuf use non-temporal stores (user memory of a
+        call whose footprint would not stay in cache)."""
+        return int(self.sched.stream and dbuf == "recv")
 
     def write(self, w, m, proto, j, k, chunk, slot):
         n = min(chunk, m.nbytes - k * chunk) if m.nbytes else 0
@@ -225,7 +230,7 @@ class _Compiler:
         self.emit(r, WAIT, w, piece["event"], flags)
         if proto == "signal":
             return
-        nt = int(self.sched.stream and m.dbuf == "recv")
+        nt = self.streamed(m.dbuf)
         if proto == "direct":
             for so, do, ln, _ in piece["segs"]:
                 self.emit(r, CMA, space(BUF[m.dbuf]), do, w, BUF[m.sbuf], so, ln)
