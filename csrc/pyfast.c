@@ -71,7 +71,11 @@ static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
 /* An entry's self: (context address, Python method, error handler,
  * {name: algorithm id}, (collective id, roles, argument names)).  Roles, one
  * per argument: 'x' a buffer read on the root and written elsewhere, 'i'
- * read, 'o' written, 'r' the root, 'a' the algorithm. */
+ * read, 'o' written ('I', 'O': the same, None allowed), 'r' the root, 'a'
+ * the algorithm.  A leading digit k marks a collective whose signature
+ * holds the dtype of argument k: the key's last word is then that array's
+ * dtype object (numpy arrays of a known dtype only; anything else goes
+ * to Python, which keys it the same way). */
 static sc_comm_t *ctx(PyObject *self) { return (sc_comm_t *)PyLong_AsVoidPtr(PyTuple_GET_ITEM(self, 0)); }
 
 static PyObject *decline(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
@@ -100,29 +104,109 @@ static int parse(PyObject *const *args, size_t nargsf, PyObject *kw, PyObject *n
 
 static int plain(const Py_buffer *b) { return !b->format || !strchr(b->format, 'O'); }
 
+/* numpy arrays without the buffer protocol: building the format string
+ * for every call (to refuse object dtypes) cost more than the rest of a
+ * small call's argument handling.  The array fields read here are numpy's
+ * public ABI (ndarraytypes.h, unchanged from 1.7 to 2.x); a dtype is
+ * trusted once a full buffer request showed it holds no objects (the
+ * cache keeps a reference, so its address cannot be reused). */
+typedef struct {
+    PyObject_HEAD
+    char *data;
+    int nd;
+    Py_ssize_t *dims, *strides;
+    PyObject *base, *descr;
+    int flags;
+} np_array;
+#define NP_C_CONTIGUOUS 0x0001
+#define NP_WRITEABLE 0x0400
+#define NP_WARN_ON_WRITE (1u << 31)
+static PyTypeObject *ndarray;
+static struct { PyObject *descr; Py_ssize_t itemsize; } dtypes[8];
+
+static Py_ssize_t known_itemsize(PyObject *descr)
+{
+    for (int i = 0; i < 8 && dtypes[i].descr; i++)
+        if (dtypes[i].descr == descr) return dtypes[i].itemsize;
+    return 0;
+}
+
+/* After a full request of v succeeded and showed a plain dtype. */
+static void learn(PyObject *v, const Py_buffer *b)
+{
+    if (!ndarray && !strcmp(Py_TYPE(v)->tp_name, "numpy.ndarray")) ndarray = (PyTypeObject *)Py_NewRef(Py_TYPE(v));
+    if (Py_TYPE(v) != ndarray) return;
+    PyObject *d = ((np_array *)v)->descr;
+    if (known_itemsize(d) || b->itemsize <= 0) return;
+    for (int i = 0; i < 8; i++)
+        if (!dtypes[i].descr) {
+            dtypes[i].descr = Py_NewRef(d);
+            dtypes[i].itemsize = b->itemsize;
+            return;
+        }
+}
+
+/* A contiguous array of a known dtype (writable if asked): its address,
+ * length and item size without a buffer request; 0 when not that simple. */
+static int quick(PyObject *v, int writable, char **buf, Py_ssize_t *len, Py_ssize_t *itemsize)
+{
+    if (!v || Py_TYPE(v) != ndarray) return 0;
+    np_array *a = (np_array *)v;
+    unsigned need = NP_C_CONTIGUOUS | (writable ? NP_WRITEABLE : 0), f = (unsigned)a->flags;
+    if ((f & (need | NP_WARN_ON_WRITE)) != need || !(*itemsize = known_itemsize(a->descr))) return 0;
+    Py_ssize_t n = *itemsize;
+    for (int i = 0; i < a->nd; i++) n *= a->dims[i];
+    *buf = a->data;
+    *len = n;
+    return 1;
+}
+
 static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
 {
     sc_comm_t *c = ctx(self);
     PyObject *desc = PyTuple_GET_ITEM(self, 4), *a[MAXARGS];
     const char *roles = PyUnicode_AsUTF8(PyTuple_GET_ITEM(desc, 1));
     Py_buffer b[2];
-    int nb = 0, ok = 1;
+    int nb = 0, nbuf = 0, ok = 1;
+    Py_ssize_t isz0 = 0;
     int64_t key[6] = { PyLong_AsLong(PyTuple_GET_ITEM(desc, 0)), -1, 0, 0, 0, 0 };
     char *sbuf = NULL, *rbuf = NULL;
+    int typed = roles[0] >= '0' && roles[0] <= '9' ? roles[0] - '0' : -1;
+    roles += typed >= 0;
     if (c->closed || !parse(args, nargsf, kw, PyTuple_GET_ITEM(desc, 2), a)) return decline(self, args, nargsf, kw);
     for (int i = 0; roles[i] && ok; i++) {
         PyObject *v = a[i];
         switch (roles[i]) {
+        case 'I': case 'O':
+            if (!v || v == Py_None) break;
+            /* fall through */
         case 'x': case 'i': case 'o': {
-            int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (roles[i] == 'i' ? 0 : PyBUF_WRITABLE);
-            if (!v || PyObject_GetBuffer(v, &b[nb], flags)) { ok = 0; break; }
-            nb++;
-            if (!plain(&b[nb - 1])) { ok = 0; break; }
-            key[3 + (roles[i] == 'o')] = b[nb - 1].len;
-            if (nb == 1) key[5] = b[0].itemsize;
-            else if (b[nb - 1].itemsize != key[5]) { ok = 0; break; }   /* mixed item sizes: Python checks */
-            if (roles[i] != 'o') sbuf = b[nb - 1].buf;
-            if (roles[i] != 'i') rbuf = b[nb - 1].buf;
+            int w = roles[i] != 'i' && roles[i] != 'I', out = roles[i] == 'o' || roles[i] == 'O';
+            char *p;
+            Py_ssize_t len, isz;
+            if (quick(v, w, &p, &len, &isz)) {
+                if (i == typed) key[5] = (int64_t)((np_array *)v)->descr;
+            } else if (typed >= 0) {
+                ok = 0;     /* Python keys it; learn the dtype for next time */
+                if (v && !PyObject_GetBuffer(v, &b[nb], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) && plain(&b[nb++]))
+                    learn(v, &b[nb - 1]);
+                break;
+            } else {
+                if (!v || PyObject_GetBuffer(v, &b[nb], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (w ? PyBUF_WRITABLE : 0))) {
+                    ok = 0;
+                    break;
+                }
+                if (!plain(&b[nb++])) { ok = 0; break; }
+                learn(v, &b[nb - 1]);
+                p = b[nb - 1].buf, len = b[nb - 1].len, isz = b[nb - 1].itemsize;
+            }
+            key[3 + out] = len;
+            if (!nbuf++) {
+                isz0 = isz;
+                if (typed < 0) key[5] = isz;
+            } else if (isz != isz0) { ok = 0; break; }      /* mixed item sizes: Python checks */
+            if (!out) sbuf = p;
+            if (w) rbuf = p;
             break;
         }
         case 'r':
@@ -141,7 +225,7 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
         }
     }
     /* two buffers (not Bcast's one) that overlap, the same one included: Python refuses */
-    if (ok && nb == 2 && key[3] && key[4] && sbuf < rbuf + key[4] && rbuf < sbuf + key[3]) ok = 0;
+    if (ok && nbuf == 2 && key[3] && key[4] && sbuf < rbuf + key[4] && rbuf < sbuf + key[3]) ok = 0;
     const int64_t *prog = ok ? lookup(c, key) : NULL;
     int rc = prog ? run(c, prog, sbuf, rbuf) : 0;
     for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);

@@ -569,6 +569,40 @@ def test_fast_path_checks_whole_elements_of_the_recvbuf():
     assert got == [True, True], got
 
 
+def _warm_then_bad(comm, op, kind):
+    """Good calls first (the C entry has the program and knows int64), then
+    the same byte counts in an array the entry reads without the buffer
+    protocol: each must still be refused on the bad rank."""
+    n, me = comm.size, comm.rank
+    good = np.zeros(2 * n, np.int64)
+    for _ in range(3):
+        if op == "Bcast":
+            comm.Bcast(good, root=0)
+        else:
+            comm.Alltoall(np.ones(2 * n, np.int64), good)
+    bad = np.zeros(2 * n, np.int64)
+    if me == 1:
+        if kind == "object":
+            bad = np.array([None] * (2 * n), dtype=object)
+        elif kind == "readonly":
+            bad.setflags(write=False)
+        elif kind == "noncontig":
+            bad = np.zeros(4 * n, np.int64)[::2]
+    if op == "Bcast":
+        return attempt_kind(comm, op, lambda: comm.Bcast(bad, root=0))
+    return attempt_kind(comm, op, lambda: comm.Alltoall(np.ones(2 * n, np.int64), bad))
+
+
+@pytest.mark.parametrize("kind,etype", [("object", "TypeError"), ("readonly", "ValueError"),
+                                        ("noncontig", "ValueError")])
+@pytest.mark.parametrize("op", ["Bcast", "Alltoall"])
+def test_fast_path_refuses_after_warm_calls(op, kind, etype):
+    got = run_ranks(_warm_then_bad, 3, op, kind, timeout=T)
+    assert got[1] is not None and got[1][:2] == (op, etype), got
+    for r in (0, 2):
+        assert got[r] is not None and got[r][1] == "peer" and got[r][3] == 1, f"rank {r}: {got}"
+
+
 @pytest.mark.parametrize("name,value", [("chunk_bytes", -1), ("tile_bytes", -1), ("stripe_slots", -1),
                                         ("bcast_k", 0), ("timeout", float("inf")), ("timeout", -1)])
 def test_bad_sizes_in_options_are_refused(name, value):
