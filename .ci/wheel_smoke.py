@@ -1,12 +1,13 @@
 """Smoke test of an installed shmcoll (CI runs it from a fresh virtualenv
 holding only the wheel and its dependencies, from a directory outside the
 source tree).  Public API only: shmcoll.launch, shmcoll.algorithms and the
-communicator's Barrier / Bcast / Alltoall / bcast / alltoall.
+communicator's collectives.
 
 On 2 and 3 ranks, every algorithm of every collective (and the automatic
 choice) against numpy references: Barrier (no rank leaves before all have
 arrived, seen through marker files), Bcast of 0 B, 1 B, 100 KB and 3 MB from
-every root, Alltoall blocks of 0 B to 1 MB, and the pickled bcast/alltoall.
+every root, Alltoall blocks of 0 B to 1 MB, Allgather / Gather / Scatter blocks of 0 B
+to 1 MB + 3 from every root, Allgatherv, and the pickled objects.
 Finally nothing may be left in /dev/shm.  Exit status 0 when all pass."""
 import os
 import sys
@@ -20,6 +21,7 @@ import shmcoll
 TREE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BCAST_BYTES = [0, 1, 100_000, 3_000_000]
 ALLTOALL_BYTES = [0, 1, 1000, 100_000, 1_000_000]     # per block
+GATHER_BYTES = [0, 7, 100_000, 1_000_003]             # per block
 TIMEOUT = 600
 
 
@@ -78,6 +80,33 @@ def job(comm, markers):
         want = np.stack([np.arange(7, dtype=np.int32) + 7 * me + 1000 * src for src in range(n)])
         if not np.array_equal(recv, want):
             bad.append(f"Alltoall {alg} int32: rank {me} got wrong data")
+
+    # Allgather / Gather / Scatter: block r is rank r's, every algorithm and root
+    for nbytes in GATHER_BYTES:
+        for alg in algs("allgather"):
+            recv = np.full((n, nbytes), 0xA5, np.uint8)
+            comm.Allgather(ref(nbytes, me, 5), recv, algorithm=alg)
+            if not all(np.array_equal(recv[q], ref(nbytes, q, 5)) for q in range(n)):
+                bad.append(f"Allgather {alg} {nbytes} B: rank {me} got wrong blocks")
+        for root in range(n):
+            for alg in algs("gather"):
+                recv = np.full((n, nbytes), 0xA5, np.uint8) if me == root else None
+                comm.Gather(ref(nbytes, me, root, 6), recv, root, algorithm=alg)
+                if me == root and not all(np.array_equal(recv[q], ref(nbytes, q, root, 6)) for q in range(n)):
+                    bad.append(f"Gather {alg} {nbytes} B root {root}: wrong blocks")
+            for alg in algs("scatter"):
+                send = np.stack([ref(nbytes, q, root, 7) for q in range(n)]) if me == root else None
+                recv = np.full(nbytes, 0xA5, np.uint8)
+                comm.Scatter(send, recv, root, algorithm=alg)
+                if not np.array_equal(recv, ref(nbytes, me, root, 7)):
+                    bad.append(f"Scatter {alg} {nbytes} B root {root}: rank {me} got a wrong block")
+    counts = [3 * q + 1 for q in range(n)]
+    recv = np.zeros(sum(counts), np.int32)
+    comm.Allgatherv(np.full(counts[me], me, np.int32), [recv, counts, np.int32])
+    if not np.array_equal(recv, np.repeat(np.arange(n, dtype=np.int32), counts)):
+        bad.append(f"Allgatherv: rank {me} got {recv}")
+    if comm.allgather(("x", me)) != [("x", q) for q in range(n)]:
+        bad.append(f"allgather: rank {me} got wrong objects")
 
     # pickled objects
     for root in range(n):

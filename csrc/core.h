@@ -24,7 +24,7 @@
 enum {
     SC_OP_END = 0,
     SC_OP_POST = 1,     /* a=event: my post line reaches (call, event) */
-    SC_OP_WAIT = 2,     /* a=who b=event c=flags(1 check signature, 2 spin long): who's post line */
+    SC_OP_WAIT = 2,     /* a=who b=event c=flags(1 check signature, 2 spin long, 4 a message's first piece): who's post line */
     SC_OP_ACK = 3,      /* a=count: my ack line reaches (call, count) */
     SC_OP_WAITACK = 4,  /* a=who b=count c=flags: who's ack line */
     SC_OP_COPY = 5,     /* a=dst space b=dst off c=src space d=src off e=n f=flags(1 stream) g=source rank or -1 */
@@ -83,7 +83,8 @@ typedef struct sc_comm {
     uint64_t *debt_cnt;
     uint64_t debt_call[SC_NSETS];
     int32_t debt_n[SC_NSETS];
-    /* traffic record: bytes this rank read from each source (NULL: off) */
+    /* traffic record: bytes this rank read from each source, then the
+     * messages it read from each (NULL: off) */
     int64_t *traffic;
     /* set by the Python entries: release the GIL once a wait goes slow, poll signals */
     void *gil_release;

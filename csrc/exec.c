@@ -140,6 +140,7 @@ static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
             break;
         case SC_OP_WAIT:
             rc = wait_post(c, (int)in[1], call, (uint64_t)in[2], in[3] & 2 ? c->spin_far_ns : c->spin_ns, in[3] & 1);
+            if (!rc && c->traffic && in[3] & 4) c->traffic[c->size + in[1]]++;    /* a message's first piece */
             break;
         case SC_OP_ACK:
             ack_event(ack_line(c, c->rank), call, (uint64_t)in[1]);

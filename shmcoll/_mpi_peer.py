@@ -26,8 +26,8 @@ def op(fn):
     ``run()`` performs the collective once on preallocated buffers; ``check()``
     runs it once on a known pattern and returns whether this rank's result
     matches numpy's.  ``algorithm`` goes to the collective when given (shmcoll's
-    named columns; mpi4py never gets it).  Adding allgather, allreduce or gather
-    is one more such function.
+    named columns; mpi4py never gets it).  Adding a collective is one more
+    such function.
     """
     OPS[fn.__name__] = fn
     return fn
@@ -81,6 +81,72 @@ def alltoall(comm, nbytes, algorithm=None):
     return run, check
 
 
+@op
+def allgather(comm, nbytes, algorithm=None):
+    rank, size = comm.Get_rank(), comm.Get_size()
+    send = np.zeros(nbytes, np.uint8)
+    recv = np.zeros((size, nbytes), np.uint8)
+    run = bound(comm.Allgather, send, recv, algorithm=algorithm)
+
+    def check():
+        send[:] = pattern(nbytes, rank)
+        recv[:] = 0
+        run()
+        return all(np.array_equal(recv[j], pattern(nbytes, j)) for j in range(size))
+
+    return run, check
+
+
+@op
+def allgatherv(comm, nbytes, algorithm=None):
+    """nbytes from every rank, with the counts given ([buf, counts])."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    send = np.zeros(nbytes, np.uint8)
+    recv = np.zeros((size, nbytes), np.uint8)
+    run = bound(comm.Allgatherv, send, [recv, [nbytes] * size], algorithm=algorithm)
+
+    def check():
+        send[:] = pattern(nbytes, rank)
+        recv[:] = 0
+        run()
+        return all(np.array_equal(recv[j], pattern(nbytes, j)) for j in range(size))
+
+    return run, check
+
+
+@op
+def gather(comm, nbytes, algorithm=None):
+    rank, size = comm.Get_rank(), comm.Get_size()
+    send = np.zeros(nbytes, np.uint8)
+    recv = np.zeros((size, nbytes), np.uint8) if rank == 0 else None
+    run = bound(comm.Gather, send, recv, 0, algorithm=algorithm)
+
+    def check():
+        send[:] = pattern(nbytes, rank)
+        run()
+        return rank != 0 or all(np.array_equal(recv[j], pattern(nbytes, j)) for j in range(size))
+
+    return run, check
+
+
+@op
+def scatter(comm, nbytes, algorithm=None):
+    rank, size = comm.Get_rank(), comm.Get_size()
+    send = np.zeros((size, nbytes), np.uint8) if rank == 0 else None
+    recv = np.zeros(nbytes, np.uint8)
+    run = bound(comm.Scatter, send, recv, 0, algorithm=algorithm)
+
+    def check():
+        if rank == 0:
+            for j in range(size):
+                send[j] = pattern(nbytes, j)
+        recv[:] = 0
+        run()
+        return bool(np.array_equal(recv, pattern(nbytes, rank)))
+
+    return run, check
+
+
 def measure(run, sync, share, min_time, max_iters, reps):
     """This rank's per-call seconds for each repetition (the caller takes the max over ranks).
 
@@ -120,7 +186,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ops", default="barrier,bcast,alltoall")
     p.add_argument("--sizes", default="8,65536,16777216",
-                   help="bytes: whole buffer for bcast, per-rank block for alltoall")
+                   help="bytes: whole buffer for bcast, per-rank block for the others")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--min-time", type=float, default=0.2, help="seconds per repetition")
     p.add_argument("--max-iters", type=int, default=1_000_000)

@@ -24,7 +24,7 @@ import shmcoll
 from shmcoll import _mpi_peer
 from shmcoll._mpi_peer import OPS, measure, parse_list
 
-#: 8 B .. 16 MiB in steps of 8x (whole buffer for bcast, per-rank block for alltoall).
+#: 8 B .. 16 MiB in steps of 8x (whole buffer for bcast, per-rank block for the others).
 DEFAULT_SIZES = [8 * 8 ** i for i in range(8)]
 QUICK_SIZES = [8, 4096, 1 << 20]
 PEER_DIRS = {"mpich": ("SHMCOLL_PEER_MPICH", "/tmp/peer-mpich"),

@@ -62,6 +62,80 @@ def view(spec, name, writable):
     return ffi.from_buffer(buf, require_writable=writable), nbytes, itemsize
 
 
+def dtype_of(spec):
+    """The datatype of a buffer argument view() accepted: the spec's, the
+    array's, or the buffer's format (bytes when numpy knows none)."""
+    if isinstance(spec, (list, tuple)):
+        return np.dtype(spec[-1])
+    if isinstance(spec, np.ndarray):
+        return spec.dtype
+    try:
+        return np.dtype(memoryview(spec).format)
+    except (TypeError, ValueError):
+        return np.dtype(np.uint8)
+
+
+_KINDS = "biufcmMOSUV"
+
+
+def dtype_code(dt):
+    """8 bits for the signature's dtype field: kind and item size."""
+    return (_KINDS.find(dt.kind) + 1) << 4 | min(dt.itemsize, 15)
+
+
+def vspec(spec, name, nranks, writable):
+    """A v-variant's buffer: [buf, counts, displs, dtype], [buf, (counts,
+    displs), dtype], [buf, counts, dtype], [buf, counts] or a plain buffer.
+    (pointer, bytes, itemsize, dtype, counts or None, displs or None);
+    counts and displacements in items, checked against the buffer."""
+    counts = displs = None
+    buf, dt = spec, None
+    if isinstance(spec, (list, tuple)):
+        if len(spec) == 4:
+            buf, counts, displs, dt = spec
+        elif len(spec) == 3:
+            buf, counts, dt = spec
+            if isinstance(counts, tuple) and len(counts) == 2 and all(isinstance(x, (list, tuple, np.ndarray))
+                                                                      for x in counts):
+                counts, displs = counts
+        elif len(spec) == 2:
+            buf, counts = spec
+        else:
+            raise TypeError(f"{name}: a v-buffer spec is [buf, counts, displs, dtype], got {len(spec)} items")
+    ptr, nbytes, itemsize = view([buf, dt] if dt is not None else buf, name, writable)
+    dtype = np.dtype(dt) if dt is not None else dtype_of(buf)
+    if counts is None:
+        return ptr, nbytes, itemsize, dtype, None, None
+    counts = _ints(counts, f"{name}: counts", nranks)
+    if displs is None:
+        displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    else:
+        displs = _ints(displs, f"{name}: displacements", nranks)
+    ends = displs + counts
+    if nranks and int(ends.max()) * itemsize > nbytes:
+        r = int(ends.argmax())
+        raise ValueError(f"{name}: rank {r}'s {counts[r]} items at displacement {displs[r]} end past the buffer's "
+                         f"{nbytes // itemsize} items")
+    live = sorted((int(d), int(c), r) for r, (d, c) in enumerate(zip(displs, counts)) if c)
+    for (d0, c0, r0), (d1, _, r1) in zip(live, live[1:]):
+        if d0 + c0 > d1:
+            raise ValueError(f"{name}: the ranges of ranks {r0} and {r1} overlap (displacements {d0} and {d1})")
+    return ptr, nbytes, itemsize, dtype, tuple(int(c) for c in counts), tuple(int(d) for d in displs)
+
+
+def _ints(seq, what, n):
+    try:
+        a = np.asarray(seq)
+    except Exception:
+        a = None
+    if a is None or a.ndim != 1 or a.size != n or (a.size and a.dtype.kind not in "iu"):
+        raise ValueError(f"{what} must be {n} integers, one per rank, not {seq!r}")
+    a = a.astype(np.int64)
+    if a.size and a.min() < 0:
+        raise ValueError(f"{what} must not be negative: {seq!r}")
+    return a
+
+
 def address(ptr):
     """The integer address of a cdata pointer from view()."""
     return int(ffi.cast("uintptr_t", ptr))

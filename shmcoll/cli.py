@@ -1,4 +1,4 @@
-"""`shmcoll run | topo | bench | options`."""
+"""`shmcoll run | topo | bench | options | alcd`."""
 import argparse
 import sys
 
@@ -45,18 +45,36 @@ def _options(argv):
     return 0
 
 
+def _alcd(argv):
+    ap = argparse.ArgumentParser(prog="shmcoll alcd", description="Communication distance of every allgather "
+                                 "algorithm's schedule (paper 000), logical and, with a topology, physical.")
+    ap.add_argument("-p", "--np", type=int, required=True, dest="p")
+    ap.add_argument("--topology", default=None, help="where ranks sit: a virtual topology SxC[xN] or 'real'")
+    ap.add_argument("--bytes", type=int, default=1, help="block size, for the byte shares")
+    a = ap.parse_args(argv)
+    if a.p < 1:
+        ap.error("-p must be at least 1")
+    from .alcd import table
+    from .topology import topology
+    placement = topology() if a.topology == "real" else a.topology
+    print(f"allgather on {a.p} ranks" + (f", placed on {a.topology}" if a.topology else "") +
+          " (paper: Table 1 of paper 000; its Bruck form holds for powers of two only)")
+    print(table(a.p, placement, a.bytes))
+    return 0
+
+
 def _bench(argv):
     from .bench import main
     return main(argv)
 
 
-COMMANDS = {"run": _run, "topo": _topo, "bench": _bench, "options": _options}
+COMMANDS = {"run": _run, "topo": _topo, "bench": _bench, "options": _options, "alcd": _alcd}
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in COMMANDS:
-        print("usage: shmcoll {run,topo,bench,options} ...", file=sys.stderr)
+        print("usage: shmcoll {run,topo,bench,options,alcd} ...", file=sys.stderr)
         return 2
     return COMMANDS[argv[0]](argv[1:]) or 0
 

@@ -39,6 +39,24 @@ def collective(fn):
     return method
 
 
+def _pickled(obj):
+    return np.frombuffer(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), np.uint8)
+
+
+def _displs(sizes):
+    return tuple(int(d) for d in np.concatenate([[0], np.cumsum(sizes)[:-1]]))
+
+
+def _unpickled(buf, sizes):
+    at = np.concatenate([[0], np.cumsum(sizes)])
+    return [pickle.loads(buf[at[i]:at[i + 1]].tobytes()) for i in range(len(sizes))]
+
+
+def _what(op):
+    """The method name messages use for op."""
+    return select.TABLE[op][2] or op.capitalize()
+
+
 class Comm:
     def __init__(self, device):
         self._dev = device
@@ -51,6 +69,8 @@ class Comm:
         self._forced = {op: select.forced(op, self.plan.params) for op in select.TABLE}
         self._probe_cma()
         for op, (cid, _, name, roles, argnames) in select.TABLE.items():
+            if name is None:
+                continue
             method = getattr(Comm, name).__get__(self)
             handler = functools.partial(self._failed, name)
             self.__dict__[name] = device.entry(method, handler, select.IDS[op], (cid, roles, argnames))
@@ -95,6 +115,8 @@ class Comm:
     def _words(self, what, field, value):
         if field == 1:
             return select.OPS.get(value, value)
+        if field == 3 and what.endswith("v"):
+            return f"counts and displacements #{value:x}"
         if field == 6 and self._c.err_when == 0:     # this call's collective names the ids
             names = select.NAMES[what.lower()]
             return names[value] if 0 <= value < len(names) else value
@@ -141,28 +163,51 @@ class Comm:
     def traffic(self):
         """Bytes this rank's executor has read from each rank (local copies
         not counted); needs the record_traffic option."""
+        return self._recorded()[:self.size].copy()
+
+    def messages(self):
+        """Messages this rank's executor has read from each rank (a message:
+        one move of a schedule, however many chunks it took); needs the
+        record_traffic option."""
+        return self._recorded()[self.size:].copy()
+
+    def _recorded(self):
         if self._dev.traffic is None:
             raise RuntimeError("traffic is recorded only with the record_traffic=1 option")
-        return self._dev.traffic.copy()
+        return self._dev.traffic
 
-    def _run(self, op, key, nbytes, root, algorithm, saddr=0, raddr=0):
-        """Plan (cached by key), then run this rank's program."""
+    def _run(self, op, key, nbytes, root, algorithm, saddr=0, raddr=0, dtype=None, counts=None):
+        """Plan (cached by key), then run this rank's program.  dtype: the
+        datatype the signature holds; counts: a v-variant's (bytes,
+        displacement) per rank, held in the signature by a hash."""
         call = self._call(nbytes, root)
+        call.counts = counts
         name = select.pick(op, call, algorithm, self._forced[op])
-        cid = select.TABLE[op][0]
+        cid, what = select.TABLE[op][0], _what(op)
+        sigbytes = None if counts is None else hash(counts) & ((1 << 62) - 1)
+        code = 0 if dtype is None else buffers.dtype_code(dtype)
         if lib.sc_own(self._c):     # another thread is running a call: touch nothing it uses
-            self._fail(lib.SC_EBUSY, select.TABLE[op][2])
+            self._fail(lib.SC_EBUSY, what)
         try:
-            prog = self._dev.program(key, cid, select.IDS[op][name], lambda: select.plan(op, name, call))
+            prog = self._dev.program(key, cid, select.IDS[op][name], lambda: select.plan(op, name, call), code,
+                                     sigbytes)
         finally:
             lib.sc_disown(self._c)
         rc = self._dev.execute(prog, saddr, raddr)
         if rc:
-            self._fail(rc, select.TABLE[op][2])
+            self._fail(rc, what)
 
     def _key(self, op, algorithm, root, len0, len1, itemsize):
         alg = -1 if algorithm is None else select.IDS[op][select.check_name(op, algorithm)]
         return (select.TABLE[op][0], alg, root, len0, len1, itemsize)
+
+    def _dkey(self, dt):
+        """The key word naming datatype dt, as the C entry computes it for
+        an array of that dtype: its id, the object kept while keyed."""
+        if len(self._dev.dtypes) >= 256:
+            self._dev.clear_programs()
+        self._dev.dtypes.setdefault(id(dt), dt)
+        return id(dt)
 
     # -- collectives -----------------------------------------------------------
     # Each instance's Barrier/Bcast/Alltoall are C entries (device.entry)
@@ -233,10 +278,199 @@ class Comm:
         self.Alltoall(send, recv)
         return [pickle.loads(recv[i, :table[i, self.rank]].tobytes()) for i in range(self.size)]
 
+    @collective
+    def Allgather(self, sendbuf, recvbuf, algorithm=None):
+        sptr, sbytes, sitem = buffers.view(sendbuf, "sendbuf", writable=False)
+        rptr, rbytes, ritem = buffers.view(recvbuf, "recvbuf", writable=True)
+        if rbytes != sbytes * self.size:
+            raise ValueError(f"recvbuf has {rbytes} bytes but {self.size} blocks of sendbuf's {sbytes} need "
+                             f"{sbytes * self.size}")
+        s0, r0 = self._distinct(sptr, sbytes, rptr, rbytes, max(sitem, ritem))
+        dt = buffers.dtype_of(sendbuf)
+        self._run("allgather", self._key("allgather", algorithm, 0, sbytes, rbytes, self._dkey(dt)), sbytes, 0,
+                  algorithm, s0, r0, dt)
+
+    @collective
+    def Gather(self, sendbuf, recvbuf=None, root=0, algorithm=None):
+        """recvbuf matters on the root only (None elsewhere)."""
+        root = self._root(root)
+        sptr, sbytes, sitem = buffers.view(sendbuf, "sendbuf", writable=False)
+        rptr, rbytes, ritem = self._optional(recvbuf, "recvbuf", root, True)
+        s0 = buffers.address(sptr)
+        if self.rank == root:
+            if rbytes != sbytes * self.size:
+                raise ValueError(f"recvbuf has {rbytes} bytes but {self.size} blocks of sendbuf's {sbytes} "
+                                 f"need {sbytes * self.size}")
+            s0, _ = self._distinct(sptr, sbytes, rptr, rbytes, max(sitem, ritem))
+        dt = buffers.dtype_of(sendbuf)
+        self._run("gather", self._key("gather", algorithm, root, sbytes, rbytes, self._dkey(dt)), sbytes, root,
+                  algorithm, s0, buffers.address(rptr) if rptr is not None else 0, dt)
+
+    @collective
+    def Scatter(self, sendbuf, recvbuf, root=0, algorithm=None):
+        """sendbuf matters on the root only (None elsewhere)."""
+        root = self._root(root)
+        rptr, rbytes, ritem = buffers.view(recvbuf, "recvbuf", writable=True)
+        sptr, sbytes, sitem = self._optional(sendbuf, "sendbuf", root, False)
+        r0 = buffers.address(rptr)
+        if self.rank == root:
+            if sbytes != rbytes * self.size:
+                raise ValueError(f"sendbuf has {sbytes} bytes but {self.size} blocks of recvbuf's {rbytes} "
+                                 f"need {rbytes * self.size}")
+            _, r0 = self._distinct(sptr, sbytes, rptr, rbytes, max(sitem, ritem), block=rbytes)
+        dt = buffers.dtype_of(recvbuf)
+        self._run("scatter", self._key("scatter", algorithm, root, sbytes, rbytes, self._dkey(dt)), rbytes, root,
+                  algorithm, buffers.address(sptr) if sptr is not None else 0, r0, dt)
+
+    @collective
+    def Allgatherv(self, sendbuf, recvbuf, algorithm=None):
+        """recvbuf: [buf, counts, displs, dtype] (mpi4py's forms; counts and
+        displacements in items, displacements packed when left out).  With
+        no counts, one round of byte counts comes first."""
+        sptr, sbytes, sitem = buffers.view(sendbuf, "sendbuf", writable=False)
+        rptr, rbytes, ritem, dt, counts, displs = buffers.vspec(recvbuf, "recvbuf", self.size, True)
+        if counts is None:
+            sizes = np.empty(self.size, np.int64)
+            self.Allgather(np.array([sbytes], np.int64), sizes)
+            if sizes.sum() > rbytes:
+                raise ValueError(f"recvbuf has {rbytes} bytes but the ranks send {int(sizes.sum())}")
+            counts = tuple(int(n) // ritem for n in sizes)
+            displs = tuple(int(d) // ritem for d in np.concatenate([[0], np.cumsum(sizes)[:-1]]))
+            if any(int(n) % ritem for n in sizes):
+                raise ValueError(f"the ranks send {list(sizes)} bytes: not whole {ritem}-byte items of recvbuf")
+        self._vrun("allgatherv", algorithm, 0, sptr, sbytes, rptr, rbytes, ritem, dt, counts, displs, "sendbuf")
+
+    @collective
+    def Gatherv(self, sendbuf, recvbuf=None, root=0, algorithm=None):
+        """recvbuf on the root: [buf, counts, displs, dtype].  The root's
+        counts go to every rank first (a small Bcast), so each checks its
+        own and all plan the same schedule."""
+        root = self._root(root)
+        sptr, sbytes, sitem = buffers.view(sendbuf, "sendbuf", writable=False)
+        rptr = rbytes = None
+        ritem, dt = sitem, buffers.dtype_of(sendbuf)
+        if self.rank == root:
+            if recvbuf is None:
+                raise ValueError("Gatherv: the root needs recvbuf [buf, counts, displs, dtype]")
+            rptr, rbytes, ritem, dt, counts, displs = buffers.vspec(recvbuf, "recvbuf", self.size, True)
+            if counts is None:
+                raise ValueError("Gatherv: recvbuf on the root must give counts: [buf, counts, displs, dtype]")
+        counts, displs, ritem = self._root_counts(root, counts if self.rank == root else None,
+                                                  displs if self.rank == root else None, ritem)
+        self._vrun("gatherv", algorithm, root, sptr, sbytes, rptr, rbytes, ritem, dt, counts, displs, "sendbuf")
+
+    @collective
+    def Scatterv(self, sendbuf, recvbuf, root=0, algorithm=None):
+        """sendbuf on the root: [buf, counts, displs, dtype]; the counts go
+        to every rank first, as in Gatherv."""
+        root = self._root(root)
+        rptr, rbytes, ritem = buffers.view(recvbuf, "recvbuf", writable=True)
+        sptr = sbytes = None
+        sitem, dt = ritem, buffers.dtype_of(recvbuf)
+        if self.rank == root:
+            sptr, sbytes, sitem, dt, counts, displs = buffers.vspec(sendbuf, "sendbuf", self.size, False)
+            if counts is None:
+                raise ValueError("Scatterv: sendbuf on the root must give counts: [buf, counts, displs, dtype]")
+        counts, displs, sitem = self._root_counts(root, counts if self.rank == root else None,
+                                                  displs if self.rank == root else None, sitem)
+        self._vrun("scatterv", algorithm, root, sptr, sbytes, rptr, rbytes, sitem, dt, counts, displs, "recvbuf")
+
+    @collective
+    def allgather(self, obj):
+        """Every rank's object, in rank order: the byte counts in one
+        Allgather, then the pickles in one Allgatherv."""
+        data = _pickled(obj)
+        sizes = np.empty(self.size, np.int64)
+        self.Allgather(np.array([data.size], np.int64), sizes)
+        recv = np.empty(int(sizes.sum()), np.uint8)
+        self.Allgatherv(data, [recv, sizes, np.uint8])
+        return _unpickled(recv, sizes)
+
+    @collective
+    def gather(self, obj, root=0):
+        """Every rank's object on the root (a list), None elsewhere."""
+        root = self._root(root)
+        data = _pickled(obj)
+        sizes = np.empty(self.size, np.int64)
+        self.Allgather(np.array([data.size], np.int64), sizes)
+        recv = np.empty(int(sizes.sum()) if self.rank == root else 0, np.uint8)
+        self._vrun("gatherv", None, root, *self._bytes(data), *self._bytes(recv), 1, recv.dtype, tuple(sizes),
+                   _displs(sizes), "sendbuf")
+        return _unpickled(recv, sizes) if self.rank == root else None
+
+    @collective
+    def scatter(self, objs, root=0):
+        """objs[i] (a sequence on the root) goes to rank i."""
+        root = self._root(root)
+        sizes = np.zeros(self.size, np.int64)
+        send = np.zeros(0, np.uint8)
+        if self.rank == root:
+            if objs is None or len(objs) != self.size:
+                raise ValueError(f"scatter needs one object per rank ({self.size}) on the root")
+            blobs = [_pickled(o) for o in objs]
+            sizes[:] = [b.size for b in blobs]
+            send = np.concatenate(blobs)
+        self.Bcast(sizes, root)
+        recv = np.empty(int(sizes[self.rank]), np.uint8)
+        self._vrun("scatterv", None, root, *self._bytes(send), *self._bytes(recv), 1, recv.dtype, tuple(sizes),
+                   _displs(sizes), "recvbuf")
+        return pickle.loads(recv.tobytes())
+
+    def _bytes(self, a):
+        ptr, n, _ = buffers.view(a, "buffer", writable=False)
+        return ptr, n
+
+    def _root_counts(self, root, counts, displs, item):
+        """The root's counts, displacements and item size on every rank."""
+        table = np.zeros(2 * self.size + 1, np.int64)
+        if self.rank == root:
+            table[:self.size], table[self.size:-1], table[-1] = counts, displs, item
+        self.Bcast(table, root)
+        n = self.size
+        return tuple(int(c) for c in table[:n]), tuple(int(d) for d in table[n:2 * n]), int(table[-1])
+
+    def _vrun(self, op, algorithm, root, sptr, sbytes, rptr, rbytes, item, dt, counts, displs, own):
+        """Run a v-variant: counts/displs in items of item bytes, every
+        rank's piece checked against its own buffer `own`."""
+        mine = counts[self.rank] * item
+        have = sbytes if own == "sendbuf" else rbytes
+        if have != mine:
+            raise ValueError(f"{own} has {have} bytes but the counts give rank {self.rank} {counts[self.rank]} "
+                             f"items of {item} bytes ({mine} bytes)")
+        pieces = tuple((c * item, d * item) for c, d in zip(counts, displs))
+        s0 = buffers.address(sptr) if sptr is not None else 0
+        r0 = buffers.address(rptr) if rptr is not None else 0
+        if sptr is not None and rptr is not None and sbytes and rbytes and s0 < r0 + rbytes and r0 < s0 + sbytes:
+            raise ValueError("sendbuf and recvbuf overlap; pass distinct buffers")
+        alg = -1 if algorithm is None else select.IDS[op][select.check_name(op, algorithm)]
+        key = (select.TABLE[op][0], alg, root, buffers.dtype_code(dt), pieces)
+        self._run(op, key, sum(n for n, _ in pieces), root, algorithm, s0, r0, dt, pieces)
+
+    def _optional(self, buf, name, root, writable):
+        """A buffer that matters on the root only: (ptr, bytes, itemsize),
+        (None, 0, 0) for None off the root."""
+        if buf is None:
+            if self.rank == root:
+                raise ValueError(f"the root needs {name}")
+            return None, 0, 0
+        return buffers.view(buf, name, writable=writable and self.rank == root)
+
+    def _distinct(self, sptr, sbytes, rptr, rbytes, item, block=None):
+        """Addresses of two buffers that do not overlap and whose blocks
+        hold whole items."""
+        block = sbytes if block is None else block
+        if block % item:
+            raise ValueError(f"blocks of {block} bytes are not whole {item}-byte elements")
+        s0, r0 = buffers.address(sptr), buffers.address(rptr)
+        if sbytes and rbytes and s0 < r0 + rbytes and r0 < s0 + sbytes:
+            raise ValueError("sendbuf and recvbuf overlap; pass distinct buffers")
+        return s0, r0
+
     def _root(self, root):
         if isinstance(root, (bool, np.bool_)) or not isinstance(root, (int, np.integer)) \
                 or not 0 <= root < self.size:
             raise ValueError(f"root must be a rank in 0..{self.size - 1}, not {root!r}")
+        return int(root)
 
     # -- lifetime -------------------------------------------------------------
     def Free(self):

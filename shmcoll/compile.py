@@ -23,7 +23,7 @@ POST, WAIT, ACK, WAITACK, COPY, CMA, DRAIN, DEBT, QPOST, QWAIT = (
     lib.SC_OP_POST, lib.SC_OP_WAIT, lib.SC_OP_ACK, lib.SC_OP_WAITACK, lib.SC_OP_COPY, lib.SC_OP_CMA,
     lib.SC_OP_DRAIN, lib.SC_OP_DEBT, lib.SC_OP_QPOST, lib.SC_OP_QWAIT)
 RING, STRIPE, SLOT = lib.SC_SET_RING, lib.SC_SET_STRIPE, lib.SC_SET_SLOT
-CHECK, FAR = 1, 2
+CHECK, FAR, FIRST = 1, 2, 4     # WAIT flags: check the record, spin long, a message's first piece
 
 
 def space(kind, rank=0, j=0):
@@ -170,7 +170,8 @@ class _Compiler:
             for r in range(p):
                 for i in ins[r]:
                     if k < nch[i]:
-                        self.read(r, moves[i], protos[i], slot_j[i], pieces[i][k], moves[i].src in far.get(r, ()))
+                        self.read(r, moves[i], protos[i], slot_j[i], pieces[i][k], moves[i].src in far.get(r, ()),
+                                  k == 0)
 
         if rounds:
             write(0)
@@ -195,9 +196,11 @@ class _Compiler:
             for entry in ([w] if q == 0 else m.dst):
                 self.emit(w, QPOST, q, entry)
             return piece
-        if proto == "direct":           # readers copy from the user's sendbuf, published at arrival
-            if m.sbuf != "send":
-                raise ValueError(f"a direct move reads the writer's sendbuf, not {m.sbuf!r}")
+        if proto == "direct":           # readers copy from the user's buffer, its address published at arrival
+            if m.sbuf == "recv":        # filled by earlier steps: a post says it is there
+                self.pending[w].append(piece)
+            elif m.sbuf != "send":
+                raise ValueError(f"a direct move reads the writer's sendbuf or recvbuf, not {m.sbuf!r}")
             return piece
         if proto == "signal":
             self.pending[w].append(piece)
@@ -219,13 +222,13 @@ class _Compiler:
         self.pending[w].append(piece)
         return piece
 
-    def read(self, r, m, proto, j, piece, far):
+    def read(self, r, m, proto, j, piece, far, first):
         w = m.src
         if proto == "queue":
             q = QUEUES[m.sbuf]
             self.emit(r, QWAIT, q, w if q == 0 else r, w)
             return
-        flags = (CHECK if (r, w) not in self.checked else 0) | (FAR if far else 0)
+        flags = (CHECK if (r, w) not in self.checked else 0) | (FAR if far else 0) | (FIRST if first else 0)
         self.checked.add((r, w))
         self.emit(r, WAIT, w, piece["event"], flags)
         if proto == "signal":

@@ -126,10 +126,11 @@ class Device:
         self.c, self._keep = self._context(plan, rank)
         self._base = ffi.from_buffer(segment.mmap)
         self._programs = {}
+        self.dtypes = {}        # id -> dtype of every dtype a key names: no id is reused while keyed
         self._tmp = None
         self.traffic = None
         if plan.params["record_traffic"]:
-            self.traffic = np.zeros(plan.nranks, np.int64)
+            self.traffic = np.zeros(2 * plan.nranks, np.int64)   # bytes, then messages, per source
             self.c.traffic = ffi.cast("int64_t *", self.traffic.ctypes.data)
         if lib.sc_attach(self.c, ffi.cast("char *", self._base)) != 0:
             raise RuntimeError("shared segment does not hold a shmcoll communicator of this size")
@@ -185,22 +186,24 @@ class Device:
         return self.c.off_stripe + i * width, width
 
     # -- programs ------------------------------------------------------------
-    def program(self, key, coll, alg, make):
-        """This rank's compiled program for key (the fast entries' cache key:
-        collective, algorithm or -1, root, byte counts, item size), planned
-        by make() -> Schedule on a miss, and installed for the fast entries."""
+    def program(self, key, coll, alg, make, dtype=0, sigbytes=None):
+        """This rank's compiled program for key, planned by make() ->
+        Schedule on a miss.  A key of six ints (collective, algorithm or -1,
+        root, byte counts, item size or dtype) is the fast entries' cache
+        key, and the program is installed there; a longer one (v-variants)
+        stays here.  The signature holds dtype (a code) and sigbytes (the
+        schedule's byte count if None)."""
         prog = self._programs.get(key)
-        if prog is not None:
-            self._install(key, prog)        # another key may have taken its cache slot
-        else:
+        if prog is None:
             sched = make()
-            sig = signature(coll, alg, sched.root, sched.nbytes)
+            sig = signature(coll, alg, sched.root, sched.nbytes if sigbytes is None else sigbytes, dtype)
             prog = compile_schedule(sched, self.plan.params, sig)[self.rank]
             if len(self._programs) >= 4 * lib.SC_CACHE:
                 self.clear_programs()
             self._programs[key] = prog
             self._scratch(int(prog[4]))
-            self._install(key, prog)
+        if len(key) == 6:
+            self._install(key, prog)        # another key may have taken its cache slot
         return prog
 
     def _install(self, key, prog):
@@ -216,6 +219,7 @@ class Device:
 
     def clear_programs(self):
         self._programs.clear()
+        self.dtypes.clear()
         ffi.memmove(self.c.cache, b"\0" * ffi.sizeof(self.c.cache), ffi.sizeof(self.c.cache))
 
     def execute(self, prog, saddr, raddr):

@@ -26,6 +26,12 @@ DEFAULTS = {
     "barrier_algorithm": None,
     "bcast_algorithm": None,
     "alltoall_algorithm": None,
+    "allgather_algorithm": None,
+    "allgatherv_algorithm": None,
+    "gather_algorithm": None,
+    "gatherv_algorithm": None,
+    "scatter_algorithm": None,
+    "scatterv_algorithm": None,
 }
 
 

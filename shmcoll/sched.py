@@ -97,6 +97,7 @@ class Call:
     slots: list             # topology.Slot per rank
     nodes: int              # NUMA nodes
     cma: bool               # ranks may read each other's memory (single copy)
+    counts: Optional[tuple] = None  # v-variants: (bytes, byte displacement) per rank
 
     def pipe_chunk(self):
         """Chunks small enough that a message of a few chunks still

@@ -11,7 +11,8 @@ from shmcoll import options
 from shmcoll.options import DEFAULTS, resolve
 from conftest import run_ranks
 
-ALG_OPTS = {"barrier_algorithm": "padded", "bcast_algorithm": "limited", "alltoall_algorithm": "pairwise"}
+ALG_OPTS = {f"{op}_algorithm" for op in ("barrier", "bcast", "alltoall", "allgather", "allgatherv", "gather",
+                                          "gatherv", "scatter", "scatterv")}
 
 
 def env_name(name):
@@ -165,8 +166,10 @@ def test_bad_algorithm_option_rejected(op, monkeypatch):
 def test_algorithms_lists():
     assert shmcoll.algorithms("bcast") == ["binomial", "original", "limited", "numa"]
     assert shmcoll.algorithms("alltoall") == ["bruck", "all_at_once", "pairwise", "tiled"]
-    with pytest.raises(ValueError, match="gather"):
-        shmcoll.algorithms("gather")
+    assert shmcoll.algorithms("allgather") == ["ring", "recursive_doubling", "bruck", "neighbor_exchange",
+                                               "all_at_once"]
+    with pytest.raises(ValueError, match="reduce"):
+        shmcoll.algorithms("reduce")
 
 
 def test_environment_is_read_at_launch(monkeypatch):

@@ -1,18 +1,25 @@
 """The one selection table.  A row per collective: its id in signatures,
 its module (ALGORITHMS: name -> planning function, choose(call) -> name,
 footprint(call) -> bytes touched), the Comm method its C fast entry
-stands for, that method's argument roles (csrc/pyfast.c: x in-out buffer,
-i input, o output, r root, a algorithm) and names.  Adding a collective is
-a module and a row here.
+stands for (None: no fast entry, as for the v-variants, whose counts no
+key holds), that method's argument roles (csrc/pyfast.c: a leading k
+when argument k's dtype is in the signature, x in-out buffer, i input,
+o output, I/O optional, r root, a algorithm) and names.  Adding a collective is a module and a row here.
 
 Precedence of the algorithm: algorithm= argument > options /
 SHMCOLL_<OP>_ALGORITHM > the collective's choose()."""
-from . import alltoall, barrier, bcast
+from . import allgather, allgatherv, alltoall, barrier, bcast, gather, scatter
 
 TABLE = {
     "barrier": (1, barrier, "Barrier", "a", ("algorithm",)),
     "bcast": (2, bcast, "Bcast", "xra", ("buf", "root", "algorithm")),
     "alltoall": (3, alltoall, "Alltoall", "ioa", ("sendbuf", "recvbuf", "algorithm")),
+    "allgather": (4, allgather, "Allgather", "0ioa", ("sendbuf", "recvbuf", "algorithm")),
+    "allgatherv": (5, allgatherv, None, "", ()),
+    "gather": (6, gather, "Gather", "0iOra", ("sendbuf", "recvbuf", "root", "algorithm")),
+    "gatherv": (7, gather, None, "", ()),
+    "scatter": (8, scatter, "Scatter", "1Iora", ("sendbuf", "recvbuf", "root", "algorithm")),
+    "scatterv": (9, scatter, None, "", ()),
 }
 NAMES = {op: list(row[1].ALGORITHMS) for op, row in TABLE.items()}
 IDS = {op: {name: i for i, name in enumerate(names)} for op, names in NAMES.items()}

@@ -1,0 +1,77 @@
+"""Gather and Gatherv: block r of every rank lands in the root's recvbuf
+(at displacement r * block, or displs[r] for Gatherv).
+
+  flat      one step: every rank writes its block once, the root reads
+            them all (big blocks straight from each sendbuf)
+  binomial  ceil(log p) steps up a binomial tree rooted at the root: a
+            rank forwards its whole subtree's blocks, packed in scratch,
+            in one message (fewer hand-offs for the root with many small
+            blocks)
+"""
+from ..sched import Copy, Move, Step
+
+
+def pieces(call):
+    """(bytes, offset in the root's recvbuf) per rank."""
+    if call.counts is not None:
+        return call.counts
+    return tuple((call.nbytes, r * call.nbytes) for r in range(call.nranks))
+
+
+def via(call, n):
+    return "direct" if call.cma and 0 < call.params["cma_bytes"] <= n else "auto"
+
+
+def flat(call):
+    p, root, cnt = call.nranks, call.root, pieces(call)
+    moves = [Move(r, (root,), ((0, cnt[r][1], cnt[r][0]),), via=via(call, cnt[r][0]))
+             for r in range(p) if r != root and cnt[r][0]]
+    index = {m.src: i for i, m in enumerate(moves)}
+    order = {root: [index[(root + s) % p] for s in range(1, p) if (root + s) % p in index]}
+    return [Step(moves, copies=[Copy(root, "send", 0, "recv", cnt[root][1], cnt[root][0])], order=order)]
+
+
+def tree(p, root):
+    """Binomial tree over relative ranks: (step, child, parent) edges; the
+    subtree of relative rank v at step k is v .. v + 2^k - 1."""
+    out, m = [], 1
+    while m < p:
+        out.append([((v + m + root) % p, (v + root) % p) for v in range(0, p, 2 * m) if v + m < p])
+        m <<= 1
+    return out
+
+
+def binomial(call):
+    """Relative rank v packs the blocks of v .. v + size - 1 in its scratch
+    in relative order; the root unpacks them into recvbuf at the end."""
+    p, root, cnt = call.nranks, call.root, pieces(call)
+    rel = [(root + v) % p for v in range(p)]
+    at = [0] * (p + 1)                  # offset of relative rank v's block in a packed subtree
+    for v in range(p):
+        at[v + 1] = at[v] + cnt[rel[v]][0]
+    steps = [Step(copies=[Copy(r, "send", 0, "tmp", 0, cnt[r][0]) for r in range(p)])]
+    m = 1
+    for edges in tree(p, root):
+        moves = []
+        for child, parent in edges:
+            v, u = (child - root) % p, (parent - root) % p
+            n = at[min(v + m, p)] - at[v]
+            if n:
+                moves.append(Move(child, (parent,), ((0, at[v] - at[u], n),), sbuf="tmp", dbuf="tmp"))
+        steps.append(Step(moves))
+        m <<= 1
+    steps.append(Step(copies=[Copy(root, "tmp", at[v], "recv", cnt[rel[v]][1], cnt[rel[v]][0]) for v in range(p)]))
+    return steps, at[p]
+
+
+ALGORITHMS = {"flat": flat, "binomial": binomial}
+
+
+def footprint(call):
+    return 2 * sum(n for n, _ in pieces(call))
+
+
+def choose(call):
+    """Flat: the root waits on each rank once and copies each block once;
+    a tree adds a copy per level for every block it forwards."""
+    return "flat"

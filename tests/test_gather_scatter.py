@@ -1,0 +1,285 @@
+"""Gather, Scatter, their v-variants, Allgatherv and the object forms,
+against numpy: every algorithm, root, rank count 1-9, size class and
+dtype; zero, uneven and non-monotone counts; and bad input, which must
+raise on every rank without a hang."""
+import random
+
+import numpy as np
+import pytest
+
+import shmcoll
+from conftest import DTYPES, SMALL, attempt, counts_for, pattern, poison, run_cases, run_ranks, shared_array
+
+ALGS = ["flat", "binomial", None]
+CHUNK = SMALL["chunk_bytes"]
+SIZES = [0, 1, 7, 127, 128, 129, CHUNK - 1, CHUNK, CHUNK + 1, 8192]
+
+
+def _job(comm, cases, forms=False):
+    n, me, bad = comm.size, comm.rank, []
+    for seq, (op, alg, count, dtype, root) in enumerate(cases):
+        where = f"rank {me}: call {seq} {op} alg={alg} count={count} {np.dtype(dtype)} root={root}"
+        if op == "gather":
+            send = pattern(count, dtype, seq, me)
+            recv = poison(n * count, dtype).reshape(n, count) if me == root else None
+            comm.Gather(send, recv, root, algorithm=alg)
+            if me == root and recv.tobytes() != np.stack([pattern(count, dtype, seq, q) for q in range(n)]).tobytes():
+                bad.append(where)
+        else:
+            send = np.stack([pattern(count, dtype, seq, q) for q in range(n)]) if me == root else None
+            recv = poison(count, dtype)
+            comm.Scatter(send, recv, root, algorithm=alg)
+            if recv.tobytes() != pattern(count, dtype, seq, me).tobytes():
+                bad.append(where)
+    return bad
+
+
+def table(n, sizes, dtype=np.int8, algs=ALGS):
+    return [(op, a, c, dtype, root) for op in ("gather", "scatter") for a in algs
+            for c in counts_for(sizes, dtype) for root in range(n)]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 9])
+def test_gather_scatter_every_root(n):
+    run_cases(_job, n, table(n, SIZES), options=SMALL, timeout=240)
+
+
+@pytest.mark.parametrize("topo,n", [(None, 3), ("2x2x2", 4)])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_gather_scatter_dtypes(dtype, topo, n):
+    run_cases(_job, n, table(n, [7, 129, CHUNK + 1], dtype), topology=topo, options=SMALL)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_gather_scatter_big_blocks(n):
+    run_cases(_job, n, table(n, [(1 << 20) + 3]))
+
+
+# -- v-variants ---------------------------------------------------------------------
+
+def layout(n, seq, kind):
+    """(counts, displs) in items: uneven, with zeros, displacements packed
+    in reverse rank order (non-monotone) with gaps."""
+    rng = random.Random(seq * 31 + n)
+    counts = [rng.choice([0, 1, 7, 40, 129, 1100]) for _ in range(n)]
+    if kind == "zeros":
+        counts = [0 if q % 2 else c for q, c in enumerate(counts)]
+    displs, at = [0] * n, 0
+    for q in reversed(range(n)):
+        displs[q] = at
+        at += counts[q] + rng.choice([0, 3])
+    return counts, displs, at
+
+
+def _vjob(comm, cases, forms=False):
+    n, me, bad = comm.size, comm.rank, []
+    for seq, (op, alg, dtype, root, kind) in enumerate(cases):
+        counts, displs, total = layout(n, seq, kind)
+        full = poison(total, dtype)
+        for q in range(n):
+            full[displs[q]:displs[q] + counts[q]] = pattern(counts[q], dtype, seq, q)
+        where = f"rank {me}: call {seq} {op} alg={alg} {np.dtype(dtype)} root={root} counts={counts}"
+        mine = pattern(counts[me], dtype, seq, me)
+        if op == "allgatherv":
+            recv = poison(total, dtype)
+            spec = [recv, counts, displs, dtype] if kind != "nodispl" else [recv, counts, dtype]
+            if kind == "nodispl":
+                full = np.concatenate([pattern(counts[q], dtype, seq, q) for q in range(n)])
+                recv = spec[0] = poison(full.size, dtype)
+            comm.Allgatherv(mine, spec, algorithm=alg)
+            if recv.tobytes() != full.tobytes():
+                bad.append(where)
+        elif op == "gatherv":
+            recv = poison(total, dtype)
+            comm.Gatherv(mine, [recv, counts, displs, dtype] if me == root else None, root, algorithm=alg)
+            if me == root and recv.tobytes() != full.tobytes():
+                bad.append(where)
+        else:
+            recv = poison(counts[me], dtype)
+            comm.Scatterv([full, counts, displs, dtype] if me == root else None, recv, root, algorithm=alg)
+            if recv.tobytes() != mine.tobytes():
+                bad.append(where)
+    return bad
+
+
+def vtable(n, dtype=np.int32):
+    out = [("allgatherv", None, dtype, 0, k) for k in ("uneven", "zeros", "nodispl")]
+    out += [(op, a, dtype, root, k) for op in ("gatherv", "scatterv") for a in ALGS for root in range(n)
+            for k in ("uneven", "zeros")]
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7, 8, 9])
+def test_v_variants(n):
+    run_cases(_vjob, n, vtable(n), options=SMALL, timeout=240)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_v_variants_dtypes(dtype):
+    run_cases(_vjob, 3, vtable(3, dtype), topology="2x2", options=SMALL)
+
+
+def test_allgatherv_counts_left_out():
+    """recvbuf without counts: the byte counts go round first."""
+    def job(comm):
+        mine = pattern(comm.rank * 5 + 1, np.float64, 3, comm.rank)
+        recv = poison(sum(q * 5 + 1 for q in range(comm.size)), np.float64)
+        comm.Allgatherv(mine, recv)
+        return recv.tobytes() == np.concatenate([pattern(q * 5 + 1, np.float64, 3, q)
+                                                 for q in range(comm.size)]).tobytes()
+    assert run_ranks(job, 4, options=SMALL) == [True] * 4
+
+
+def test_objects():
+    def job(comm):
+        n, me = comm.size, comm.rank
+        out = []
+        for root in range(n):
+            out.append(comm.gather({"r": me, "big": "y" * (me * 5000)}, root=root))
+            out.append(comm.scatter([(q, "z" * q * 3000) for q in range(n)] if me == root else None, root=root))
+        return out
+    n = 4
+    got = run_ranks(job, n, options=SMALL)
+    for me in range(n):
+        for root in range(n):
+            g, s = got[me][2 * root], got[me][2 * root + 1]
+            assert g == ([{"r": q, "big": "y" * (q * 5000)} for q in range(n)] if me == root else None)
+            assert s == (me, "z" * me * 3000)
+
+
+def _mixed(comm, rounds):
+    """Every collective, sizes and roots changing call after call."""
+    n, me, rng, bad = comm.size, comm.rank, random.Random(5), []
+    for i in range(rounds):
+        op, count, root = rng.choice(["bcast", "alltoall", "allgather", "gather", "scatter", "allgatherv",
+                                      "barrier"]), rng.choice([0, 3, 200, 3000]), rng.randrange(n)
+        if op == "bcast":
+            buf = pattern(count, np.int16, i, root) if me == root else poison(count, np.int16)
+            comm.Bcast(buf, root)
+            ok = buf.tobytes() == pattern(count, np.int16, i, root).tobytes()
+        elif op == "alltoall":
+            recv = poison(n * count, np.int16)
+            comm.Alltoall(np.concatenate([pattern(count, np.int16, i, me, q) for q in range(n)]), recv)
+            ok = recv.tobytes() == np.concatenate([pattern(count, np.int16, i, q, me) for q in range(n)]).tobytes()
+        elif op in ("allgather", "gather"):
+            recv = poison(n * count, np.int16)
+            if op == "allgather":
+                comm.Allgather(pattern(count, np.int16, i, me), recv)
+            else:
+                comm.Gather(pattern(count, np.int16, i, me), recv if me == root else None, root)
+            ok = (op == "gather" and me != root) or \
+                recv.tobytes() == np.concatenate([pattern(count, np.int16, i, q) for q in range(n)]).tobytes()
+        elif op == "scatter":
+            recv = poison(count, np.int16)
+            comm.Scatter(np.concatenate([pattern(count, np.int16, i, q) for q in range(n)]) if me == root else None,
+                         recv, root)
+            ok = recv.tobytes() == pattern(count, np.int16, i, me).tobytes()
+        elif op == "allgatherv":
+            counts = [(count + q * 7) % 301 for q in range(n)]
+            recv = poison(sum(counts), np.int16)
+            comm.Allgatherv(pattern(counts[me], np.int16, i, me), [recv, counts, np.int16])
+            ok = recv.tobytes() == np.concatenate([pattern(c, np.int16, i, q) for q, c in enumerate(counts)]).tobytes()
+        else:
+            comm.Barrier()
+            ok = True
+        if not ok:
+            bad.append(f"rank {me}: call {i} {op} count={count} root={root}")
+    return bad
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_back_to_back_every_collective(n):
+    got = run_ranks(_mixed, n, 400, options=SMALL)
+    assert [b for r in got for b in r] == []
+
+
+# -- bad input: a clear error on the bad rank, PeerFailure everywhere else --------------
+
+def _bad(comm, kind):
+    n, me = comm.size, comm.rank
+    counts = [3] * n
+    recv = np.zeros(3 * n, np.int32)
+    mine = np.zeros(3, np.int32)
+    bad = me == 1
+
+    def call():
+        if kind == "short_recv":
+            comm.Allgather(mine, recv[:-1] if bad else recv)
+        elif kind == "dtype":
+            comm.Allgather(mine.view(np.float32) if bad else mine, recv.view(np.float32) if bad else recv)
+        elif kind == "neg_count":
+            comm.Allgatherv(mine, [recv, [3, -3] + [3] * (n - 2) if bad else counts, np.int32])
+        elif kind == "too_big":
+            comm.Allgatherv(mine, [recv, [3] * (n - 1) + [4] if bad else counts, np.int32])
+        elif kind == "overlap":
+            comm.Allgatherv(mine, [recv, counts, [0, 2] + [3 * q for q in range(2, n)] if bad else
+                                   [3 * q for q in range(n)], np.int32])
+        elif kind == "counts_differ":
+            c = [4, 2] + [3] * (n - 2) if bad else counts
+            comm.Allgatherv(np.zeros(c[me], np.int32), [recv, c, np.int32])
+        elif kind == "allgather_vs_v":
+            if bad:
+                comm.Allgatherv(mine, [recv, counts, np.int32])
+            else:
+                comm.Allgather(mine, recv)
+        elif kind == "gatherv_own":
+            comm.Gatherv(np.zeros(4 if bad else 3, np.int32), [recv, counts, np.int32] if me == 0 else None, 0)
+        elif kind == "scatter_root":
+            comm.Scatter(recv if me == 0 else None, mine, root=n if bad else 0)
+        comm.Barrier()
+    return attempt(comm, kind, call, lambda e: (type(e).__name__, str(e), getattr(e, "rank", None)))
+
+
+CASES = {  # kind -> (the bad rank's exception, words of its message) ; None: every rank mismatches
+    "short_recv": ("ValueError", ["recvbuf"]),
+    "neg_count": ("ValueError", ["negative"]),
+    "too_big": ("ValueError", ["end past"]),
+    "overlap": ("ValueError", ["overlap"]),
+    "gatherv_own": ("ValueError", ["sendbuf", "counts"]),
+    "scatter_root": ("ValueError", ["root"]),
+    "dtype": (None, ["dtype"]),
+    "counts_differ": (None, ["counts"]),
+    "allgather_vs_v": (None, ["collective"]),
+}
+
+
+@pytest.mark.parametrize("kind", list(CASES))
+def test_bad_input_raises_everywhere(kind):
+    n = 3
+    got = run_ranks(_bad, n, kind, options=SMALL, timeout=30)
+    assert all(g is not None for g in got), got
+    etype, words = CASES[kind]
+    if etype is not None:
+        assert got[1][1] == etype and all(w in got[1][2] for w in words), got
+        assert all(got[r][1] in ("PeerAborted", "PeerDied") and got[r][3] == 1 for r in (0, 2)), got
+    else:
+        mism = [g for g in got if g[1] == "MismatchError"]
+        assert mism and all(g[1] in ("MismatchError", "PeerAborted") for g in got), got
+        assert any(any(w in g[2] for w in words) for g in mism), got
+
+
+def test_killed_rank_mid_allgather():
+    """A rank that dies while its peers wait in Allgather makes them raise
+    PeerDied within 2 s."""
+    import os
+    import signal
+    import time
+
+    took = shared_array(3, np.float64, -1.0)
+    died = shared_array(3, np.int64, 0)
+
+    def job(comm):
+        comm.Barrier()
+        if comm.rank == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        t = time.monotonic()
+        try:
+            comm.Allgather(np.zeros(100000, np.int8), np.zeros(100000 * comm.size, np.int8))
+        except shmcoll.PeerFailure as e:
+            took[comm.rank] = time.monotonic() - t
+            died[comm.rank] = e.rank == 2
+            raise
+    with pytest.raises(Exception):
+        run_ranks(job, 3, timeout=30)
+    assert list(died[:2]) == [1, 1], list(died)
+    assert 0 <= took[:2].max() < 2.0, list(took)
