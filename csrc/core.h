@@ -42,9 +42,13 @@ enum { SC_SET_RING = 0, SC_SET_STRIPE = 1, SC_SET_SLOT = 2, SC_NSETS = 2 + SC_SL
 typedef struct sc_line sc_line_t;
 
 /* The fast entries' program cache: key = (collective, algorithm or -1 for
- * automatic, root, bytes of the first and second buffer, item size). */
+ * automatic, root, bytes of the first and second buffer, item size or
+ * dtype, fingerprint of a v-variant's counts and displacements or 0).  A
+ * v-variant's program ends with its counts and displacements (header word
+ * 6: where), which the entry compares exactly before running it. */
 #define SC_CACHE 256
-typedef struct { int64_t key[6]; const int64_t *prog; } sc_entry_t;
+#define SC_KEY 7
+typedef struct { int64_t key[SC_KEY]; const int64_t *prog; } sc_entry_t;
 
 typedef struct sc_comm {
     /* plan, set by Python before sc_layout */

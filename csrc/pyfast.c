@@ -15,7 +15,7 @@
 static uint64_t hash_key(const int64_t *k)
 {
     uint64_t h = 0x9e3779b97f4a7c15ULL;
-    for (int i = 0; i < 6; i++) h = (h ^ (uint64_t)k[i]) * 0xbf58476d1ce4e5b9ULL;
+    for (int i = 0; i < SC_KEY; i++) h = (h ^ (uint64_t)k[i]) * 0xbf58476d1ce4e5b9ULL;
     return h ^ (h >> 31);
 }
 int sc_cache_slot(const int64_t *key) { return (int)(hash_key(key) % SC_CACHE); }
@@ -71,8 +71,8 @@ static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
 /* An entry's self: (context address, Python method, error handler,
  * {name: algorithm id}, (collective id, roles, argument names)).  Roles, one
  * per argument: 'x' a buffer read on the root and written elsewhere, 'i'
- * read, 'o' written ('I', 'O': the same, None allowed), 'r' the root, 'a'
- * the algorithm.  A leading digit k marks a collective whose signature
+ * read, 'o' written ('I', 'O': the same, None allowed), 'v' written, a
+ * v-variant's spec with counts, 'r' the root, 'a' the algorithm.  A leading digit k marks a collective whose signature
  * holds the dtype of argument k: the key's last word is then that array's
  * dtype object (numpy arrays of a known dtype only; anything else goes
  * to Python, which keys it the same way). */
@@ -161,6 +161,56 @@ static int quick(PyObject *v, int writable, char **buf, Py_ssize_t *len, Py_ssiz
     return 1;
 }
 
+/* A v-variant's buffer spec, mpi4py's [buf, counts], [buf, counts,
+ * displs], [buf, counts, dtype] or [buf, counts, displs, dtype] (dtype:
+ * the array's own dtype object), counts and displacements lists or tuples of one int per rank:
+ * its array, and counts then displacements (packed when not given) into
+ * v; 0 when not that simple. */
+static int ints(PyObject *seq, int n, int64_t *out)
+{
+    if (!PyList_Check(seq) && !PyTuple_Check(seq)) return 0;
+    if (PySequence_Fast_GET_SIZE(seq) != n) return 0;
+    PyObject **it = PySequence_Fast_ITEMS(seq);
+    for (int i = 0; i < n; i++) {
+        if (!PyLong_CheckExact(it[i])) return 0;
+        int overflow = 0;
+        out[i] = PyLong_AsLongLongAndOverflow(it[i], &overflow);
+        if (overflow || out[i] < 0) return 0;
+    }
+    return 1;
+}
+
+static PyObject *vspec(PyObject *v, int n, int64_t *vec)
+{
+    if (!PyList_Check(v) && !PyTuple_Check(v)) return NULL;
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(v);
+    PyObject **it = PySequence_Fast_ITEMS(v);
+    if (k < 2 || k > 4 || !ints(it[1], n, vec)) return NULL;
+    if (k == 4 && (Py_TYPE(it[0]) != ndarray || it[3] != ((np_array *)it[0])->descr)) return NULL;
+    int displs = k == 4 || (k == 3 && (PyList_Check(it[2]) || PyTuple_Check(it[2])));
+    if (k == 3 && !displs && (Py_TYPE(it[0]) != ndarray || it[2] != ((np_array *)it[0])->descr)) return NULL;
+    if (displs) {
+        if (!ints(it[2], n, vec + n)) return NULL;
+    } else {
+        for (int i = 0, at = 0; i < n; at += vec[i++]) vec[n + i] = at;
+    }
+    return it[0];
+}
+
+/* The key word of a v-variant: counts and displacements hashed as
+ * shmcoll/device.py's fingerprint() does; the program holds them exactly. */
+static int64_t fingerprint(const int64_t *vec, int n)
+{
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (int i = 0; i < 2 * n; i++) h = (h ^ (uint64_t)vec[i]) * 0x100000001b3ULL;
+    return (int64_t)(h | 1);
+}
+
+static int same_counts(const int64_t *prog, const int64_t *vec, int n)
+{
+    return prog[6] > 0 && !memcmp(prog + prog[6], vec, 2 * (size_t)n * sizeof *vec);
+}
+
 static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
 {
     sc_comm_t *c = ctx(self);
@@ -169,7 +219,8 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
     Py_buffer b[2];
     int nb = 0, nbuf = 0, ok = 1;
     Py_ssize_t isz0 = 0;
-    int64_t key[6] = { PyLong_AsLong(PyTuple_GET_ITEM(desc, 0)), -1, 0, 0, 0, 0 };
+    int64_t key[SC_KEY] = { PyLong_AsLong(PyTuple_GET_ITEM(desc, 0)), -1, 0, 0, 0, 0, 0 };
+    int64_t vec[2 * 1024];      /* a v-spec's counts and displacements (MAX_RANKS) */
     char *sbuf = NULL, *rbuf = NULL;
     int typed = roles[0] >= '0' && roles[0] <= '9' ? roles[0] - '0' : -1;
     roles += typed >= 0;
@@ -177,11 +228,15 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
     for (int i = 0; roles[i] && ok; i++) {
         PyObject *v = a[i];
         switch (roles[i]) {
+        case 'v':
+            if (c->size > 1024 || !v || !(v = vspec(v, c->size, vec))) { ok = 0; break; }
+            key[6] = fingerprint(vec, c->size);
+            /* fall through: the spec's array is an output */
         case 'I': case 'O':
             if (!v || v == Py_None) break;
             /* fall through */
         case 'x': case 'i': case 'o': {
-            int w = roles[i] != 'i' && roles[i] != 'I', out = roles[i] == 'o' || roles[i] == 'O';
+            int w = roles[i] != 'i' && roles[i] != 'I', out = strchr("oOv", roles[i]) != NULL;
             char *p;
             Py_ssize_t len, isz;
             if (quick(v, w, &p, &len, &isz)) {
@@ -227,6 +282,7 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
     /* two buffers (not Bcast's one) that overlap, the same one included: Python refuses */
     if (ok && nbuf == 2 && key[3] && key[4] && sbuf < rbuf + key[4] && rbuf < sbuf + key[3]) ok = 0;
     const int64_t *prog = ok ? lookup(c, key) : NULL;
+    if (prog && key[6] && !same_counts(prog, vec, c->size)) prog = NULL;
     int rc = prog ? run(c, prog, sbuf, rbuf) : 0;
     for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);
     if (!prog) return decline(self, args, nargsf, kw);

@@ -2,6 +2,7 @@
 on one node.  See README.md and ARCHITECTURE.md."""
 from .coll.select import algorithms
 from .comm import Comm
+from .distance import alcd
 from .errors import (CMAError, MismatchError, PeerAborted, PeerDied, PeerFailure, PeerTimeout, SegmentError,
                      ShmcollError)
 from .launcher import init, launch, run
@@ -25,5 +26,5 @@ def schedule(op, algorithm, nranks, nbytes, root=0, *, topology=None, options=No
 
 
 __all__ = ["CMAError", "Comm", "MismatchError", "PeerAborted", "PeerDied", "PeerFailure", "PeerTimeout",
-           "SegmentError", "ShmcollError", "algorithms", "init", "launch", "run", "schedule", "topology"]
+           "SegmentError", "ShmcollError", "alcd", "algorithms", "init", "launch", "run", "schedule", "topology"]
 __version__ = "0.2.0"

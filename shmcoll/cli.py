@@ -54,7 +54,7 @@ def _alcd(argv):
     a = ap.parse_args(argv)
     if a.p < 1:
         ap.error("-p must be at least 1")
-    from .alcd import table
+    from .distance import table
     from .topology import topology
     placement = topology() if a.topology == "real" else a.topology
     print(f"allgather on {a.p} ranks" + (f", placed on {a.topology}" if a.topology else "") +

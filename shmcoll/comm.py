@@ -21,6 +21,7 @@ import numpy as np
 from . import buffers
 from ._core import lib
 from .coll import select
+from .device import fingerprint
 from .errors import PeerFailure, ShmcollError
 from .sched import Call
 
@@ -176,7 +177,7 @@ class Comm:
             raise RuntimeError("traffic is recorded only with the record_traffic=1 option")
         return self._dev.traffic
 
-    def _run(self, op, key, nbytes, root, algorithm, saddr=0, raddr=0, dtype=None, counts=None):
+    def _run(self, op, key, nbytes, root, algorithm, saddr=0, raddr=0, dtype=None, counts=None, tail=None):
         """Plan (cached by key), then run this rank's program.  dtype: the
         datatype the signature holds; counts: a v-variant's (bytes,
         displacement) per rank, held in the signature by a hash."""
@@ -190,7 +191,7 @@ class Comm:
             self._fail(lib.SC_EBUSY, what)
         try:
             prog = self._dev.program(key, cid, select.IDS[op][name], lambda: select.plan(op, name, call), code,
-                                     sigbytes)
+                                     sigbytes, tail)
         finally:
             lib.sc_disown(self._c)
         rc = self._dev.execute(prog, saddr, raddr)
@@ -199,7 +200,7 @@ class Comm:
 
     def _key(self, op, algorithm, root, len0, len1, itemsize):
         alg = -1 if algorithm is None else select.IDS[op][select.check_name(op, algorithm)]
-        return (select.TABLE[op][0], alg, root, len0, len1, itemsize)
+        return (select.TABLE[op][0], alg, root, len0, len1, itemsize, 0)
 
     def _dkey(self, dt):
         """The key word naming datatype dt, as the C entry computes it for
@@ -442,9 +443,13 @@ class Comm:
         r0 = buffers.address(rptr) if rptr is not None else 0
         if sptr is not None and rptr is not None and sbytes and rbytes and s0 < r0 + rbytes and r0 < s0 + sbytes:
             raise ValueError("sendbuf and recvbuf overlap; pass distinct buffers")
-        alg = -1 if algorithm is None else select.IDS[op][select.check_name(op, algorithm)]
-        key = (select.TABLE[op][0], alg, root, buffers.dtype_code(dt), pieces)
-        self._run(op, key, sum(n for n, _ in pieces), root, algorithm, s0, r0, dt, pieces)
+        if op == "allgatherv":          # the fast entry's key: it has the same counts on every rank
+            tail = list(counts) + list(displs)
+            key = self._key(op, algorithm, 0, sbytes, rbytes, self._dkey(dt))[:-1] + (fingerprint(counts, displs),)
+        else:
+            alg = -1 if algorithm is None else select.IDS[op][select.check_name(op, algorithm)]
+            key, tail = (select.TABLE[op][0], alg, root, buffers.dtype_code(dt), pieces), None
+        self._run(op, key, sum(n for n, _ in pieces), root, algorithm, s0, r0, dt, pieces, tail)
 
     def _optional(self, buf, name, root, writable):
         """A buffer that matters on the root only: (ptr, bytes, itemsize),

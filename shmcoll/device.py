@@ -97,6 +97,15 @@ def _derive(p, nranks, topo, slots):
     p["call_base"] = int(p["call_base"])
 
 
+def fingerprint(counts, displs):
+    """A v-variant's key word, as csrc/pyfast.c computes it."""
+    h = 0xcbf29ce484222325
+    for x in list(counts) + list(displs):
+        h = ((h ^ x) * 0x100000001b3) & (1 << 64) - 1
+    h |= 1
+    return h - (1 << 64) if h >= 1 << 63 else h
+
+
 def _shm_free():
     try:
         st = os.statvfs("/dev/shm")
@@ -186,28 +195,32 @@ class Device:
         return self.c.off_stripe + i * width, width
 
     # -- programs ------------------------------------------------------------
-    def program(self, key, coll, alg, make, dtype=0, sigbytes=None):
+    def program(self, key, coll, alg, make, dtype=0, sigbytes=None, tail=None):
         """This rank's compiled program for key, planned by make() ->
-        Schedule on a miss.  A key of six ints (collective, algorithm or -1,
-        root, byte counts, item size or dtype) is the fast entries' cache
-        key, and the program is installed there; a longer one (v-variants)
-        stays here.  The signature holds dtype (a code) and sigbytes (the
-        schedule's byte count if None)."""
+        Schedule on a miss.  A key of seven ints (collective, algorithm or
+        -1, root, byte counts, item size or dtype, counts fingerprint or 0)
+        is the fast entries' cache key, and the program is installed there;
+        any other stays here.  The signature holds dtype (a code) and sigbytes (the
+        schedule's byte count if None); tail, a v-variant's counts and
+        displacements, ends the program for the fast entry to compare."""
         prog = self._programs.get(key)
         if prog is None:
             sched = make()
             sig = signature(coll, alg, sched.root, sched.nbytes if sigbytes is None else sigbytes, dtype)
             prog = compile_schedule(sched, self.plan.params, sig)[self.rank]
+            if tail is not None:
+                prog = np.concatenate([prog, np.asarray(tail, np.int64)])
+                prog[6] = prog.size - len(tail)
             if len(self._programs) >= 4 * lib.SC_CACHE:
                 self.clear_programs()
             self._programs[key] = prog
             self._scratch(int(prog[4]))
-        if len(key) == 6:
+        if len(key) == lib.SC_KEY:
             self._install(key, prog)        # another key may have taken its cache slot
         return prog
 
     def _install(self, key, prog):
-        e = self.c.cache[lib.sc_cache_slot(ffi.new("int64_t[6]", key))]
+        e = self.c.cache[lib.sc_cache_slot(ffi.new("int64_t[]", key))]
         e.key = list(key)
         e.prog = ffi.cast("int64_t *", prog.ctypes.data)
 

@@ -11,7 +11,7 @@ import pytest
 
 import shmcoll
 from conftest import DTYPES, SMALL, counts_for, pattern, poison, run_cases, run_ranks
-from shmcoll import alcd
+from shmcoll import distance
 
 ALGS = ["ring", "recursive_doubling", "bruck", "neighbor_exchange", "all_at_once", None]
 CHUNK = SMALL["chunk_bytes"]
@@ -97,7 +97,7 @@ def table1(alg, p):
 def test_alcd_and_steps_match_table1(alg, p):
     if alg == "recursive_doubling" and p & (p - 1):
         pytest.skip("Table 1 gives recursive doubling for powers of two only")
-    d = alcd.alcd(alg, p)
+    d = shmcoll.alcd(alg, p)
     want, steps = table1(alg, p)
     assert d.steps == steps
     if alg == "bruck" and p & (p - 1):
@@ -120,20 +120,20 @@ def test_odd_steps(p):
     ring p - 1; recursive doubling within the paper's 2 floor(log p) (a
     rank without a partner reads its partner's half from the same deposit
     as the rank that has one: ceil(log p))."""
-    assert alcd.alcd("neighbor_exchange", p).steps == (p + 3) // 2
-    assert alcd.alcd("bruck", p).steps == math.ceil(math.log2(p))
-    assert alcd.alcd("ring", p).steps == p - 1
-    assert alcd.alcd("recursive_doubling", p).steps <= 2 * math.floor(math.log2(p))
+    assert shmcoll.alcd("neighbor_exchange", p).steps == (p + 3) // 2
+    assert shmcoll.alcd("bruck", p).steps == math.ceil(math.log2(p))
+    assert shmcoll.alcd("ring", p).steps == p - 1
+    assert shmcoll.alcd("recursive_doubling", p).steps <= 2 * math.floor(math.log2(p))
 
 
 def test_cross_socket_share():
     """Ring on 2 sockets of 4: of 8 messages a step, 2 cross (3 -> 4 and
     7 -> 0); all_at_once: 32 of 56 pairs cross."""
-    ring = alcd.alcd("ring", 8, "2x4", nbytes=64)
+    ring = shmcoll.alcd("ring", 8, "2x4", nbytes=64)
     assert ring.cross_socket == pytest.approx((2 / 8, 2 / 8))
-    flat = alcd.alcd("all_at_once", 8, "2x4")
+    flat = shmcoll.alcd("all_at_once", 8, "2x4")
     assert flat.cross_socket[0] == pytest.approx(32 / 56)
-    assert alcd.alcd("ring", 8, "1x8").cross_socket == (0.0, 0.0)
+    assert shmcoll.alcd("ring", 8, "1x8").cross_socket == (0.0, 0.0)
 
 
 def test_alcd_cli(capsys):
@@ -164,9 +164,9 @@ def test_alcd_from_recorded_traffic(n):
     got = run_ranks(_traffic_job, n, algs, nbytes, options=dict(SMALL, record_traffic=1))
     for i, alg in enumerate(algs):
         msgs = np.stack([got[d][i][0] for d in range(n)], axis=1)      # [src, dst]
-        measured = alcd.of_messages([(s, d, int(msgs[s, d])) for s in range(n) for d in range(n) if msgs[s, d]])
+        measured = distance.of_messages([(s, d, int(msgs[s, d])) for s in range(n) for d in range(n) if msgs[s, d]])
         sched = shmcoll.schedule("allgather", alg, n, nbytes, options=SMALL)
-        assert measured == pytest.approx(alcd.alcd(alg, n, nbytes=nbytes).alcd), alg
+        assert measured == pytest.approx(shmcoll.alcd(alg, n, nbytes=nbytes).alcd), alg
         assert int(msgs.sum()) == len(sched.messages()), alg
         moved = np.stack([got[d][i][1] for d in range(n)], axis=1)
         assert (moved == sched.traffic()).all(), alg

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import shmcoll
-from conftest import DTYPES, SMALL, attempt, counts_for, pattern, poison, run_cases, run_ranks, shared_array
+from conftest import (DTYPES, SMALL, attempt, counts_for, pattern, poison, run_cases, run_ranks,
+                      shared_array)
 
 ALGS = ["flat", "binomial", None]
 CHUNK = SMALL["chunk_bytes"]
@@ -39,9 +40,13 @@ def table(n, sizes, dtype=np.int8, algs=ALGS):
             for c in counts_for(sizes, dtype) for root in range(n)]
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 9])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7, 8, 9])
 def test_gather_scatter_every_root(n):
     run_cases(_job, n, table(n, SIZES), options=SMALL, timeout=240)
+
+
+def test_gather_scatter_16_ranks():
+    run_cases(_job, 16, table(16, [0, 7, 129, CHUNK + 1]), options=SMALL, timeout=240)
 
 
 @pytest.mark.parametrize("topo,n", [(None, 3), ("2x2x2", 4)])
@@ -109,7 +114,7 @@ def vtable(n, dtype=np.int32):
     return out
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7, 8, 9])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7, 8, 9, 16])
 def test_v_variants(n):
     run_cases(_vjob, n, vtable(n), options=SMALL, timeout=240)
 
@@ -283,3 +288,31 @@ def test_killed_rank_mid_allgather():
         run_ranks(job, 3, timeout=30)
     assert list(died[:2]) == [1, 1], list(died)
     assert 0 <= took[:2].max() < 2.0, list(took)
+
+
+def _fast_allgatherv(comm):
+    """The C entry keys Allgatherv by its counts: new counts in the same
+    buffers must give new placements, a rank whose counts differ must
+    make every rank raise, warm or not."""
+    n, me, out = comm.size, comm.rank, []
+    recv = np.zeros(12, np.int32)
+    for counts in ([4, 4, 4], [2, 4, 6], [6, 4, 2], [2, 4, 6]):
+        for _ in range(3):
+            recv[:] = -1
+            comm.Allgatherv(np.full(counts[me], me, np.int32), [recv, counts])
+            out.append(recv.tolist() == np.repeat(np.arange(n, dtype=np.int32), counts).tolist())
+    counts = [2, 4, 6] if me != 1 else [3, 4, 5]        # rank 1's own piece agrees, its view of others not
+    try:
+        comm.Allgatherv(np.full(counts[me], me, np.int32), [recv, counts])
+        comm.Barrier()
+    except shmcoll.ShmcollError as e:
+        out.append(type(e).__name__)
+    return out
+
+
+def test_allgatherv_fast_path_keys_counts():
+    got = run_ranks(_fast_allgatherv, 3, timeout=30)
+    for r in range(3):
+        assert got[r][:12] == [True] * 12, got
+        assert got[r][12] in ("MismatchError", "PeerAborted"), got
+    assert any(g[12] == "MismatchError" for g in got), got

@@ -625,7 +625,7 @@ def _colliding(comm, sizes, rounds):
 
 def test_cache_slot_collision_stays_correct():
     from shmcoll._core import ffi, lib
-    key = lambda n: ffi.new("int64_t[6]", (2, -1, 0, n, 0, 1))
+    key = lambda n: ffi.new("int64_t[7]", (2, -1, 0, n, 0, 1, 0))
     slot = lib.sc_cache_slot(key(8))
     other = next(n for n in range(9, 100000) if lib.sc_cache_slot(key(n)) == slot)
     assert run_ranks(_colliding, 2, (8, other), 50) == [0, 0]

@@ -1,10 +1,11 @@
 """The one selection table.  A row per collective: its id in signatures,
 its module (ALGORITHMS: name -> planning function, choose(call) -> name,
 footprint(call) -> bytes touched), the Comm method its C fast entry
-stands for (None: no fast entry, as for the v-variants, whose counts no
-key holds), that method's argument roles (csrc/pyfast.c: a leading k
-when argument k's dtype is in the signature, x in-out buffer, i input,
-o output, I/O optional, r root, a algorithm) and names.  Adding a collective is a module and a row here.
+stands for (None: no fast entry, as for Gatherv/Scatterv, whose counts
+only the root has), that method's argument roles (csrc/pyfast.c: a
+leading k when argument k's dtype is in the signature, x in-out buffer,
+i input, o output, I/O optional, v an output with counts, r root, a
+algorithm) and names.  Adding a collective is a module and a row here.
 
 Precedence of the algorithm: algorithm= argument > options /
 SHMCOLL_<OP>_ALGORITHM > the collective's choose()."""
@@ -15,7 +16,7 @@ TABLE = {
     "bcast": (2, bcast, "Bcast", "xra", ("buf", "root", "algorithm")),
     "alltoall": (3, alltoall, "Alltoall", "ioa", ("sendbuf", "recvbuf", "algorithm")),
     "allgather": (4, allgather, "Allgather", "0ioa", ("sendbuf", "recvbuf", "algorithm")),
-    "allgatherv": (5, allgatherv, None, "", ()),
+    "allgatherv": (5, allgatherv, "Allgatherv", "1iva", ("sendbuf", "recvbuf", "algorithm")),
     "gather": (6, gather, "Gather", "0iOra", ("sendbuf", "recvbuf", "root", "algorithm")),
     "gatherv": (7, gather, None, "", ()),
     "scatter": (8, scatter, "Scatter", "1Iora", ("sendbuf", "recvbuf", "root", "algorithm")),
