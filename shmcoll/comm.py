@@ -19,7 +19,7 @@ import pickle
 import numpy as np
 
 from . import buffers
-from ._core import lib
+from ._core import ffi, lib
 from .coll import select
 from .device import fingerprint
 from .errors import PeerFailure, ShmcollError
@@ -38,6 +38,9 @@ def collective(fn):
         except BaseException as e:
             self._bad(e)
     return method
+
+
+COMBINED = 1024     # bytes a rank deposits when sizes are unknown: its size (8) and up to 1016 of data
 
 
 def _pickled(obj):
@@ -327,19 +330,42 @@ class Comm:
     def Allgatherv(self, sendbuf, recvbuf, algorithm=None):
         """recvbuf: [buf, counts, displs, dtype] (mpi4py's forms; counts and
         displacements in items, displacements packed when left out).  With
-        no counts, one round of byte counts comes first."""
+        no counts, sizes and data travel together (see _collect) and land
+        packed in rank order."""
         sptr, sbytes, sitem = buffers.view(sendbuf, "sendbuf", writable=False)
         rptr, rbytes, ritem, dt, counts, displs = buffers.vspec(recvbuf, "recvbuf", self.size, True)
         if counts is None:
-            sizes = np.empty(self.size, np.int64)
-            self.Allgather(np.array([sbytes], np.int64), sizes)
-            if sizes.sum() > rbytes:
-                raise ValueError(f"recvbuf has {rbytes} bytes but the ranks send {int(sizes.sum())}")
-            counts = tuple(int(n) // ritem for n in sizes)
-            displs = tuple(int(d) // ritem for d in np.concatenate([[0], np.cumsum(sizes)[:-1]]))
-            if any(int(n) % ritem for n in sizes):
-                raise ValueError(f"the ranks send {list(sizes)} bytes: not whole {ritem}-byte items of recvbuf")
+            sizes, pieces = self._collect(np.frombuffer(ffi.buffer(sptr, sbytes), np.uint8))
+            if sizes.sum() > rbytes or any(int(n) % ritem for n in sizes):
+                raise ValueError(f"recvbuf holds {rbytes // ritem} items of {ritem} bytes but the ranks sent "
+                                 f"{[int(n) for n in sizes]} bytes")
+            out = np.frombuffer(ffi.buffer(rptr, rbytes), np.uint8)
+            at = 0
+            for piece in pieces:
+                out[at:at + piece.size] = piece
+                at += piece.size
+            return
         self._vrun("allgatherv", algorithm, 0, sptr, sbytes, rptr, rbytes, ritem, dt, counts, displs, "sendbuf")
+
+    def _collect(self, data):
+        """Every rank's bytes (uint8 arrays) in rank order, and their sizes,
+        without knowing the sizes up front: paper 003's store-and-forward
+        Collect, each rank's size riding with its data in one round; a
+        second round of exactly the sizes only when a piece exceeds the
+        combined block."""
+        block = np.zeros(COMBINED, np.uint8)
+        block[:8].view(np.int64)[0] = data.size
+        if data.size <= COMBINED - 8:
+            block[8:8 + data.size] = data
+        got = np.empty((self.size, COMBINED), np.uint8)
+        self.Allgather(block, got)
+        sizes = got[:, :8].copy().view(np.int64).ravel()
+        if sizes.max() <= COMBINED - 8:
+            return sizes, [got[r, 8:8 + sizes[r]] for r in range(self.size)]
+        recv = np.empty(int(sizes.sum()), np.uint8)
+        self.Allgatherv(data, [recv, [int(n) for n in sizes]])
+        at = np.concatenate([[0], np.cumsum(sizes)])
+        return sizes, [recv[at[r]:at[r + 1]] for r in range(self.size)]
 
     @collective
     def Gatherv(self, sendbuf, recvbuf=None, root=0, algorithm=None):
@@ -378,14 +404,10 @@ class Comm:
 
     @collective
     def allgather(self, obj):
-        """Every rank's object, in rank order: the byte counts in one
-        Allgather, then the pickles in one Allgatherv."""
-        data = _pickled(obj)
-        sizes = np.empty(self.size, np.int64)
-        self.Allgather(np.array([data.size], np.int64), sizes)
-        recv = np.empty(int(sizes.sum()), np.uint8)
-        self.Allgatherv(data, [recv, sizes, np.uint8])
-        return _unpickled(recv, sizes)
+        """Every rank's object, in rank order: sizes and pickles together,
+        in one round when each fits the combined block (_collect)."""
+        _, pieces = self._collect(_pickled(obj))
+        return [pickle.loads(p.tobytes()) for p in pieces]
 
     @collective
     def gather(self, obj, root=0):

@@ -124,15 +124,21 @@ def test_v_variants_dtypes(dtype):
     run_cases(_vjob, 3, vtable(3, dtype), topology="2x2", options=SMALL)
 
 
-def test_allgatherv_counts_left_out():
-    """recvbuf without counts: the byte counts go round first."""
+@pytest.mark.parametrize("scale", [5, 60])
+def test_allgatherv_counts_left_out(scale):
+    """recvbuf without counts: sizes travel with the data (pieces up to
+    1016 bytes, scale 5) or go first (a bigger piece, scale 60); the
+    pieces land packed in rank order."""
     def job(comm):
-        mine = pattern(comm.rank * 5 + 1, np.float64, 3, comm.rank)
-        recv = poison(sum(q * 5 + 1 for q in range(comm.size)), np.float64)
-        comm.Allgatherv(mine, recv)
-        return recv.tobytes() == np.concatenate([pattern(q * 5 + 1, np.float64, 3, q)
-                                                 for q in range(comm.size)]).tobytes()
-    assert run_ranks(job, 4, options=SMALL) == [True] * 4
+        got = []
+        for seq in range(3):
+            mine = pattern(comm.rank * scale + seq, np.float64, seq, comm.rank)
+            recv = poison(sum(q * scale + seq for q in range(comm.size)), np.float64)
+            comm.Allgatherv(mine, recv)
+            got.append(recv.tobytes() == np.concatenate([pattern(q * scale + seq, np.float64, seq, q)
+                                                         for q in range(comm.size)]).tobytes())
+        return got
+    assert run_ranks(job, 4, options=SMALL) == [[True] * 3] * 4
 
 
 def test_objects():
