@@ -81,12 +81,13 @@ def alltoall(comm, nbytes, algorithm=None):
     return run, check
 
 
-@op
-def allgather(comm, nbytes, algorithm=None):
+def every_block(comm, nbytes, method, recv_spec, algorithm):
+    """(run, check) of a collective that gives every rank every rank's
+    nbytes block; recv_spec(recv) is the receive argument."""
     rank, size = comm.Get_rank(), comm.Get_size()
     send = np.zeros(nbytes, np.uint8)
     recv = np.zeros((size, nbytes), np.uint8)
-    run = bound(comm.Allgather, send, recv, algorithm=algorithm)
+    run = bound(method, send, recv_spec(recv), algorithm=algorithm)
 
     def check():
         send[:] = pattern(nbytes, rank)
@@ -95,23 +96,17 @@ def allgather(comm, nbytes, algorithm=None):
         return all(np.array_equal(recv[j], pattern(nbytes, j)) for j in range(size))
 
     return run, check
+
+
+@op
+def allgather(comm, nbytes, algorithm=None):
+    return every_block(comm, nbytes, comm.Allgather, lambda recv: recv, algorithm)
 
 
 @op
 def allgatherv(comm, nbytes, algorithm=None):
     """nbytes from every rank, with the counts given ([buf, counts])."""
-    rank, size = comm.Get_rank(), comm.Get_size()
-    send = np.zeros(nbytes, np.uint8)
-    recv = np.zeros((size, nbytes), np.uint8)
-    run = bound(comm.Allgatherv, send, [recv, [nbytes] * size], algorithm=algorithm)
-
-    def check():
-        send[:] = pattern(nbytes, rank)
-        recv[:] = 0
-        run()
-        return all(np.array_equal(recv[j], pattern(nbytes, j)) for j in range(size))
-
-    return run, check
+    return every_block(comm, nbytes, comm.Allgatherv, lambda recv: [recv, [nbytes] * comm.Get_size()], algorithm)
 
 
 @op

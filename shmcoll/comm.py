@@ -286,9 +286,7 @@ class Comm:
     def Allgather(self, sendbuf, recvbuf, algorithm=None):
         sptr, sbytes, sitem = buffers.view(sendbuf, "sendbuf", writable=False)
         rptr, rbytes, ritem = buffers.view(recvbuf, "recvbuf", writable=True)
-        if rbytes != sbytes * self.size:
-            raise ValueError(f"recvbuf has {rbytes} bytes but {self.size} blocks of sendbuf's {sbytes} need "
-                             f"{sbytes * self.size}")
+        self._blocks("recvbuf", rbytes, sbytes)
         s0, r0 = self._distinct(sptr, sbytes, rptr, rbytes, max(sitem, ritem))
         dt = buffers.dtype_of(sendbuf)
         self._run("allgather", self._key("allgather", algorithm, 0, sbytes, rbytes, self._dkey(dt)), sbytes, 0,
@@ -302,9 +300,7 @@ class Comm:
         rptr, rbytes, ritem = self._optional(recvbuf, "recvbuf", root, True)
         s0 = buffers.address(sptr)
         if self.rank == root:
-            if rbytes != sbytes * self.size:
-                raise ValueError(f"recvbuf has {rbytes} bytes but {self.size} blocks of sendbuf's {sbytes} "
-                                 f"need {sbytes * self.size}")
+            self._blocks("recvbuf", rbytes, sbytes)
             s0, _ = self._distinct(sptr, sbytes, rptr, rbytes, max(sitem, ritem))
         dt = buffers.dtype_of(sendbuf)
         self._run("gather", self._key("gather", algorithm, root, sbytes, rbytes, self._dkey(dt)), sbytes, root,
@@ -318,9 +314,7 @@ class Comm:
         sptr, sbytes, sitem = self._optional(sendbuf, "sendbuf", root, False)
         r0 = buffers.address(rptr)
         if self.rank == root:
-            if sbytes != rbytes * self.size:
-                raise ValueError(f"sendbuf has {sbytes} bytes but {self.size} blocks of recvbuf's {rbytes} "
-                                 f"need {rbytes * self.size}")
+            self._blocks("sendbuf", sbytes, rbytes)
             _, r0 = self._distinct(sptr, sbytes, rptr, rbytes, max(sitem, ritem), block=rbytes)
         dt = buffers.dtype_of(recvbuf)
         self._run("scatter", self._key("scatter", algorithm, root, sbytes, rbytes, self._dkey(dt)), rbytes, root,
@@ -374,16 +368,8 @@ class Comm:
         own and all plan the same schedule."""
         root = self._root(root)
         sptr, sbytes, sitem = buffers.view(sendbuf, "sendbuf", writable=False)
-        rptr = rbytes = None
-        ritem, dt = sitem, buffers.dtype_of(sendbuf)
-        if self.rank == root:
-            if recvbuf is None:
-                raise ValueError("Gatherv: the root needs recvbuf [buf, counts, displs, dtype]")
-            rptr, rbytes, ritem, dt, counts, displs = buffers.vspec(recvbuf, "recvbuf", self.size, True)
-            if counts is None:
-                raise ValueError("Gatherv: recvbuf on the root must give counts: [buf, counts, displs, dtype]")
-        counts, displs, ritem = self._root_counts(root, counts if self.rank == root else None,
-                                                  displs if self.rank == root else None, ritem)
+        rptr, rbytes, ritem, dt, counts, displs = self._root_vspec("Gatherv", recvbuf, "recvbuf", root, True, sitem,
+                                                                   buffers.dtype_of(sendbuf))
         self._vrun("gatherv", algorithm, root, sptr, sbytes, rptr, rbytes, ritem, dt, counts, displs, "sendbuf")
 
     @collective
@@ -392,14 +378,8 @@ class Comm:
         to every rank first, as in Gatherv."""
         root = self._root(root)
         rptr, rbytes, ritem = buffers.view(recvbuf, "recvbuf", writable=True)
-        sptr = sbytes = None
-        sitem, dt = ritem, buffers.dtype_of(recvbuf)
-        if self.rank == root:
-            sptr, sbytes, sitem, dt, counts, displs = buffers.vspec(sendbuf, "sendbuf", self.size, False)
-            if counts is None:
-                raise ValueError("Scatterv: sendbuf on the root must give counts: [buf, counts, displs, dtype]")
-        counts, displs, sitem = self._root_counts(root, counts if self.rank == root else None,
-                                                  displs if self.rank == root else None, sitem)
+        sptr, sbytes, sitem, dt, counts, displs = self._root_vspec("Scatterv", sendbuf, "sendbuf", root, False, ritem,
+                                                                   buffers.dtype_of(recvbuf))
         self._vrun("scatterv", algorithm, root, sptr, sbytes, rptr, rbytes, sitem, dt, counts, displs, "recvbuf")
 
     @collective
@@ -443,6 +423,20 @@ class Comm:
         ptr, n, _ = buffers.view(a, "buffer", writable=False)
         return ptr, n
 
+    def _root_vspec(self, what, spec, name, root, writable, item, dt):
+        """The root's v-spec (pointer, bytes, item size, dtype; None, None,
+        item, dt elsewhere) and, on every rank, the root's counts and
+        displacements."""
+        ptr = nbytes = counts = displs = None
+        if self.rank == root:
+            if spec is None:
+                raise ValueError(f"{what}: the root needs {name} [buf, counts, displs, dtype]")
+            ptr, nbytes, item, dt, counts, displs = buffers.vspec(spec, name, self.size, writable)
+            if counts is None:
+                raise ValueError(f"{what}: {name} on the root must give counts: [buf, counts, displs, dtype]")
+        counts, displs, item = self._root_counts(root, counts, displs, item)
+        return ptr, nbytes, item, dt, counts, displs
+
     def _root_counts(self, root, counts, displs, item):
         """The root's counts, displacements and item size on every rank."""
         table = np.zeros(2 * self.size + 1, np.int64)
@@ -472,6 +466,13 @@ class Comm:
             alg = -1 if algorithm is None else select.IDS[op][select.check_name(op, algorithm)]
             key, tail = (select.TABLE[op][0], alg, root, buffers.dtype_code(dt), pieces), None
         self._run(op, key, sum(n for n, _ in pieces), root, algorithm, s0, r0, dt, pieces, tail)
+
+    def _blocks(self, name, have, block):
+        """name must hold one block of `block` bytes per rank."""
+        if have != block * self.size:
+            other = "recvbuf" if name == "sendbuf" else "sendbuf"
+            raise ValueError(f"{name} has {have} bytes but {self.size} blocks of {other}'s {block} need "
+                             f"{block * self.size}")
 
     def _optional(self, buf, name, root, writable):
         """A buffer that matters on the root only: (ptr, bytes, itemsize),
