@@ -73,9 +73,9 @@ static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
  * per argument: 'x' a buffer read on the root and written elsewhere, 'i'
  * read, 'o' written ('I', 'O': the same, None allowed), 'v' written, a
  * v-variant's spec with counts, 'r' the root, 'a' the algorithm.  A leading digit k marks a collective whose signature
- * holds the dtype of argument k: the key's last word is then that array's
- * dtype object (numpy arrays of a known dtype only; anything else goes
- * to Python, which keys it the same way). */
+ * holds the dtype of argument k: the key's sixth word is then that array's
+ * dtype hash (numpy arrays only; anything else goes to Python, which keys
+ * it the same way). */
 static sc_comm_t *ctx(PyObject *self) { return (sc_comm_t *)PyLong_AsVoidPtr(PyTuple_GET_ITEM(self, 0)); }
 
 static PyObject *decline(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
@@ -109,7 +109,9 @@ static int plain(const Py_buffer *b) { return !b->format || !strchr(b->format, '
  * small call's argument handling.  The array fields read here are numpy's
  * public ABI (ndarraytypes.h, unchanged from 1.7 to 2.x); a dtype is
  * trusted once a full buffer request showed it holds no objects (the
- * cache keeps a reference, so its address cannot be reused). */
+ * cache keeps a reference, so its address cannot be reused; a full cache
+ * replaces its oldest entry).  Typed keys name a dtype by its hash, by
+ * value as Python's hash(dtype), so equal dtype objects share programs. */
 typedef struct {
     PyObject_HEAD
     char *data;
@@ -121,14 +123,16 @@ typedef struct {
 #define NP_C_CONTIGUOUS 0x0001
 #define NP_WRITEABLE 0x0400
 #define NP_WARN_ON_WRITE (1u << 31)
+#define NDTYPES 16
 static PyTypeObject *ndarray;
-static struct { PyObject *descr; Py_ssize_t itemsize; } dtypes[8];
+static struct { PyObject *descr; Py_ssize_t itemsize; Py_hash_t hash; } dtypes[NDTYPES];
+static int next_dtype;
 
-static Py_ssize_t known_itemsize(PyObject *descr)
+static int known(PyObject *descr)
 {
-    for (int i = 0; i < 8 && dtypes[i].descr; i++)
-        if (dtypes[i].descr == descr) return dtypes[i].itemsize;
-    return 0;
+    for (int i = 0; i < NDTYPES && dtypes[i].descr; i++)
+        if (dtypes[i].descr == descr) return i;
+    return -1;
 }
 
 /* After a full request of v succeeded and showed a plain dtype. */
@@ -137,23 +141,34 @@ static void learn(PyObject *v, const Py_buffer *b)
     if (!ndarray && !strcmp(Py_TYPE(v)->tp_name, "numpy.ndarray")) ndarray = (PyTypeObject *)Py_NewRef(Py_TYPE(v));
     if (Py_TYPE(v) != ndarray) return;
     PyObject *d = ((np_array *)v)->descr;
-    if (known_itemsize(d) || b->itemsize <= 0) return;
-    for (int i = 0; i < 8; i++)
-        if (!dtypes[i].descr) {
-            dtypes[i].descr = Py_NewRef(d);
-            dtypes[i].itemsize = b->itemsize;
-            return;
-        }
+    Py_hash_t h = PyObject_Hash(d);
+    if (known(d) >= 0 || b->itemsize <= 0 || h == -1) {
+        PyErr_Clear();
+        return;
+    }
+    int i = next_dtype;
+    next_dtype = (next_dtype + 1) % NDTYPES;
+    Py_XDECREF(dtypes[i].descr);
+    dtypes[i].descr = Py_NewRef(d);
+    dtypes[i].itemsize = b->itemsize;
+    dtypes[i].hash = h;
 }
 
-/* A contiguous array of a known dtype (writable if asked): its address,
- * length and item size without a buffer request; 0 when not that simple. */
+/* The typed key word of array v (a learned dtype's hash), 0 if none. */
+static int64_t dtype_word(PyObject *v)
+{
+    int i = Py_TYPE(v) == ndarray ? known(((np_array *)v)->descr) : -1;
+    return i < 0 ? 0 : (int64_t)dtypes[i].hash;
+}
+
 static int quick(PyObject *v, int writable, char **buf, Py_ssize_t *len, Py_ssize_t *itemsize)
 {
     if (!v || Py_TYPE(v) != ndarray) return 0;
     np_array *a = (np_array *)v;
     unsigned need = NP_C_CONTIGUOUS | (writable ? NP_WRITEABLE : 0), f = (unsigned)a->flags;
-    if ((f & (need | NP_WARN_ON_WRITE)) != need || !(*itemsize = known_itemsize(a->descr))) return 0;
+    int i = known(a->descr);
+    if ((f & (need | NP_WARN_ON_WRITE)) != need || i < 0) return 0;
+    *itemsize = dtypes[i].itemsize;
     Py_ssize_t n = *itemsize;
     for (int i = 0; i < a->nd; i++) n *= a->dims[i];
     *buf = a->data;
@@ -192,7 +207,8 @@ static PyObject *vspec(PyObject *v, int n, int64_t *vec)
     if (displs) {
         if (!ints(it[2], n, vec + n)) return NULL;
     } else {
-        for (int i = 0, at = 0; i < n; at += vec[i++]) vec[n + i] = at;
+        int64_t at = 0;
+        for (int i = 0; i < n; at += vec[i++]) vec[n + i] = at;
     }
     return it[0];
 }
@@ -233,20 +249,16 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
             key[6] = fingerprint(vec, c->size);
             /* fall through: the spec's array is an output */
         case 'I': case 'O':
-            if (!v || v == Py_None) break;
+            if (!v || v == Py_None) {      /* an absent buffer: keyed apart from an empty one */
+                key[3 + (roles[i] == 'O')] = -1;
+                break;
+            }
             /* fall through */
         case 'x': case 'i': case 'o': {
             int w = roles[i] != 'i' && roles[i] != 'I', out = strchr("oOv", roles[i]) != NULL;
             char *p;
             Py_ssize_t len, isz;
-            if (quick(v, w, &p, &len, &isz)) {
-                if (i == typed) key[5] = (int64_t)((np_array *)v)->descr;
-            } else if (typed >= 0) {
-                ok = 0;     /* Python keys it; learn the dtype for next time */
-                if (v && !PyObject_GetBuffer(v, &b[nb], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) && plain(&b[nb++]))
-                    learn(v, &b[nb - 1]);
-                break;
-            } else {
+            if (!quick(v, w, &p, &len, &isz)) {
                 if (!v || PyObject_GetBuffer(v, &b[nb], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (w ? PyBUF_WRITABLE : 0))) {
                     ok = 0;
                     break;
@@ -255,6 +267,7 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
                 learn(v, &b[nb - 1]);
                 p = b[nb - 1].buf, len = b[nb - 1].len, isz = b[nb - 1].itemsize;
             }
+            if (i == typed && !(key[5] = dtype_word(v))) { ok = 0; break; }   /* not an array Python keys alike */
             key[3 + out] = len;
             if (!nbuf++) {
                 isz0 = isz;

@@ -1,6 +1,8 @@
 """Buffer arguments, mpi4py style: an array or any buffer-protocol object,
 or a spec [buf, count, dtype] / [buf, dtype].  Returns the pointer C
 needs and the byte count; every problem names the argument."""
+import zlib
+
 import numpy as np
 
 from ._core import ffi
@@ -59,6 +61,8 @@ def view(spec, name, writable):
         nbytes = int(count) * itemsize
         if nbytes > have:
             raise ValueError(f"{name}: {count} x {np.dtype(dtype)} needs {nbytes} bytes but the buffer has {have}")
+    if itemsize == 0:
+        raise ValueError(f"{name}: items of 0 bytes cannot be sent")
     return ffi.from_buffer(buf, require_writable=writable), nbytes, itemsize
 
 
@@ -75,17 +79,17 @@ def dtype_of(spec):
         return np.dtype(np.uint8)
 
 
-_KINDS = "biufcmMOSUV"
-
-
 def dtype_code(dt):
-    """8 bits for the signature's dtype field: kind and item size."""
-    return (_KINDS.find(dt.kind) + 1) << 4 | min(dt.itemsize, 15)
+    """8 bits for the signature's dtype field, the same in every process
+    (no str hash): a checksum of the full description, byte order and
+    fields included, 1..255 (distinct dtypes collide 1 time in 255)."""
+    return zlib.crc32(f"{dt.str}{dt.descr}".encode()) % 255 + 1
 
 
 def vspec(spec, name, nranks, writable):
     """A v-variant's buffer: [buf, counts, displs, dtype], [buf, (counts,
-    displs), dtype], [buf, counts, dtype], [buf, counts] or a plain buffer.
+    displs), dtype], [buf, counts, displs], [buf, counts, dtype], [buf,
+    counts] or a plain buffer.
     (pointer, bytes, itemsize, dtype, counts or None, displs or None);
     counts and displacements in items, checked against the buffer."""
     counts = displs = None
@@ -95,8 +99,10 @@ def vspec(spec, name, nranks, writable):
             buf, counts, displs, dt = spec
         elif len(spec) == 3:
             buf, counts, dt = spec
-            if isinstance(counts, tuple) and len(counts) == 2 and all(isinstance(x, (list, tuple, np.ndarray))
-                                                                      for x in counts):
+            if isinstance(dt, (list, tuple, np.ndarray)):           # [buf, counts, displs]
+                displs, dt = dt, None
+            elif isinstance(counts, tuple) and len(counts) == 2 and all(isinstance(x, (list, tuple, np.ndarray))
+                                                                        for x in counts):
                 counts, displs = counts
         elif len(spec) == 2:
             buf, counts = spec

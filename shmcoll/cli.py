@@ -58,7 +58,8 @@ def _alcd(argv):
     from .topology import topology
     placement = topology() if a.topology == "real" else a.topology
     print(f"allgather on {a.p} ranks" + (f", placed on {a.topology}" if a.topology else "") +
-          " (paper: Table 1 of paper 000; its Bruck form holds for powers of two only)")
+          " (paper: Table 1 of paper 000; Bruck at p not a power of two: the paper's per-step count, as its "
+          "closed form is wrong there)")
     print(table(a.p, placement, a.bytes))
     return 0
 

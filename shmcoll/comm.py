@@ -40,7 +40,7 @@ def collective(fn):
     return method
 
 
-COMBINED = 1024     # bytes a rank deposits when sizes are unknown: its size (8) and up to 1016 of data
+COMBINED = 1024     # bytes a rank deposits when sizes are unknown: size, capacity (24) and up to 1000 of data
 
 
 def _pickled(obj):
@@ -205,13 +205,11 @@ class Comm:
         alg = -1 if algorithm is None else select.IDS[op][select.check_name(op, algorithm)]
         return (select.TABLE[op][0], alg, root, len0, len1, itemsize, 0)
 
-    def _dkey(self, dt):
+    @staticmethod
+    def _dkey(dt):
         """The key word naming datatype dt, as the C entry computes it for
-        an array of that dtype: its id, the object kept while keyed."""
-        if len(self._dev.dtypes) >= 256:
-            self._dev.clear_programs()
-        self._dev.dtypes.setdefault(id(dt), dt)
-        return id(dt)
+        an array of that dtype: its hash (by value, this process's)."""
+        return hash(dt)
 
     # -- collectives -----------------------------------------------------------
     # Each instance's Barrier/Bcast/Alltoall are C entries (device.entry)
@@ -329,10 +327,7 @@ class Comm:
         sptr, sbytes, sitem = buffers.view(sendbuf, "sendbuf", writable=False)
         rptr, rbytes, ritem, dt, counts, displs = buffers.vspec(recvbuf, "recvbuf", self.size, True)
         if counts is None:
-            sizes, pieces = self._collect(np.frombuffer(ffi.buffer(sptr, sbytes), np.uint8))
-            if sizes.sum() > rbytes or any(int(n) % ritem for n in sizes):
-                raise ValueError(f"recvbuf holds {rbytes // ritem} items of {ritem} bytes but the ranks sent "
-                                 f"{[int(n) for n in sizes]} bytes")
+            _, pieces = self._collect(np.frombuffer(ffi.buffer(sptr, sbytes), np.uint8), rbytes, ritem)
             out = np.frombuffer(ffi.buffer(rptr, rbytes), np.uint8)
             at = 0
             for piece in pieces:
@@ -341,21 +336,27 @@ class Comm:
             return
         self._vrun("allgatherv", algorithm, 0, sptr, sbytes, rptr, rbytes, ritem, dt, counts, displs, "sendbuf")
 
-    def _collect(self, data):
+    def _collect(self, data, capacity=-1, item=1):
         """Every rank's bytes (uint8 arrays) in rank order, and their sizes,
         without knowing the sizes up front: paper 003's store-and-forward
         Collect, each rank's size riding with its data in one round; a
         second round of exactly the sizes only when a piece exceeds the
-        combined block."""
+        combined block.  Each rank's receive capacity (bytes, item size;
+        -1: any) rides along too, so every rank refuses a too-small one."""
         block = np.zeros(COMBINED, np.uint8)
-        block[:8].view(np.int64)[0] = data.size
-        if data.size <= COMBINED - 8:
-            block[8:8 + data.size] = data
+        block[:24].view(np.int64)[:] = (data.size, capacity, item)
+        if data.size <= COMBINED - 24:
+            block[24:24 + data.size] = data
         got = np.empty((self.size, COMBINED), np.uint8)
         self.Allgather(block, got)
-        sizes = got[:, :8].copy().view(np.int64).ravel()
-        if sizes.max() <= COMBINED - 8:
-            return sizes, [got[r, 8:8 + sizes[r]] for r in range(self.size)]
+        head = got[:, :24].copy().view(np.int64).reshape(self.size, 3)
+        sizes = head[:, 0]
+        for r, (_, cap, it) in enumerate(head):
+            if cap >= 0 and (sizes.sum() > cap or (sizes % it).any()):
+                raise ValueError(f"rank {r}'s recvbuf holds {cap // it} items of {it} bytes but the ranks sent "
+                                 f"{[int(n) for n in sizes]} bytes")
+        if sizes.max() <= COMBINED - 24:
+            return sizes, [got[r, 24:24 + sizes[r]] for r in range(self.size)]
         recv = np.empty(int(sizes.sum()), np.uint8)
         self.Allgatherv(data, [recv, [int(n) for n in sizes]])
         at = np.concatenate([[0], np.cumsum(sizes)])
@@ -480,7 +481,7 @@ class Comm:
         if buf is None:
             if self.rank == root:
                 raise ValueError(f"the root needs {name}")
-            return None, 0, 0
+            return None, -1, 0          # keyed apart from an empty buffer, as the C entry does
         return buffers.view(buf, name, writable=writable and self.rank == root)
 
     def _distinct(self, sptr, sbytes, rptr, rbytes, item, block=None):

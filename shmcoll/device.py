@@ -135,7 +135,6 @@ class Device:
         self.c, self._keep = self._context(plan, rank)
         self._base = ffi.from_buffer(segment.mmap)
         self._programs = {}
-        self.dtypes = {}        # id -> dtype of every dtype a key names: no id is reused while keyed
         self._tmp = None
         self.traffic = None
         if plan.params["record_traffic"]:
@@ -203,7 +202,8 @@ class Device:
         any other stays here.  The signature holds dtype (a code) and sigbytes (the
         schedule's byte count if None); tail, a v-variant's counts and
         displacements, ends the program for the fast entry to compare."""
-        prog = self._programs.get(key)
+        here = key if tail is None else key + (tuple(tail),)     # exact counts: no fingerprint collision
+        prog = self._programs.get(here)
         if prog is None:
             sched = make()
             sig = signature(coll, alg, sched.root, sched.nbytes if sigbytes is None else sigbytes, dtype)
@@ -213,7 +213,7 @@ class Device:
                 prog[6] = prog.size - len(tail)
             if len(self._programs) >= 4 * lib.SC_CACHE:
                 self.clear_programs()
-            self._programs[key] = prog
+            self._programs[here] = prog
             self._scratch(int(prog[4]))
         if len(key) == lib.SC_KEY:
             self._install(key, prog)        # another key may have taken its cache slot
@@ -232,7 +232,6 @@ class Device:
 
     def clear_programs(self):
         self._programs.clear()
-        self.dtypes.clear()
         ffi.memmove(self.c.cache, b"\0" * ffi.sizeof(self.c.cache), ffi.sizeof(self.c.cache))
 
     def execute(self, prog, saddr, raddr):

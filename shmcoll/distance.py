@@ -62,7 +62,10 @@ def _slots(placement, p):
 
 def paper(algorithm, p):
     """Table 1 of paper 000: (ALCD, steps) in closed form, None where the
-    paper gives none."""
+    paper gives none.  Its Bruck form holds for powers of two only (at
+    p = 6 it gives 0.56, below the least distance 1); elsewhere this is the
+    count its text derives the form from (step k < ceil(log p): p - 2^k
+    messages at distance 2^k, 2^k at p - 2^k)."""
     L = math.ceil(math.log2(p)) if p > 1 else 0
     if algorithm == "ring":
         return 2 - 2 / p, p - 1
@@ -71,6 +74,8 @@ def paper(algorithm, p):
     if algorithm == "recursive_doubling" and p & (p - 1) == 0 and p > 1:
         return (p - 1) / L, L
     if algorithm == "bruck" and p > 1:
+        if p & (p - 1):     # Table 1's form sums one step too many; the paper's per-step count instead
+            return sum(2 * 2 ** k * (p - 2 ** k) for k in range(L)) / (p * L), L
         return (2 * p * (2 ** (L + 1) - 1) - (2 / 3) * (4 ** (L + 1) - 1)) / (p * L), L
     return None
 

@@ -322,3 +322,88 @@ def test_allgatherv_fast_path_keys_counts():
         assert got[r][:12] == [True] * 12, got
         assert got[r][12] in ("MismatchError", "PeerAborted"), got
     assert any(g[12] == "MismatchError" for g in got), got
+
+
+# -- found in review -------------------------------------------------------------------
+
+def test_allgatherv_fingerprint_collision_reruns_nothing_stale():
+    """Two displacement lists with one fingerprint (found by search): the
+    second call must place data at its own displacements, not the first's."""
+    from shmcoll.device import fingerprint
+    counts, first, second = [1, 1, 1], [474245, 243062, 0], [474249, 214390, 824556]
+    assert fingerprint(counts, first) == fingerprint(counts, second)
+
+    def job(comm):
+        out = []
+        for displs in (first, second):
+            recv = np.zeros(1 << 20, np.uint8)
+            comm.Allgatherv(np.array([10 + comm.rank], np.uint8), [recv, counts, displs, recv.dtype])
+            out.append([int(recv[d]) for d in displs])
+        return out
+    assert run_ranks(job, 3, timeout=30) == [[[10, 11, 12]] * 2] * 3
+
+
+def test_allgatherv_counts_displs_form_cold_and_warm():
+    """[buf, counts, displs] (mpi4py's form) is accepted whether or not the
+    C entry has seen the call before."""
+    def job(comm):
+        got = []
+        for _ in range(3):
+            recv = np.zeros(9, np.int16)
+            comm.Allgatherv(np.full(3, comm.rank, np.int16), [recv, [3, 3, 3], [6, 0, 3]])
+            got.append(recv.tolist())
+        return got
+    assert run_ranks(job, 3, timeout=30) == [[[1] * 3 + [2] * 3 + [0] * 3] * 3] * 3
+
+
+def test_equal_fresh_dtypes_share_one_program():
+    """Equal dtypes that are distinct objects (unpickled arrays, structured
+    literals) key alike: no new program per call."""
+    import pickle
+
+    def job(comm):
+        before = None
+        for i in range(40):
+            dt = np.dtype([("a", "<f8"), ("b", "<i4")])           # a new object each time
+            send = pickle.loads(pickle.dumps(np.zeros(2, dt)))
+            comm.Allgather(send, np.zeros(2 * comm.size, dt))
+            if i == 1:
+                before = len(comm._dev._programs)
+        return len(comm._dev._programs) - before
+    assert run_ranks(job, 2, timeout=30) == [0, 0]
+
+
+def test_allgatherv_without_counts_one_small_recvbuf_raises_everywhere():
+    def job(comm):
+        recv = np.zeros(8 if comm.rank == 1 else 9, np.int32)
+        return attempt(comm, "Allgatherv", lambda: comm.Allgatherv(np.full(3, comm.rank, np.int32), recv))
+    got = run_ranks(job, 3, timeout=30)
+    assert all(g is not None and g[:2] == ("Allgatherv", "ValueError") and "rank 1" in g[2] for g in got), got
+
+
+@pytest.mark.parametrize("mine,theirs", [("<i4", ">i4"), ("S16", "S32"), ("i4,f4", "f4,i4")])
+def test_dtype_mismatch_of_equal_size_raises(mine, theirs):
+    def job(comm):
+        dt = np.dtype(mine if comm.rank == 1 else theirs)
+        n = 32 // dt.itemsize
+        return attempt(comm, "Allgather", lambda: comm.Allgather(np.zeros(n, dt), np.zeros(n * comm.size, dt)))
+    got = run_ranks(job, 3, timeout=30)
+    assert all(g is not None for g in got) and any(g[1] == "MismatchError" for g in got), got
+
+
+def test_root_without_buffer_refused_after_empty_warm_calls():
+    def job(comm):
+        empty = np.zeros(0, np.int32)
+        for _ in range(3):
+            comm.Gather(empty, empty if comm.rank == 0 else None, 0)
+        return attempt(comm, "Gather", lambda: comm.Gather(empty, None, 0))
+    got = run_ranks(job, 3, timeout=30)
+    assert got[0] is not None and got[0][1] == "ValueError" and "root" in got[0][2], got
+
+
+def test_zero_size_items_refused():
+    def job(comm):
+        dt = np.dtype([])
+        return attempt(comm, "Allgather", lambda: comm.Allgather(np.zeros(3, dt), np.zeros(3 * comm.size, dt)))
+    got = run_ranks(job, 2, timeout=30)
+    assert all(g is not None and g[1] == "ValueError" and "0 bytes" in g[2] for g in got), got
