@@ -12,6 +12,15 @@
 #include "sc_internal.h"
 #include <errno.h>
 
+/* A writer using w inline slots a call (w a power of two) gives call C
+ * the lines C * w .. C * w + w - 1 (mod SC_SLOTS): a line comes back
+ * SC_SLOTS / w calls later, so a root writing to several readers is not
+ * held to the readers of its previous call.  Operand u = j | w << 8. */
+static uint64_t slot_index(uint64_t call, uint64_t u)
+{
+    return call * (u >> 8) + (u & 0xff);
+}
+
 static char *space(sc_comm_t *c, int64_t sp, int64_t off, char *sbuf, char *rbuf)
 {
     int r = (int)(sp >> 8 & 0xffffff);
@@ -20,16 +29,16 @@ static char *space(sc_comm_t *c, int64_t sp, int64_t off, char *sbuf, char *rbuf
     case SC_RECV: return rbuf + off;
     case SC_TMP: return c->tmp + off;
     case SC_CHAN: return chan_buf(c, r) + off;
-    case SC_SLOT: return slot_data(c, r, c->call + (uint64_t)(sp >> 32)) + off;
+    case SC_SLOT: return slot_data(c, r, slot_index(c->call, (uint64_t)(sp >> 32))) + off;
     default: return c->base + c->off_stripe + off;
     }
 }
 
 /* Debt set of operand a: inline slot sets are named by the call's slot
- * index j and stored under the slot line they land on. */
+ * operand and stored under the slot line they land on. */
 static int set_of(sc_comm_t *c, int64_t a)
 {
-    return a < SC_SET_SLOT ? (int)a : SC_SET_SLOT + (int)((c->call + (uint64_t)(a - SC_SET_SLOT)) % SC_SLOTS);
+    return a < SC_SET_SLOT ? (int)a : SC_SET_SLOT + (int)(slot_index(c->call, (uint64_t)(a - SC_SET_SLOT)) % SC_SLOTS);
 }
 
 /* Wait for line l (written by who) to reach (call, ev). */

@@ -87,10 +87,21 @@ def _protocol(m, slot_used):
     return "staged", None
 
 
+def _widths(sched, p):
+    """Inline slots each writer uses in one call, rounded up to a power of
+    two (csrc/exec.c's slot_index gives each call that many lines)."""
+    used = [0] * p
+    for st in sched.steps:
+        for m in st.moves:
+            _protocol(m, used)
+    return [1 << max(u - 1, 0).bit_length() for u in used]
+
+
 class _Compiler:
     def __init__(self, sched, params):
         p = self.p = sched.nranks
         self.sched, self.params = sched, params
+        self.width = _widths(sched, p)
         self.prog = [[] for _ in range(p)]
         self.event = [0] * p          # last event each writer posted
         self.acks = [0] * p           # acks each reader gave
@@ -206,8 +217,9 @@ class _Compiler:
             self.pending[w].append(piece)
             return piece
         if proto == "inline":
-            self.drain(w, SLOT + j)
-            dst = space(lib.SC_SLOT, w, j)
+            u = j | self.width[w] << 8
+            self.drain(w, SLOT + u)
+            dst = space(lib.SC_SLOT, w, u)
             piece["space"], piece["off"] = dst, 0
         else:
             ring = self.stripe if proto == "stripe" else self.rings.setdefault(w, _Ring(self.params["chan_bytes"], 64))
@@ -246,7 +258,7 @@ class _Compiler:
         if proto == "direct":
             self.direct_owed[w][r] = a
         elif proto == "inline":
-            self.owed[w][(SLOT + j, r)] = a
+            self.owed[w][(SLOT + (j | self.width[w] << 8), r)] = a
         elif proto == "stripe":
             piece["alloc"]["acks"][r] = a
             self.stripe_owed[r] = a
