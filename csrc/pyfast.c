@@ -72,10 +72,10 @@ static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
  * {name: algorithm id}, (collective id, roles, argument names)).  Roles, one
  * per argument: 'x' a buffer read on the root and written elsewhere, 'i'
  * read, 'o' written ('I', 'O': the same, None allowed), 'v' written, a
- * v-variant's spec with counts, 'r' the root, 'a' the algorithm.  A leading digit k marks a collective whose signature
- * holds the dtype of argument k: the key's sixth word is then that array's
- * dtype hash (numpy arrays only; anything else goes to Python, which keys
- * it the same way). */
+ * v-variant's spec with counts, 'r' the root, 'a' the algorithm.  A
+ * leading digit k marks a collective whose signature holds the dtype of
+ * argument k: the key's sixth word is then that array's dtype hash (numpy
+ * arrays only; anything else goes to Python, which keys it the same way). */
 static sc_comm_t *ctx(PyObject *self) { return (sc_comm_t *)PyLong_AsVoidPtr(PyTuple_GET_ITEM(self, 0)); }
 
 static PyObject *decline(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
@@ -166,9 +166,9 @@ static int quick(PyObject *v, int writable, char **buf, Py_ssize_t *len, Py_ssiz
     if (!v || Py_TYPE(v) != ndarray) return 0;
     np_array *a = (np_array *)v;
     unsigned need = NP_C_CONTIGUOUS | (writable ? NP_WRITEABLE : 0), f = (unsigned)a->flags;
-    int i = known(a->descr);
-    if ((f & (need | NP_WARN_ON_WRITE)) != need || i < 0) return 0;
-    *itemsize = dtypes[i].itemsize;
+    int d = known(a->descr);
+    if ((f & (need | NP_WARN_ON_WRITE)) != need || d < 0) return 0;
+    *itemsize = dtypes[d].itemsize;
     Py_ssize_t n = *itemsize;
     for (int i = 0; i < a->nd; i++) n *= a->dims[i];
     *buf = a->data;
@@ -176,11 +176,7 @@ static int quick(PyObject *v, int writable, char **buf, Py_ssize_t *len, Py_ssiz
     return 1;
 }
 
-/* A v-variant's buffer spec, mpi4py's [buf, counts], [buf, counts,
- * displs], [buf, counts, dtype] or [buf, counts, displs, dtype] (dtype:
- * the array's own dtype object), counts and displacements lists or tuples of one int per rank:
- * its array, and counts then displacements (packed when not given) into
- * v; 0 when not that simple. */
+/* n non-negative exact ints of a list or tuple into out; 0 if not that. */
 static int ints(PyObject *seq, int n, int64_t *out)
 {
     if (!PyList_Check(seq) && !PyTuple_Check(seq)) return 0;
@@ -195,15 +191,20 @@ static int ints(PyObject *seq, int n, int64_t *out)
     return 1;
 }
 
+/* A v-variant's buffer spec, mpi4py's [buf, counts], [buf, counts,
+ * displs], [buf, counts, dtype] or [buf, counts, displs, dtype] (dtype:
+ * the array's own dtype object; counts and displacements: lists or tuples
+ * of one int per rank): its array, with counts then displacements (packed
+ * when not given) in vec; NULL when not that simple. */
 static PyObject *vspec(PyObject *v, int n, int64_t *vec)
 {
     if (!PyList_Check(v) && !PyTuple_Check(v)) return NULL;
     Py_ssize_t k = PySequence_Fast_GET_SIZE(v);
     PyObject **it = PySequence_Fast_ITEMS(v);
     if (k < 2 || k > 4 || !ints(it[1], n, vec)) return NULL;
-    if (k == 4 && (Py_TYPE(it[0]) != ndarray || it[3] != ((np_array *)it[0])->descr)) return NULL;
     int displs = k == 4 || (k == 3 && (PyList_Check(it[2]) || PyTuple_Check(it[2])));
-    if (k == 3 && !displs && (Py_TYPE(it[0]) != ndarray || it[2] != ((np_array *)it[0])->descr)) return NULL;
+    PyObject *dtype = k == 4 ? it[3] : k == 3 && !displs ? it[2] : NULL;
+    if (dtype && (Py_TYPE(it[0]) != ndarray || dtype != ((np_array *)it[0])->descr)) return NULL;
     if (displs) {
         if (!ints(it[2], n, vec + n)) return NULL;
     } else {

@@ -56,6 +56,12 @@ def _unpickled(buf, sizes):
     return [pickle.loads(buf[at[i]:at[i + 1]].tobytes()) for i in range(len(sizes))]
 
 
+def _apart(s0, sbytes, r0, rbytes):
+    """Refuse a send and a receive buffer that share a byte."""
+    if sbytes and rbytes and s0 < r0 + rbytes and r0 < s0 + sbytes:
+        raise ValueError("sendbuf and recvbuf overlap; pass distinct buffers")
+
+
 def _what(op):
     """The method name messages use for op."""
     return select.TABLE[op][2] or op.capitalize()
@@ -256,8 +262,7 @@ class Comm:
             raise ValueError(f"sendbuf's {sbytes} bytes do not split into {self.size} equal blocks of whole "
                              f"{item}-byte elements")
         s0, r0 = buffers.address(sptr), buffers.address(rptr)
-        if sbytes and s0 < r0 + rbytes and r0 < s0 + sbytes:
-            raise ValueError("sendbuf and recvbuf overlap; pass distinct buffers")
+        _apart(s0, sbytes, r0, rbytes)
         block = sbytes // self.size
         self._run("alltoall", self._key("alltoall", algorithm, 0, sbytes, rbytes, sitem), block, 0, algorithm,
                   s0, r0)
@@ -458,8 +463,8 @@ class Comm:
         pieces = tuple((c * item, d * item) for c, d in zip(counts, displs))
         s0 = buffers.address(sptr) if sptr is not None else 0
         r0 = buffers.address(rptr) if rptr is not None else 0
-        if sptr is not None and rptr is not None and sbytes and rbytes and s0 < r0 + rbytes and r0 < s0 + sbytes:
-            raise ValueError("sendbuf and recvbuf overlap; pass distinct buffers")
+        if sptr is not None and rptr is not None:
+            _apart(s0, sbytes, r0, rbytes)
         if op == "allgatherv":          # the fast entry's key: it has the same counts on every rank
             tail = list(counts) + list(displs)
             key = self._key(op, algorithm, 0, sbytes, rbytes, self._dkey(dt))[:-1] + (fingerprint(counts, displs),)
@@ -491,8 +496,7 @@ class Comm:
         if block % item:
             raise ValueError(f"blocks of {block} bytes are not whole {item}-byte elements")
         s0, r0 = buffers.address(sptr), buffers.address(rptr)
-        if sbytes and rbytes and s0 < r0 + rbytes and r0 < s0 + sbytes:
-            raise ValueError("sendbuf and recvbuf overlap; pass distinct buffers")
+        _apart(s0, sbytes, r0, rbytes)
         return s0, r0
 
     def _root(self, root):

@@ -87,25 +87,18 @@ def _protocol(m, slot_used):
     return "staged", None
 
 
-def _widths(sched, p):
-    """Inline slots each writer uses in one call, rounded up to a power of
-    two (csrc/exec.c's slot_index gives each call that many lines)."""
-    used = [0] * p
-    for st in sched.steps:
-        for m in st.moves:
-            _protocol(m, used)
-    return [1 << max(u - 1, 0).bit_length() for u in used]
-
-
 class _Compiler:
     def __init__(self, sched, params):
         p = self.p = sched.nranks
         self.sched, self.params = sched, params
-        self.width = _widths(sched, p)
         self.prog = [[] for _ in range(p)]
         self.event = [0] * p          # last event each writer posted
         self.acks = [0] * p           # acks each reader gave
-        self.slots = [0] * p          # inline slots each writer used
+        slots = [0] * p               # inline slots each writer uses
+        # every move's protocol up front: a writer's slot lines depend on how
+        # many slots it uses in the whole call (csrc/exec.c's slot_index)
+        self.protos = [[_protocol(m, slots) for m in st.moves] for st in sched.steps]
+        self.width = [1 << max(u - 1, 0).bit_length() for u in slots]
         self.pending = [[] for _ in range(p)]   # written, not yet posted
         self.rings = {}
         self.stripe = _Ring(params["stripe_bytes"], params["stripe_bytes"] // params["stripe_slots"])
@@ -132,10 +125,14 @@ class _Compiler:
             self.pending[w] = []
 
     # -- one step ----------------------------------------------------------
-    def step(self, st):
+    def slot(self, w, j):
+        """Operand of writer w's inline slot j: j and the writer's width."""
+        return j | self.width[w] << 8
+
+    def step(self, st, protocols):
         p, par = self.p, self.params
         moves = st.moves
-        protos, slot_j = zip(*[_protocol(m, self.slots) for m in moves]) if moves else ((), ())
+        protos, slot_j = zip(*protocols) if moves else ((), ())
         nstaged = [0] * p
         for m, pr in zip(moves, protos):
             nstaged[m.src] += pr == "staged"
@@ -217,7 +214,7 @@ class _Compiler:
             self.pending[w].append(piece)
             return piece
         if proto == "inline":
-            u = j | self.width[w] << 8
+            u = self.slot(w, j)
             self.drain(w, SLOT + u)
             dst = space(lib.SC_SLOT, w, u)
             piece["space"], piece["off"] = dst, 0
@@ -258,7 +255,7 @@ class _Compiler:
         if proto == "direct":
             self.direct_owed[w][r] = a
         elif proto == "inline":
-            self.owed[w][(SLOT + (j | self.width[w] << 8), r)] = a
+            self.owed[w][(SLOT + self.slot(w, j), r)] = a
         elif proto == "stripe":
             piece["alloc"]["acks"][r] = a
             self.stripe_owed[r] = a
@@ -295,8 +292,8 @@ class _Compiler:
 def compile_schedule(sched, params, sig):
     """Every rank's program for sched; sig = the call's signature words."""
     c = _Compiler(sched, params)
-    for st in sched.steps:
-        c.step(st)
+    for st, protocols in zip(sched.steps, c.protos):
+        c.step(st, protocols)
     return c.finish(sig, sched.tmp)
 
 

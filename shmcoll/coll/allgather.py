@@ -20,11 +20,11 @@ Moves that forward data read the writer's recvbuf, filled by earlier
 steps; big blocks travel by single copy when ranks may read each other.
 """
 from ..sched import Copy, Move, Step
+from .gather import via
 
 
 def _via(call):
-    par = call.params
-    return "direct" if call.cma and 0 < par["cma_bytes"] <= call.nbytes else "auto"
+    return via(call, call.nbytes)
 
 
 def _own(call):
