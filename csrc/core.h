@@ -18,6 +18,7 @@
 #define SC_ETIMEOUT -7   /* waited longer than timeout_ns for rank err_rank */
 #define SC_EINTR -8      /* a signal handler raised (KeyboardInterrupt) while waiting */
 #define SC_ECMA -9       /* process_vm_readv from err_rank failed with errno err_b */
+#define SC_EKERNEL -10  /* no reduction kernel for a program's op and type (a planning bug): the job is aborted */
 #define SC_FALLBACK -100 /* fast entry declined: take the checked Python path */
 
 /* Opcodes: word 0 of an instruction; operands a..g in words 1..7. */
@@ -33,7 +34,20 @@ enum {
     SC_OP_DEBT = 8,     /* a=set b=reader c=count: before rewriting set, wait for reader's ack of count */
     SC_OP_QPOST = 9,    /* a=queue (0 gather, 1 release) b=entry: packed barrier queue */
     SC_OP_QWAIT = 10,   /* a=queue b=entry c=who */
+    SC_OP_REDUCE = 11,  /* word 0 also holds the kernel (sc_reduce); a=dst space b=dst off c,d=a's e,f=b's g=items */
+    SC_OP_COUNT = 12,   /* a=source rank b=bytes: the traffic record of a folded input */
 };
+/* Reduction kernels (csrc/reduce.c): word 0 of SC_OP_REDUCE is
+ * opcode | op << 8 | type << 16 | form << 24 | index-is-int64 << 28 |
+ * item bytes << 32 | index offset << 40 (the last three for MINLOC/MAXLOC
+ * pairs, whose type is the value's). */
+enum { SC_R_SUM = 1, SC_R_PROD, SC_R_MIN, SC_R_MAX, SC_R_LAND, SC_R_LOR, SC_R_LXOR, SC_R_BAND, SC_R_BOR, SC_R_BXOR,
+       SC_R_MINLOC, SC_R_MAXLOC, SC_R_NOPS };
+enum { SC_T_I8 = 1, SC_T_I16, SC_T_I32, SC_T_I64, SC_T_U8, SC_T_U16, SC_T_U32, SC_T_U64, SC_T_F32, SC_T_F64,
+       SC_T_LD, SC_T_C64, SC_T_C128, SC_T_CLD, SC_T_BOOL, SC_T_F16, SC_T_BF16, SC_T_NTYPES };
+/* Forms: d = a op b; d op= b; half types accumulate in float32:
+ * d(f32) = a op b, d(f32) op= b, then d = a(f32) rounded to nearest even. */
+enum { SC_F_SAME = 0, SC_F_INTO = 1, SC_F_WIDEN = 2, SC_F_ACC = 3, SC_F_NARROW = 4, SC_F_N = 5 };
 /* Spaces (COPY/CMA operands): kind | rank << 8 | inline index << 32. */
 enum { SC_SEND = 1, SC_RECV = 2, SC_TMP = 3, SC_CHAN = 4, SC_SLOT = 5, SC_STRIPE = 6 };
 /* Debt sets: 0 the ring (channel), 1 the stripe, 2 + j the j-th inline slot of a call. */
@@ -125,6 +139,8 @@ int sc_own(sc_comm_t *c);
 void sc_disown(sc_comm_t *c);
 
 void sc_copy(char *dst, const char *src, int64_t n, int nt);
+int sc_reduce(int64_t word, char *d, const char *a, const char *b, int64_t n);
+const char *sc_reduce_isa(void);
 
 int sc_cache_slot(const int64_t *key);
 void *sc_py_entry(int i);

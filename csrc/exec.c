@@ -143,7 +143,7 @@ static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
     const int64_t *in = prog + SC_HEAD, *end = in + prog[0] * SC_INSN;
     int rc = SC_OK;
     for (; in < end && !rc; in += SC_INSN) {
-        switch (in[0]) {
+        switch (in[0] & 0xff) {
         case SC_OP_POST:
             post_event(me, (uint64_t)in[1]);
             break;
@@ -175,6 +175,16 @@ static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
         case SC_OP_QPOST:
             atomic_store_explicit(queue_word(c, (int)in[1], (int)in[2]), call, memory_order_release);
             wake_sleepers(queue_wq(c));
+            break;
+        case SC_OP_REDUCE:
+            if (sc_reduce(in[0], space(c, in[1], in[2], sbuf, rbuf), space(c, in[3], in[4], sbuf, rbuf),
+                          space(c, in[5], in[6], sbuf, rbuf), in[7])) {
+                sc_abort_call(c, 3, call);
+                rc = SC_EKERNEL;
+            }
+            break;
+        case SC_OP_COUNT:
+            if (c->traffic) c->traffic[in[1]] += in[2];
             break;
         case SC_OP_QWAIT: {
             sc_wait_t w = { .word = queue_word(c, (int)in[1], (int)in[2]), .wq = queue_wq(c), .call = call,

@@ -69,13 +69,16 @@ static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
 }
 
 /* An entry's self: (context address, Python method, error handler,
- * {name: algorithm id}, (collective id, roles, argument names)).  Roles, one
- * per argument: 'x' a buffer read on the root and written elsewhere, 'i'
- * read, 'o' written ('I', 'O': the same, None allowed), 'v' written, a
- * v-variant's spec with counts, 'r' the root, 'a' the algorithm.  A
- * leading digit k marks a collective whose signature holds the dtype of
- * argument k: the key's sixth word is then that array's dtype hash (numpy
- * arrays only; anything else goes to Python, which keys it the same way). */
+ * {name: algorithm id}, (collective id, roles, argument names, {built-in
+ * op: code}, IN_PLACE)).  Roles, one per argument: 'x' a buffer read on
+ * the root and written elsewhere, 'i' read (or IN_PLACE: the next
+ * argument's buffer, keyed -2), 'o' written ('I', 'O': the same, None
+ * allowed), 'v' written, a v-variant's spec with counts, 'r' the root,
+ * 'p' a built-in reduction op (absent: SUM; its code goes into the key's
+ * first word, << 8), 'a' the algorithm.  A leading digit k marks a
+ * collective whose signature holds the dtype of argument k: the key's
+ * sixth word is then that array's dtype hash (numpy arrays only; anything
+ * else goes to Python, which keys it the same way). */
 static sc_comm_t *ctx(PyObject *self) { return (sc_comm_t *)PyLong_AsVoidPtr(PyTuple_GET_ITEM(self, 0)); }
 
 static PyObject *decline(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
@@ -239,7 +242,7 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
     int64_t key[SC_KEY] = { PyLong_AsLong(PyTuple_GET_ITEM(desc, 0)), -1, 0, 0, 0, 0, 0 };
     int64_t vec[2 * 1024];      /* a v-spec's counts and displacements (MAX_RANKS) */
     char *sbuf = NULL, *rbuf = NULL;
-    int typed = roles[0] >= '0' && roles[0] <= '9' ? roles[0] - '0' : -1;
+    int typed = roles[0] >= '0' && roles[0] <= '9' ? roles[0] - '0' : -1, inplace = 0;
     roles += typed >= 0;
     if (c->closed || !parse(args, nargsf, kw, PyTuple_GET_ITEM(desc, 2), a)) return decline(self, args, nargsf, kw);
     for (int i = 0; roles[i] && ok; i++) {
@@ -255,7 +258,15 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
                 break;
             }
             /* fall through */
-        case 'x': case 'i': case 'o': {
+        case 'i':
+            if (v == PyTuple_GET_ITEM(desc, 4)) {     /* IN_PLACE: the input is the next argument, recvbuf */
+                inplace = 1;
+                key[3] = -2;
+                typed += typed == i;
+                break;
+            }
+            /* fall through */
+        case 'x': case 'o': {
             int w = roles[i] != 'i' && roles[i] != 'I', out = strchr("oOv", roles[i]) != NULL;
             char *p;
             Py_ssize_t len, isz;
@@ -284,6 +295,12 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
             key[2] = PyLong_AsLong(v);
             ok = key[2] >= 0 && key[2] < c->size;
             break;
+        case 'p': {
+            PyObject *code = PyDict_GetItemWithError(PyTuple_GET_ITEM(desc, 3), v ? v : PyTuple_GET_ITEM(desc, 5));
+            if (!code) { ok = 0; break; }               /* a user op: Python folds it */
+            key[0] |= PyLong_AsLong(code) << 8;
+            break;
+        }
         case 'a':
             if (v && v != Py_None) {
                 PyObject *id = PyDict_GetItemWithError(PyTuple_GET_ITEM(self, 3), v);
@@ -293,6 +310,7 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
             break;
         }
     }
+    if (inplace) sbuf = rbuf;
     /* two buffers (not Bcast's one) that overlap, the same one included: Python refuses */
     if (ok && nbuf == 2 && key[3] && key[4] && sbuf < rbuf + key[4] && rbuf < sbuf + key[3]) ok = 0;
     const int64_t *prog = ok ? lookup(c, key) : NULL;
@@ -329,10 +347,35 @@ static PyObject *py_exec(PyObject *mod, PyObject *const *args, Py_ssize_t n)
     return PyLong_FromLong(rc);
 }
 
+/* learn(dtype, itemsize, numpy.ndarray): a dtype Python checked (no
+ * objects) that the buffer protocol cannot describe (bfloat16): arrays of
+ * it take the fast path too. */
+static PyObject *py_learn(PyObject *mod, PyObject *const *args, Py_ssize_t n)
+{
+    if (n != 3 || !PyLong_Check(args[1]) || !PyType_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "learn(dtype, itemsize, numpy.ndarray)");
+        return NULL;
+    }
+    if (!ndarray) ndarray = (PyTypeObject *)Py_NewRef(args[2]);
+    Py_hash_t h = PyObject_Hash(args[0]);
+    Py_ssize_t size = PyLong_AsSsize_t(args[1]);
+    if (h == -1 || size <= 0) return NULL;
+    if (known(args[0]) < 0) {
+        int i = next_dtype;
+        next_dtype = (next_dtype + 1) % NDTYPES;
+        Py_XDECREF(dtypes[i].descr);
+        dtypes[i].descr = Py_NewRef(args[0]);
+        dtypes[i].itemsize = size;
+        dtypes[i].hash = h;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef defs[] = {
     {"collective", (PyCFunction)(void (*)(void))entry, METH_FASTCALL | METH_KEYWORDS, "a collective of one communicator"},
     {"exec", (PyCFunction)(void (*)(void))py_exec, METH_FASTCALL, "exec(context, program, sbuf, rbuf) -> rc"},
+    {"learn", (PyCFunction)(void (*)(void))py_learn, METH_FASTCALL, "learn(dtype, itemsize, numpy.ndarray)"},
 };
 
 /* Method definition i, for Python to bind with PyCFunction_NewEx. */
-void *sc_py_entry(int i) { return i >= 0 && i < 2 ? &defs[i] : NULL; }
+void *sc_py_entry(int i) { return i >= 0 && i < 3 ? &defs[i] : NULL; }

@@ -1,11 +1,13 @@
 """shmcoll: topology-aware shared-memory collectives for Python processes
 on one node.  See README.md and ARCHITECTURE.md."""
+from .buffers import IN_PLACE
 from .coll.select import algorithms
 from .comm import Comm
 from .distance import alcd
 from .errors import (CMAError, MismatchError, PeerAborted, PeerDied, PeerFailure, PeerTimeout, SegmentError,
                      ShmcollError)
 from .launcher import init, launch, run
+from .ops import BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MAXLOC, MIN, MINLOC, PROD, SUM, Op
 from .topology import topology
 
 
@@ -25,6 +27,7 @@ def schedule(op, algorithm, nranks, nbytes, root=0, *, topology=None, options=No
     return select.plan(op, select.pick(op, call, algorithm, select.forced(op, plan.params)), call)
 
 
-__all__ = ["CMAError", "Comm", "MismatchError", "PeerAborted", "PeerDied", "PeerFailure", "PeerTimeout",
+__all__ = ["BAND", "BOR", "BXOR", "CMAError", "Comm", "IN_PLACE", "LAND", "LOR", "LXOR", "MAX", "MAXLOC", "MIN",
+           "MINLOC", "MismatchError", "Op", "PROD", "PeerAborted", "PeerDied", "PeerFailure", "PeerTimeout", "SUM",
            "SegmentError", "ShmcollError", "alcd", "algorithms", "init", "launch", "run", "schedule", "topology"]
 __version__ = "0.2.0"

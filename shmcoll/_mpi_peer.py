@@ -142,6 +142,55 @@ def scatter(comm, nbytes, algorithm=None):
     return run, check
 
 
+#: The SUM operator of the library being measured (shmcoll.SUM or MPI.SUM): set by whoever runs OPS.
+SUM = None
+
+
+def reduction(comm, nbytes, method, dtype, algorithm, block=False):
+    """(run, check) of a SUM reduction of nbytes of dtype per rank (block:
+    Reduce_scatter_block, whose recvbuf is one rank's share).  Inputs are
+    small integers, so every order of addition gives the same exact sum."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    count = nbytes // np.dtype(dtype).itemsize
+    send = np.zeros(count * (size if block else 1), dtype)
+    recv = np.zeros(count, dtype)
+    args = (send, recv, SUM) + ((0,) if method == "Reduce" else ())
+    run = bound(getattr(comm, method), *args, algorithm=algorithm)
+
+    def check():
+        j = np.arange(send.size)
+        send[:] = (j * 7 + rank) % 13
+        run()
+        want = sum((j * 7 + r) % 13 for r in range(size)).astype(dtype)
+        if block:
+            want = want[rank * count:(rank + 1) * count]
+        return (method == "Reduce" and rank != 0) or bool(np.array_equal(recv, want))
+
+    return run, check
+
+
+@op
+def allreduce(comm, nbytes, algorithm=None):
+    """SUM over float64, nbytes per rank."""
+    return reduction(comm, nbytes, "Allreduce", np.float64, algorithm)
+
+
+@op
+def allreduce_f32(comm, nbytes, algorithm=None):
+    return reduction(comm, nbytes, "Allreduce", np.float32, algorithm)
+
+
+@op
+def reduce(comm, nbytes, algorithm=None):
+    return reduction(comm, nbytes, "Reduce", np.float64, algorithm)
+
+
+@op
+def reduce_scatter(comm, nbytes, algorithm=None):
+    """Reduce_scatter_block, float64: nbytes is each rank's block."""
+    return reduction(comm, nbytes, "Reduce_scatter_block", np.float64, algorithm, block=True)
+
+
 def measure(run, sync, share, min_time, max_iters, reps):
     """This rank's per-call seconds for each repetition (the caller takes the max over ranks).
 
@@ -173,6 +222,65 @@ def measure(run, sync, share, min_time, max_iters, reps):
     return times
 
 
+class Gloo:
+    """torch.distributed's gloo backend behind the few mpi4py calls OPS and
+    main use.  Reductions run in place on recvbuf (torch's all_reduce is
+    in place): sendbuf is copied in first, as a user of it would."""
+
+    def __init__(self):
+        import torch
+        import torch.distributed as dist
+        self.torch, self.dist = torch, dist
+        dist.init_process_group("gloo")
+
+    def Get_rank(self):
+        return self.dist.get_rank()
+
+    def Get_size(self):
+        return self.dist.get_world_size()
+
+    def Barrier(self):
+        self.dist.barrier()
+
+    def _inplace(self, send, recv):
+        if send.size == recv.size:
+            np.copyto(recv, send)
+            return self.torch.from_numpy(recv)
+        return self.torch.from_numpy(send.copy())
+
+    def Allreduce(self, send, recv, op=None):
+        self.dist.all_reduce(self._inplace(send, recv))
+
+    def Reduce(self, send, recv, op=None, root=0):
+        self.dist.reduce(self._inplace(send, recv), dst=root)
+
+    def Reduce_scatter_block(self, send, recv, op=None):
+        try:
+            self.dist.reduce_scatter_tensor(self.torch.from_numpy(recv), self.torch.from_numpy(send))
+        except RuntimeError as e:
+            raise NotImplementedError(str(e).splitlines()[0]) from None
+
+    def Allgather(self, send, recv):
+        self.dist.all_gather_into_tensor(self.torch.from_numpy(recv).view(-1), self.torch.from_numpy(send))
+
+    def bcast(self, x, root=0):
+        box = [x]
+        self.dist.broadcast_object_list(box, src=root)
+        return box[0]
+
+    def allreduce(self, x, op=None):
+        """The logical and of x over ranks (main's only use)."""
+        t = self.torch.tensor([int(x)])
+        self.dist.all_reduce(t, op=self.dist.ReduceOp.MIN)
+        return bool(t.item())
+
+    def reduce(self, x, op=None, root=0):
+        """The max of x over ranks on root (main's only use)."""
+        t = self.torch.tensor([float(x)], dtype=self.torch.float64)
+        self.dist.reduce(t, dst=root, op=self.dist.ReduceOp.MAX)
+        return t.item()
+
+
 def parse_list(text, conv=str):
     return [conv(x) for x in text.split(",") if x]
 
@@ -186,18 +294,30 @@ def main(argv=None):
     p.add_argument("--min-time", type=float, default=0.2, help="seconds per repetition")
     p.add_argument("--max-iters", type=int, default=1_000_000)
     p.add_argument("--json")
+    p.add_argument("--gloo", action="store_true", help="torch.distributed's gloo backend (RANK, WORLD_SIZE, "
+                                                       "MASTER_ADDR, MASTER_PORT from the environment)")
     a = p.parse_args(argv)
 
-    from mpi4py import MPI
-    comm = MPI.COMM_WORLD
+    global SUM
+    if a.gloo:
+        comm = Gloo()
+        library, land, most = f"torch {comm.torch.__version__} gloo", None, None
+    else:
+        from mpi4py import MPI
+        comm, SUM, land, most = MPI.COMM_WORLD, MPI.SUM, MPI.LAND, MPI.MAX
+        library = MPI.Get_library_version().splitlines()[0].strip("\0 ")
     results = []
     for name in parse_list(a.ops):
         for size in [0] if name == "barrier" else parse_list(a.sizes, int):
-            run, check = OPS[name](comm, size)
-            valid = comm.allreduce(check(), op=MPI.LAND)
+            try:
+                run, check = OPS[name](comm, size)
+                valid = comm.allreduce(check(), op=land)
+            except NotImplementedError as e:        # gloo lacks the operation
+                print(f"{name}: {e}", flush=True)
+                continue
             times = measure(run, comm.Barrier, lambda x: comm.bcast(x, root=0),
                             a.min_time, a.max_iters, a.reps)
-            worst = [comm.reduce(t, op=MPI.MAX, root=0) for t in times]
+            worst = [comm.reduce(t, op=most, root=0) for t in times]
             if comm.Get_rank() == 0:
                 us = statistics.median(worst) * 1e6
                 results.append({"op": name, "size": size, "us": us, "valid": valid,
@@ -205,8 +325,7 @@ def main(argv=None):
                 print(f"{name:10s} {size:>10d} B {us:12.2f} us{'' if valid else '  INVALID'}", flush=True)
     if comm.Get_rank() == 0 and a.json:
         with open(a.json, "w") as f:
-            json.dump({"library": MPI.Get_library_version().splitlines()[0].strip("\0 "),
-                       "nprocs": comm.Get_size(), "results": results}, f, indent=1)
+            json.dump({"library": library, "nprocs": comm.Get_size(), "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 
 For each operation and process count, every shmcoll algorithm plus the automatic
 choice is timed next to the peers (MPICH and Open MPI through mpi4py, and
-``multiprocessing.Barrier`` for barrier), all with the method of
+``multiprocessing.Barrier`` for barrier, torch.distributed's gloo for the
+reductions and allgather, and allreduce's memory-bandwidth floor), all
+with the method of
 ``shmcoll._mpi_peer.measure`` so the numbers are directly comparable: the
 machines are noisy, so only ratios measured in the same run mean anything.
 See bench/README.md.
@@ -28,8 +30,15 @@ from shmcoll._mpi_peer import OPS, measure, parse_list
 DEFAULT_SIZES = [8 * 8 ** i for i in range(8)]
 QUICK_SIZES = [8, 4096, 1 << 20]
 PEER_DIRS = {"mpich": ("SHMCOLL_PEER_MPICH", "/tmp/peer-mpich"),
-             "ompi": ("SHMCOLL_PEER_OMPI", "/tmp/peer-ompi")}
+             "ompi": ("SHMCOLL_PEER_OMPI", "/tmp/peer-ompi"),
+             "gloo": ("SHMCOLL_PEER_TORCH", "/tmp/peer-torch")}
+#: What the gloo peer (torch.distributed) runs; the floor column: allreduce's memory-bandwidth floor.
+GLOO_OPS = {"allreduce", "allreduce_f32", "reduce", "reduce_scatter", "allgather", "barrier"}
+FLOOR_OPS = {"allreduce", "allreduce_f32"}
 CPUS = sorted(os.sched_getaffinity(0))
+#: Bench operations that measure a collective under another name (a dtype, a variant).
+COLLECTIVE = {"allreduce_f32": "allreduce", "reduce_scatter": "reduce_scatter_block"}
+_mpi_peer.SUM = shmcoll.SUM
 
 
 def human(nbytes):
@@ -84,7 +93,7 @@ def _shmcoll_rank(comm, op, sizes, algorithm, cfg):
         run, check = OPS[op](comm, size, algorithm=algorithm)
         ok = check()
         times = measure(run, comm.Barrier, share, cfg.min_time, cfg.max_iters, cfg.reps)
-        out.append((size, ok, times, comm.selected(op, size) if algorithm is None else None))
+        out.append((size, ok, times, comm.selected(COLLECTIVE.get(op, op), size) if algorithm is None else None))
     return out
 
 
@@ -242,7 +251,7 @@ def run_mp(op, n, cfg):
 def peer_venv(name):
     env, default = PEER_DIRS[name]
     venv = os.environ.get(env, default)
-    ok = all(os.access(os.path.join(venv, "bin", x), os.X_OK) for x in ("mpiexec", "python"))
+    ok = all(os.access(os.path.join(venv, "bin", x), os.X_OK) for x in ("python",) + (("mpiexec",) * (name != "gloo")))
     return venv if ok else None
 
 
@@ -279,6 +288,85 @@ def run_mpi(name, op, n, cfg, libraries):
     libraries[name] = doc["library"]
     return [dict(record(op, n, r["size"], name, None, valid=r["valid"], order=o), us=r["us"], reps_us=r["reps_us"])
             for r, (_, o) in zip(doc["results"], sequence(op, cfg))]
+
+
+def run_gloo(op, n, cfg, libraries):
+    """torch.distributed's gloo backend: n processes of the peer venv's
+    python, one per core (unpinned when oversubscribed), rendezvous on a
+    free local port."""
+    import socket
+    venv = peer_venv("gloo")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    sizes = ",".join(str(s) for s, _ in sequence(op, cfg))
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "peer.json")
+        cmd = [os.path.join(venv, "bin", "python"), "-I", _mpi_peer.__file__, "--gloo", "--ops", op, "--sizes", sizes,
+               "--reps", str(cfg.reps), "--min-time", str(cfg.min_time), "--max-iters", str(cfg.max_iters)]
+        procs = []
+        try:
+            for r in range(n):
+                env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                pin = (lambda c=CPUS[r]: os.sched_setaffinity(0, {c})) if n <= len(CPUS) else None
+                procs.append(subprocess.Popen(cmd + (["--json", out] if r == 0 else []), env=env, preexec_fn=pin,
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+            errs = [p.communicate(timeout=cfg.timeout)[1] for p in procs]
+            if any(p.returncode for p in procs):
+                raise RuntimeError(" | ".join(e.strip().splitlines()[-1] for e in errs if e.strip())[:300])
+            with open(out) as f:
+                doc = json.load(f)
+        except (subprocess.TimeoutExpired, OSError, ValueError, RuntimeError) as e:
+            for p in procs:
+                p.kill()
+            print(f"note: peer gloo failed for {op} n={n}: {e}", flush=True)
+            return [record(op, n, s, "gloo", None, error=str(e), order=o) for s, o in sequence(op, cfg)]
+    libraries["gloo"] = doc["library"]
+    got = {r["size"]: r for r in doc["results"]}
+    return [dict(record(op, n, s, "gloo", None, valid=got[s]["valid"], order=o), us=got[s]["us"],
+                 reps_us=got[s]["reps_us"]) if s in got else
+            record(op, n, s, "gloo", None, error="not supported by gloo", order=o) for s, o in sequence(op, cfg)]
+
+
+def _floor_rank(rank, n, sizes, bar, cell, queue, cfg, pin):
+    if pin:
+        os.sched_setaffinity(0, {CPUS[rank]})
+
+    def share(x):
+        if rank == 0:
+            cell.value = x
+        bar.wait()
+        x = cell.value
+        bar.wait()
+        return x
+
+    out = []
+    for size in sizes:
+        src, dst = np.ones(max(size, 1), np.uint8), np.zeros(max(size, 1), np.uint8)
+        out.append(measure(lambda: np.copyto(dst, src), bar.wait, share, cfg.min_time, cfg.max_iters, cfg.reps))
+    queue.put((rank, out))
+
+
+def run_floor(op, n, cfg):
+    """Allreduce's memory-bandwidth floor, measured now: every rank copies
+    N bytes at once (read N, write N: the machine's bandwidth for n cores),
+    scaled to what a rank of a reduce-scatter + allgather must move at
+    least: read its N of input and the (n - 1) / n * N others folded, write
+    N, i.e. (3 - 1/n) / 2 copies."""
+    ctx = mp.get_context("fork")
+    seq = sequence(op, cfg)
+    bar, cell, queue = ctx.Barrier(n), ctx.Value("d", lock=False), ctx.Queue()
+    pin = n <= len(CPUS) and cfg.bind != "none"
+    procs = [ctx.Process(target=_floor_rank, args=(r, n, [s for s, _ in seq], bar, cell, queue, cfg, pin))
+             for r in range(n)]
+    for p in procs:
+        p.start()
+    times = dict(queue.get(timeout=cfg.timeout) for _ in procs)
+    for p in procs:
+        p.join()
+    scale = (3 - 1 / n) / 2
+    return [record(op, n, size, "floor", None, [[t * scale for t in times[r][i]] for r in range(n)], valid=True,
+                   order=o) for i, (size, o) in enumerate(seq)]
 
 
 # --- output ------------------------------------------------------------------
@@ -336,13 +424,13 @@ def table(op, n, rounds, peers):
     rows = merge(rounds)
     cols = list(dict.fromkeys(column(r) for r in rows))
     by = {(key(r), column(r)): r for r in rows}
-    has_ref = "ref" in cols
-    header = ["size", "order"] + cols + (["auto/ref"] if has_ref else []) + ["auto/best-peer"]
+    extra = [c for c in ("ref", "floor") if c in cols]
+    header = ["size", "order"] + cols + [f"auto/{c}" for c in extra] + ["auto/best-peer"]
     lines = []
     for k in dict.fromkeys(key(r) for r in rows):    # as measured: up, then down
         lines.append(["-" if op == "barrier" else human(k[0]), k[1]]
                      + [cell(by[k, c]) if (k, c) in by else "-" for c in cols]
-                     + ([ratio_text(rounds, k, ["ref"])] if has_ref else []) + [ratio_text(rounds, k, peers)])
+                     + [ratio_text(rounds, k, [c]) for c in extra] + [ratio_text(rounds, k, peers)])
     widths = [max(len(x) for x in col) for col in zip(header, *lines)]
     fmt = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))
     rounds_note = f", median of {len(rounds)} rounds" if len(rounds) > 1 else ""
@@ -428,7 +516,9 @@ def parse(argv):
     p.add_argument("--topology", help="topology spec passed to shmcoll.launch")
     p.add_argument("--bind", default="auto", choices=["auto", "core", "socket", "numa", "none"],
                    help="shmcoll binding; auto = core (MPI peers: core, or none when oversubscribed, as their launchers need)")
-    p.add_argument("--peers", default="auto", help="auto (all found) | none | comma list of mpich,ompi,mp")
+    p.add_argument("--peers", default="auto",
+                   help="auto (all found) | none | comma list of mpich,ompi,mp,gloo,floor (floor: allreduce's "
+                        "memory-bandwidth floor, measured in the run)")
     p.add_argument("--ref", metavar="PYTHON|DIR",
                    help="add a column 'ref': the automatic choice of another shmcoll installation (e.g. the "
                         "previous commit), measured by the same method in each round, and auto/ref; PYTHON "
@@ -447,30 +537,33 @@ def parse(argv):
     a.nprocs = parse_list(a.nprocs, int)
     a.sizes = parse_list(a.sizes, int) if a.sizes else QUICK_SIZES if a.quick else DEFAULT_SIZES
     a.min_time = a.min_time or (0.02 if a.quick else 0.2)
-    a.peers = {"auto": ["mpich", "ompi", "mp"], "none": []}.get(a.peers) or parse_list(a.peers)
+    a.peers = {"auto": ["mpich", "ompi", "mp", "gloo", "floor"], "none": []}.get(a.peers) or parse_list(a.peers)
     return a
 
 
 def main(argv=None):
     """Returns 1 if any shmcoll result failed validation or raised, else 0."""
     cfg = parse(argv)
-    mpi_peers = []
+    mpi_peers, gloo = [], False
     for name in (p for p in cfg.peers if p in PEER_DIRS):
         if peer_venv(name):
-            mpi_peers.append(name)
+            gloo = gloo or name == "gloo"
+            mpi_peers += [name] if name != "gloo" else []
         else:
             print(f"note: peer {name} not found at {os.environ.get(*PEER_DIRS[name])} "
-                  f"(set {PEER_DIRS[name][0]} to a venv with {name} and mpi4py); skipped")
+                  f"(set {PEER_DIRS[name][0]} to a venv with {'torch' if name == 'gloo' else name + ' and mpi4py'}); "
+                  f"skipped")
     ref = Ref(cfg.ref) if cfg.ref else None
     if ref:
         ref.probe()
     results, libraries = [], {}
     for op in cfg.ops:
-        algs = shmcoll.algorithms(op)
+        algs = shmcoll.algorithms(COLLECTIVE.get(op, op))
         if cfg.algorithms != "all":
             algs = [a for a in algs if a in parse_list(cfg.algorithms)]
         for n in cfg.nprocs:
-            peers = mpi_peers + (["mp"] if op == "barrier" and "mp" in cfg.peers else [])
+            peers = mpi_peers + (["mp"] if op == "barrier" and "mp" in cfg.peers else []) \
+                + (["gloo"] if gloo and op in GLOO_OPS else [])
             rounds = []
             for k in range(cfg.rounds):
                 rows = []
@@ -482,6 +575,10 @@ def main(argv=None):
                     rows += run_mpi(name, op, n, cfg, libraries)
                 if "mp" in peers:
                     rows += run_mp(op, n, cfg)
+                if "gloo" in peers:
+                    rows += run_gloo(op, n, cfg, libraries)
+                if op in FLOOR_OPS and "floor" in cfg.peers:
+                    rows += run_floor(op, n, cfg)
                 rounds.append([dict(r, round=k) for r in rows])
             table(op, n, rounds, peers)
             results += [r for rows in rounds for r in rows]

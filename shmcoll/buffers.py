@@ -8,10 +8,41 @@ import numpy as np
 from ._core import ffi
 
 
+class _InPlace:
+    """shmcoll.IN_PLACE: as sendbuf of a reduction, the input is recvbuf."""
+
+    def __repr__(self):
+        return "shmcoll.IN_PLACE"
+
+    def __reduce__(self):
+        return "IN_PLACE"
+
+
+IN_PLACE = _InPlace()
+
+
+def _array(buf):
+    """An object exporting DLPack but no buffer (a CPU torch tensor) as the
+    numpy array over its memory; anything else as it is."""
+    if type(buf) is np.ndarray or not hasattr(buf, "__dlpack__"):
+        return buf
+    try:
+        memoryview(buf)
+        return buf
+    except TypeError:
+        pass
+    try:
+        return np.from_dlpack(buf)
+    except (BufferError, TypeError, ValueError, RuntimeError) as e:
+        raise TypeError(f"a {type(buf).__name__} exports DLPack but numpy cannot read it: {e}") from None
+
+
 def view(spec, name, writable):
     """(cdata pointer, nbytes, itemsize) for a buffer argument."""
     count = dtype = None
     buf = spec
+    if spec is IN_PLACE:
+        raise ValueError(f"{name}: IN_PLACE is not allowed here")
     if isinstance(spec, (list, tuple)):
         if len(spec) == 3:
             buf, count, dtype = spec
@@ -19,6 +50,7 @@ def view(spec, name, writable):
             buf, dtype = spec
         else:
             raise TypeError(f"{name}: a buffer spec is [buf, count, dtype] or [buf, dtype], got {len(spec)} items")
+    buf = _array(buf)
     if type(buf) is np.ndarray:
         if buf.dtype.hasobject:
             raise TypeError(f"{name} holds Python objects (dtype {buf.dtype}); only plain data can be "
@@ -63,6 +95,8 @@ def view(spec, name, writable):
             raise ValueError(f"{name}: {count} x {np.dtype(dtype)} needs {nbytes} bytes but the buffer has {have}")
     if itemsize == 0:
         raise ValueError(f"{name}: items of 0 bytes cannot be sent")
+    if type(buf) is np.ndarray and buf.dtype.char not in np.typecodes["All"]:
+        buf = buf.reshape(-1).view(np.uint8)        # a dtype the buffer protocol cannot name (bfloat16)
     return ffi.from_buffer(buf, require_writable=writable), nbytes, itemsize
 
 
@@ -71,6 +105,7 @@ def dtype_of(spec):
     array's, or the buffer's format (bytes when numpy knows none)."""
     if isinstance(spec, (list, tuple)):
         return np.dtype(spec[-1])
+    spec = _array(spec)
     if isinstance(spec, np.ndarray):
         return spec.dtype
     try:
@@ -112,11 +147,11 @@ def vspec(spec, name, nranks, writable):
     dtype = np.dtype(dt) if dt is not None else dtype_of(buf)
     if counts is None:
         return ptr, nbytes, itemsize, dtype, None, None
-    counts = _ints(counts, f"{name}: counts", nranks)
+    counts = ints(counts, f"{name}: counts", nranks)
     if displs is None:
         displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
     else:
-        displs = _ints(displs, f"{name}: displacements", nranks)
+        displs = ints(displs, f"{name}: displacements", nranks)
     ends = displs + counts
     if nranks and int(ends.max()) * itemsize > nbytes:
         r = int(ends.argmax())
@@ -129,7 +164,7 @@ def vspec(spec, name, nranks, writable):
     return ptr, nbytes, itemsize, dtype, tuple(int(c) for c in counts), tuple(int(d) for d in displs)
 
 
-def _ints(seq, what, n):
+def ints(seq, what, n):
     try:
         a = np.asarray(seq)
     except Exception:

@@ -18,11 +18,13 @@ import pickle
 
 import numpy as np
 
-from . import buffers
+from . import buffers, ops
 from ._core import ffi, lib
+from .buffers import IN_PLACE
 from .coll import select
-from .device import fingerprint
+from .device import fingerprint, learn_dtype
 from .errors import PeerFailure, ShmcollError
+from .ops import BUILTINS, SUM
 from .sched import Call
 
 
@@ -40,6 +42,7 @@ def collective(fn):
     return method
 
 
+OPCODES = {op: op.code for op in BUILTINS.values()}    # the C entries' built-in ops
 COMBINED = 1024     # bytes a rank deposits when sizes are unknown: size, capacity (24) and up to 1000 of data
 
 
@@ -83,7 +86,8 @@ class Comm:
                 continue
             method = getattr(Comm, name).__get__(self)
             handler = functools.partial(self._failed, name)
-            self.__dict__[name] = device.entry(method, handler, select.IDS[op], (cid, roles, argnames))
+            self.__dict__[name] = device.entry(method, handler, select.IDS[op],
+                                               (cid, roles, argnames, OPCODES, IN_PLACE, SUM))
 
     def _probe_cma(self):
         """Single copies need every rank able to read every other: each
@@ -125,8 +129,10 @@ class Comm:
     def _words(self, what, field, value):
         if field == 1:
             return select.OPS.get(value, value)
-        if field == 3 and what.endswith("v"):
+        if field == 3 and (what.endswith("v") or what == "Reduce_scatter"):
             return f"counts and displacements #{value:x}"
+        if field == 5:
+            return next((o.name for o in BUILTINS.values() if o.code == value), f"op {value}")
         if field == 6 and self._c.err_when == 0:     # this call's collective names the ids
             names = select.NAMES[what.lower()]
             return names[value] if 0 <= value < len(names) else value
@@ -186,12 +192,18 @@ class Comm:
             raise RuntimeError("traffic is recorded only with the record_traffic=1 option")
         return self._dev.traffic
 
-    def _run(self, op, key, nbytes, root, algorithm, saddr=0, raddr=0, dtype=None, counts=None, tail=None):
+    def _run(self, op, key, nbytes, root, algorithm, saddr=0, raddr=0, dtype=None, counts=None, tail=None,
+             red=None):
         """Plan (cached by key), then run this rank's program.  dtype: the
         datatype the signature holds; counts: a v-variant's (bytes,
-        displacement) per rank, held in the signature by a hash."""
+        displacement) per rank, held in the signature by a hash; red: a
+        reduction's (op, kernel, in place)."""
         call = self._call(nbytes, root)
         call.counts = counts
+        opcode = 0
+        if red is not None:
+            opcode, call.kernel, call.inplace = red[0].code, red[1], red[2]
+            call.item = red[1].item
         name = select.pick(op, call, algorithm, self._forced[op])
         cid, what = select.TABLE[op][0], _what(op)
         sigbytes = None if counts is None else hash(counts) & ((1 << 62) - 1)
@@ -200,7 +212,7 @@ class Comm:
             self._fail(lib.SC_EBUSY, what)
         try:
             prog = self._dev.program(key, cid, select.IDS[op][name], lambda: select.plan(op, name, call), code,
-                                     sigbytes, tail)
+                                     sigbytes, tail, opcode)
         finally:
             lib.sc_disown(self._c)
         rc = self._dev.execute(prog, saddr, raddr)
@@ -424,6 +436,171 @@ class Comm:
         self._vrun("scatterv", None, root, *self._bytes(send), *self._bytes(recv), 1, recv.dtype, tuple(sizes),
                    _displs(sizes), "recvbuf")
         return pickle.loads(recv.tobytes())
+
+    # -- reductions ------------------------------------------------------------
+    @collective
+    def Allreduce(self, sendbuf, recvbuf, op=SUM, algorithm=None):
+        """recvbuf = sendbuf of rank 0 op ... op rank p-1's, element-wise;
+        sendbuf IN_PLACE: the input is recvbuf."""
+        self._reduction("allreduce", sendbuf, recvbuf, op, algorithm, lambda n: n)
+
+    @collective
+    def Reduce(self, sendbuf, recvbuf=None, op=SUM, root=0, algorithm=None):
+        """The same into the root's recvbuf (None elsewhere); IN_PLACE on
+        the root only."""
+        root = self._root(root)
+        if sendbuf is IN_PLACE and self.rank != root:
+            raise ValueError(f"Reduce: IN_PLACE is for the root's sendbuf only (rank {self.rank} is not root {root})")
+        self._reduction("reduce", sendbuf, recvbuf, op, algorithm, lambda n: n, root)
+
+    @collective
+    def Reduce_scatter_block(self, sendbuf, recvbuf, op=SUM, algorithm=None):
+        """Rank s gets block s (recvbuf's size) of the reduction of p such
+        blocks; IN_PLACE: recvbuf holds all p blocks, the result lands at
+        its start."""
+        self._reduction("reduce_scatter_block", sendbuf, recvbuf, op, algorithm, lambda n: n * self.size)
+
+    @collective
+    def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=SUM, algorithm=None):
+        """Rank s gets recvcounts[s] items of the reduction (recvcounts: the
+        same on every rank; None: each rank's recvbuf size, gathered);
+        IN_PLACE: recvbuf holds the whole input, the result lands at its
+        start."""
+        op = ops.check_op(op)
+        rdt = buffers.dtype_of(recvbuf)
+        if recvcounts is None:
+            if sendbuf is IN_PLACE:
+                raise ValueError("Reduce_scatter: IN_PLACE needs recvcounts (recvbuf holds the whole input)")
+            _, rbytes, _ = buffers.view(recvbuf, "recvbuf", writable=True)
+            every = np.empty(self.size, np.int64)
+            self.Allgather(np.array([rbytes // rdt.itemsize], np.int64), every)
+            recvcounts = every
+        counts = buffers.ints(recvcounts, "Reduce_scatter: recvcounts", self.size)
+        item = rdt.itemsize
+        pieces = tuple((int(c) * item, int(d) * item) for c, d in zip(counts, np.cumsum(counts) - counts))
+        total = sum(n for n, _ in pieces)
+        mine = pieces[self.rank][0]
+        self._reduction("reduce_scatter", sendbuf, recvbuf, op, algorithm, lambda n: total if n == mine else None,
+                        counts=pieces)
+
+    @collective
+    def Scan(self, sendbuf, recvbuf, op=SUM, algorithm=None):
+        """Rank r gets rank 0's op ... op rank r's input."""
+        self._reduction("scan", sendbuf, recvbuf, op, algorithm, lambda n: n)
+
+    @collective
+    def Exscan(self, sendbuf, recvbuf, op=SUM, algorithm=None):
+        """Rank r gets rank 0's op ... op rank r-1's input; rank 0's recvbuf
+        is left as it is."""
+        self._reduction("exscan", sendbuf, recvbuf, op, algorithm, lambda n: n)
+
+    def _reduction(self, kind, sendbuf, recvbuf, op, algorithm, inputs, root=0, counts=None):
+        """Check and run a reduction.  inputs(recvbuf bytes) is the input's
+        bytes that recvbuf of that size implies (None: none fits); in place
+        recvbuf holds the input.  A Reduce's recvbuf off the root is only
+        keyed (as the C entry keys it), never used."""
+        op = ops.check_op(op)
+        what = _what(kind)
+        inplace = sendbuf is IN_PLACE
+        unused = kind == "reduce" and self.rank != root
+        rptr, rbytes, _ = (None, -1, 0) if recvbuf is None else buffers.view(recvbuf, "recvbuf", writable=not unused)
+        if unused:
+            rptr = None
+        elif rptr is None:
+            raise ValueError(f"{what}: recvbuf is needed" + (" on the root" if kind == "reduce" else ""))
+        rdt = buffers.dtype_of(recvbuf) if rptr is not None else None
+        if inplace:
+            sptr, sbytes, dt = rptr, rbytes, rdt
+        else:
+            sptr, sbytes, _ = buffers.view(sendbuf, "sendbuf", writable=False)
+            dt = buffers.dtype_of(sendbuf)
+            if rdt is not None and rdt != dt:
+                raise TypeError(f"{what}: sendbuf has dtype {dt} but recvbuf {rdt}; a reduction takes one dtype")
+        if dt.hasobject:
+            raise TypeError(f"{what}: dtype {dt} holds Python objects")
+        if counts is not None and sum(n for n, _ in counts) != sbytes:
+            raise ValueError(f"{what}: recvcounts sum to {sum(n for n, _ in counts) // dt.itemsize} items but the "
+                             f"input has {sbytes // dt.itemsize}")
+        if rptr is not None and not inplace and inputs(rbytes) != sbytes:
+            raise ValueError(f"{what}: recvbuf has {rbytes} bytes, which does not fit sendbuf's {sbytes}"
+                             + (f" ({self.size} blocks of recvbuf's size)" if kind == "reduce_scatter_block" else "")
+                             + (f" (this rank's recvcount: {counts[self.rank][0]} bytes)" if counts else ""))
+        if kind == "reduce_scatter_block" and sbytes % (self.size * dt.itemsize):
+            raise ValueError(f"{what}: {sbytes} bytes do not split into {self.size} blocks of whole {dt} items")
+        if sbytes % dt.itemsize:
+            raise ValueError(f"{what}: {sbytes} bytes are not whole {dt} items")
+        s0 = buffers.address(sptr)
+        r0 = buffers.address(rptr) if rptr is not None else 0
+        if not inplace and rptr is not None:
+            _apart(s0, sbytes, r0, rbytes)
+        if not op.builtin:
+            return self._user_reduction(kind, op, sptr, sbytes, rptr, dt, root, counts)
+        kern = ops.kernel(op, dt)
+        learn_dtype(dt, dt.itemsize, np.ndarray)
+        cid, alg = select.TABLE[kind][0], -1 if algorithm is None else select.IDS[kind][select.check_name(kind,
+                                                                                                         algorithm)]
+        key = (cid | op.code << 8, alg, root, -2 if inplace else sbytes, rbytes, hash(dt), 0)
+        if counts is not None:
+            key = key + (counts,)        # Python-only: not a C entry key
+        self._run(kind, key, sbytes, root, algorithm, s0, r0, dt, counts, red=(op, kern, inplace))
+
+    def _user_reduction(self, kind, op, sptr, sbytes, rptr, dt, root, counts):
+        """A user op: every input to every rank that needs it (Allgather,
+        or Gather to the root), folded here in rank order on whole blocks."""
+        n = sbytes // dt.itemsize
+        mine = np.frombuffer(ffi.buffer(sptr, sbytes), dt).copy()
+        if kind == "reduce":
+            every = np.empty((self.size, n) if self.rank == root else 0, dt)
+            self.Gather(mine.view(np.uint8), every.view(np.uint8), root)
+            if self.rank != root:
+                return
+        else:
+            every = np.empty((self.size, n), dt)
+            self.Allgather(mine.view(np.uint8), every.view(np.uint8))
+        upto = {"scan": self.rank + 1, "exscan": self.rank}.get(kind, self.size)
+        if upto == 0:
+            return
+        acc = every[0]
+        for j in range(1, upto):
+            acc = op.block(acc, every[j])
+        if kind in ("reduce_scatter_block", "reduce_scatter"):
+            b = counts or [(sbytes // self.size, r * sbytes // self.size) for r in range(self.size)]
+            nb, off = b[self.rank]
+            acc = acc.view(np.uint8)[off:off + nb]
+        out = np.frombuffer(ffi.buffer(rptr, acc.nbytes), np.uint8)
+        out[:] = np.ascontiguousarray(acc).view(np.uint8).reshape(-1)
+
+    @collective
+    def allreduce(self, obj, op=SUM):
+        ops.check_op(op)
+        return self._fold_objects(self.allgather(obj), op, self.size)
+
+    @collective
+    def reduce(self, obj, op=SUM, root=0):
+        ops.check_op(op)
+        objs = self.gather(obj, self._root(root))
+        return self._fold_objects(objs, op, self.size) if self.rank == root else None
+
+    @collective
+    def scan(self, obj, op=SUM):
+        ops.check_op(op)
+        return self._fold_objects(self.allgather(obj), op, self.rank + 1)
+
+    @collective
+    def exscan(self, obj, op=SUM):
+        """None on rank 0."""
+        ops.check_op(op)
+        return self._fold_objects(self.allgather(obj), op, self.rank)
+
+    @staticmethod
+    def _fold_objects(objs, op, upto):
+        """objs[0] op ... op objs[upto - 1], in rank order."""
+        if upto == 0:
+            return None
+        acc = objs[0]
+        for o in objs[1:upto]:
+            acc = op(acc, o)
+        return acc
 
     def _bytes(self, a):
         ptr, n, _ = buffers.view(a, "buffer", writable=False)

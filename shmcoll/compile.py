@@ -19,9 +19,9 @@ from ._core import lib
 INLINE, SLOTS = lib.SC_INLINE, lib.SC_SLOTS
 BUF = {"send": lib.SC_SEND, "recv": lib.SC_RECV, "tmp": lib.SC_TMP}
 QUEUES = {"gather": 0, "release": 1}
-POST, WAIT, ACK, WAITACK, COPY, CMA, DRAIN, DEBT, QPOST, QWAIT = (
+POST, WAIT, ACK, WAITACK, COPY, CMA, DRAIN, DEBT, QPOST, QWAIT, COUNT = (
     lib.SC_OP_POST, lib.SC_OP_WAIT, lib.SC_OP_ACK, lib.SC_OP_WAITACK, lib.SC_OP_COPY, lib.SC_OP_CMA,
-    lib.SC_OP_DRAIN, lib.SC_OP_DEBT, lib.SC_OP_QPOST, lib.SC_OP_QWAIT)
+    lib.SC_OP_DRAIN, lib.SC_OP_DEBT, lib.SC_OP_QPOST, lib.SC_OP_QWAIT, lib.SC_OP_COUNT)
 RING, STRIPE, SLOT = lib.SC_SET_RING, lib.SC_SET_STRIPE, lib.SC_SET_SLOT
 CHECK, FAR, FIRST = 1, 2, 4     # WAIT flags: check the record, spin long, a message's first piece
 
@@ -107,6 +107,7 @@ class _Compiler:
         self.owed = [{} for _ in range(p)]      # writer -> {(set, reader): ack} recorded as debts
         self.stripe_owed = {}
         self.direct_owed = [{} for _ in range(p)]
+        self.acc = 0                            # float32 accumulator bytes (half-type reductions)
 
     def emit(self, rank, *words):
         self.prog[rank].append(words + (0,) * (8 - len(words)))
@@ -136,11 +137,14 @@ class _Compiler:
         nstaged = [0] * p
         for m, pr in zip(moves, protos):
             nstaged[m.src] += pr == "staged"
+        folded = {(red.rank, i) for red in st.reduces for i in red.inputs if isinstance(i, int)}
+        item = self.sched.kernel.item if st.reduces else 1
         chunks = []
-        for m, pr in zip(moves, protos):
+        for i, (m, pr) in enumerate(zip(moves, protos)):
             if pr == "staged":
                 cap = max(par["chan_bytes"] // (2 * nstaged[m.src]) & ~63, 64)
                 c = min(m.chunk or par["chunk_bytes"], cap)
+                c -= c % item if any((d, i) in folded for d in m.dst) else 0
             elif pr == "stripe":
                 c = min(m.chunk or par["chunk_bytes"], self.stripe.align)
             else:
@@ -174,12 +178,27 @@ class _Compiler:
                             self.post(w)
                 self.post(w)
 
+        remote = [red for red in st.reduces if any(isinstance(i, int) for i in red.inputs)]
+        reduces = [[red for red in remote if red.rank == r] for r in range(p)]
+
         def read(k):
             for r in range(p):
+                held = []
                 for i in ins[r]:
                     if k < nch[i]:
-                        self.read(r, moves[i], protos[i], slot_j[i], pieces[i][k], moves[i].src in far.get(r, ()),
-                                  k == 0)
+                        far_w, first = moves[i].src in far.get(r, ()), k == 0
+                        if (r, i) in folded:
+                            self.wait(r, moves[i].src, pieces[i][k], far_w, first)
+                            held.append(i)
+                        else:
+                            self.read(r, moves[i], protos[i], slot_j[i], pieces[i][k], far_w, first)
+                for red in reduces[r]:
+                    self.fold_round(red, k, moves, protos, chunks, pieces)
+                if held:
+                    self.acks[r] += 1
+                    self.emit(r, ACK, self.acks[r])
+                    for i in held:
+                        self.acked(r, moves[i].src, protos[i], slot_j[i], pieces[i][k], self.acks[r])
 
         if rounds:
             write(0)
@@ -187,6 +206,9 @@ class _Compiler:
             if k + 1 < rounds:
                 write(k + 1)
             read(k)
+        for red in st.reduces:
+            if red not in remote:
+                self.fold_local(red)
         for cp in st.copies:
             self.emit(cp.rank, COPY, space(BUF[cp.dbuf]), cp.doff, space(BUF[cp.sbuf]), cp.soff, cp.n,
                       self.streamed(cp.dbuf), -1)
@@ -231,15 +253,18 @@ class _Compiler:
         self.pending[w].append(piece)
         return piece
 
+    def wait(self, r, w, piece, far, first):
+        flags = (CHECK if (r, w) not in self.checked else 0) | (FAR if far else 0) | (FIRST if first else 0)
+        self.checked.add((r, w))
+        self.emit(r, WAIT, w, piece["event"], flags)
+
     def read(self, r, m, proto, j, piece, far, first):
         w = m.src
         if proto == "queue":
             q = QUEUES[m.sbuf]
             self.emit(r, QWAIT, q, w if q == 0 else r, w)
             return
-        flags = (CHECK if (r, w) not in self.checked else 0) | (FAR if far else 0) | (FIRST if first else 0)
-        self.checked.add((r, w))
-        self.emit(r, WAIT, w, piece["event"], flags)
+        self.wait(r, w, piece, far, first)
         if proto == "signal":
             return
         nt = self.streamed(m.dbuf)
@@ -251,7 +276,10 @@ class _Compiler:
                 self.emit(r, COPY, space(BUF[m.dbuf]), do, piece["space"], piece["off"] + at, ln, nt, w)
         self.acks[r] += 1
         self.emit(r, ACK, self.acks[r])
-        a = self.acks[r]
+        self.acked(r, w, proto, j, piece, self.acks[r])
+
+    def acked(self, r, w, proto, j, piece, a):
+        """Reader r's ack a frees piece: record who waits for it."""
         if proto == "direct":
             self.direct_owed[w][r] = a
         elif proto == "inline":
@@ -262,6 +290,58 @@ class _Compiler:
         else:
             piece["alloc"]["acks"][r] = a
             self.owed[w][(RING, r)] = a
+
+    # -- reductions ----------------------------------------------------------
+    def fold_round(self, red, k, moves, protos, chunks, pieces):
+        """Round k of red: its inputs' chunk k, folded where they landed."""
+        mine = [i for i in red.inputs if isinstance(i, int)]
+        c = {min(chunks[i], red.n) for i in mine}
+        if len({moves[i].nbytes for i in mine} | {red.n}) != 1 or len(c) != 1 \
+                or any(protos[i] not in ("inline", "staged") for i in mine):
+            raise AssertionError("a reduce folds moves of its own size, inline or staged, cut alike")
+        c = c.pop()
+        lo = k * c
+        if lo >= red.n:
+            return
+        n, srcs = min(c, red.n - lo), []
+        for i in red.inputs:
+            if isinstance(i, int):
+                piece = pieces[i][k]
+                srcs.append((piece["space"], piece["off"]))
+                if self.params.get("record_traffic"):
+                    self.emit(red.rank, COUNT, moves[i].src, n)
+            else:
+                srcs.append((space(BUF[i[0]]), i[1] + lo))
+        self.fold(red.rank, srcs, (space(BUF[red.dbuf]), red.doff + lo), n)
+
+    def fold_local(self, red):
+        """A reduce of local inputs only, in cache-sized chunks."""
+        item = self.sched.kernel.item if self.sched.kernel else 1
+        c = max(self.params["chunk_bytes"] // item, 1) * item
+        for lo in range(0, red.n, c):
+            srcs = [(space(BUF[b]), off + lo) for b, off in red.inputs]
+            self.fold(red.rank, srcs, (space(BUF[red.dbuf]), red.doff + lo), min(c, red.n - lo))
+
+    def fold(self, r, srcs, dst, n):
+        """dst = srcs[0] op srcs[1] op ... over n bytes (one input: a copy);
+        half types through a float32 accumulator in scratch, rounded once."""
+        if len(srcs) == 1:
+            if srcs[0] != dst:
+                self.emit(r, COPY, *dst, *srcs[0], n, 0, -1)
+            return
+        kern = self.sched.kernel
+        items = n // kern.item
+        if not kern.half:
+            self.emit(r, kern.word(lib.SC_F_SAME), *dst, *srcs[0], *srcs[1], items)
+            for s in srcs[2:]:
+                self.emit(r, kern.word(lib.SC_F_INTO), *dst, *dst, *s, items)
+            return
+        acc = (space(BUF["tmp"]), -(-self.sched.tmp // 64) * 64)
+        self.acc = max(self.acc, 4 * items)
+        self.emit(r, kern.word(lib.SC_F_WIDEN), *acc, *srcs[0], *srcs[1], items)
+        for s in srcs[2:]:
+            self.emit(r, kern.word(lib.SC_F_ACC), *acc, *acc, *s, items)
+        self.emit(r, kern.word(lib.SC_F_NARROW), *dst, *acc, *acc, items)
 
     def finish(self, sig, tmp):
         """Each rank's program: header, then instructions (see core.h)."""
@@ -282,7 +362,7 @@ class _Compiler:
                 if nb != w and (w, nb) not in self.checked and not (bit == 2 and mask and nb == (w - 1) % self.p):
                     mask |= bit
             a = np.zeros((1 + len(ins)) * 8, np.int64)
-            a[:6] = (len(ins), sig[0], sig[1], first, tmp, mask)
+            a[:6] = (len(ins), sig[0], sig[1], first, -(-tmp // 64) * 64 + self.acc if self.acc else tmp, mask)
             if ins:
                 a[8:] = np.array(ins, dtype=np.int64).ravel()
             out.append(a)

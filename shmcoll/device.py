@@ -122,6 +122,7 @@ _new_cfunction = ctypes.pythonapi.PyCFunction_NewEx
 _new_cfunction.restype = ctypes.py_object
 _new_cfunction.argtypes = (ctypes.c_void_p, ctypes.py_object, ctypes.py_object)
 _exec = _new_cfunction(int(ffi.cast("uintptr_t", lib.sc_py_entry(1))), None, None)
+learn_dtype = _new_cfunction(int(ffi.cast("uintptr_t", lib.sc_py_entry(2))), None, None)
 
 FIELDS_C = {"chan_bytes": "chan_bytes", "stripe_bytes": "stripe_bytes", "stripe_slots": "stripe_slots",
             "check": "check", "spin_now_ns": "spin_ns", "spin_far_ns": "spin_far_ns", "yield_ns": "yield_ns",
@@ -194,19 +195,20 @@ class Device:
         return self.c.off_stripe + i * width, width
 
     # -- programs ------------------------------------------------------------
-    def program(self, key, coll, alg, make, dtype=0, sigbytes=None, tail=None):
+    def program(self, key, coll, alg, make, dtype=0, sigbytes=None, tail=None, op=0):
         """This rank's compiled program for key, planned by make() ->
         Schedule on a miss.  A key of seven ints (collective, algorithm or
         -1, root, byte counts, item size or dtype, counts fingerprint or 0)
         is the fast entries' cache key, and the program is installed there;
         any other stays here.  The signature holds dtype (a code) and sigbytes (the
-        schedule's byte count if None); tail, a v-variant's counts and
+        schedule's byte count if None) and op (a reduction's operator
+        code); tail, a v-variant's counts and
         displacements, ends the program for the fast entry to compare."""
         here = key if tail is None else key + (tuple(tail),)     # exact counts: no fingerprint collision
         prog = self._programs.get(here)
         if prog is None:
             sched = make()
-            sig = signature(coll, alg, sched.root, sched.nbytes if sigbytes is None else sigbytes, dtype)
+            sig = signature(coll, alg, sched.root, sched.nbytes if sigbytes is None else sigbytes, dtype, op)
             prog = compile_schedule(sched, self.plan.params, sig)[self.rank]
             if tail is not None:
                 prog = np.concatenate([prog, np.asarray(tail, np.int64)])
@@ -247,7 +249,7 @@ class Device:
         """The C fast entry bound to this context for one collective method:
         it declines to method (the checked Python version), raises through
         on_error(rc), names algorithms by ids, parses by desc = (collective
-        id, roles, argument names)."""
+        id, roles, argument names, {built-in op: code}, IN_PLACE, SUM)."""
         return _new_cfunction(int(ffi.cast("uintptr_t", lib.sc_py_entry(0))),
                               (self.addr, method, on_error, ids, desc), None)
 

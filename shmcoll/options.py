@@ -32,6 +32,13 @@ DEFAULTS = {
     "gatherv_algorithm": None,
     "scatter_algorithm": None,
     "scatterv_algorithm": None,
+    "reduce_small_bytes": 256 << 10,   # allreduce: all_at_once while (ranks - 1) x bytes is at most this
+    "allreduce_algorithm": None,
+    "reduce_algorithm": None,
+    "reduce_scatter_block_algorithm": None,
+    "reduce_scatter_algorithm": None,
+    "scan_algorithm": None,
+    "exscan_algorithm": None,
 }
 
 

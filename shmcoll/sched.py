@@ -46,10 +46,25 @@ class Copy:
     n: int
 
 
+@dataclass(frozen=True)
+class Reduce:
+    """rank folds its inputs, element by element and in the order given,
+    into dbuf[doff:doff + n]: an input is the index of a move of this step
+    that rank reads (folded from where it lands, the writer's slot line or
+    ring, never copied out first; every such move carries n bytes) or
+    (buf, offset) in rank's own memory."""
+    rank: int
+    inputs: tuple
+    dbuf: str
+    doff: int
+    n: int
+
+
 @dataclass
 class Step:
     moves: list = field(default_factory=list)
     copies: list = field(default_factory=list)     # run after the step's reads
+    reduces: list = field(default_factory=list)    # run as each round's pieces arrive
     order: Optional[dict] = None    # reader -> indices of the moves it reads, in its order
     far: Optional[dict] = None      # reader -> writers it waits on spinning long
     batch: bool = True              # one post per round of writes (False: one per write)
@@ -65,6 +80,7 @@ class Schedule:
     steps: list
     tmp: int = 0            # scratch bytes per rank
     stream: bool = False    # copies into user memory stream past the cache
+    kernel: object = None   # reductions: the ops.Kernel its Reduce items fold with
 
     def messages(self):
         """(sender, receiver, bytes) of every message: a move read by k
@@ -98,6 +114,9 @@ class Call:
     nodes: int              # NUMA nodes
     cma: bool               # ranks may read each other's memory (single copy)
     counts: Optional[tuple] = None  # v-variants: (bytes, byte displacement) per rank
+    item: int = 1           # reductions: element bytes (slices and chunks hold whole elements)
+    inplace: bool = False   # reductions: the input is in recvbuf (IN_PLACE)
+    kernel: object = None   # reductions: the ops.Kernel (None while only planning)
 
     def pipe_chunk(self):
         """Chunks small enough that a message of a few chunks still

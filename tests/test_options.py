@@ -12,7 +12,8 @@ from shmcoll.options import DEFAULTS, resolve
 from conftest import run_ranks
 
 ALG_OPTS = {f"{op}_algorithm" for op in ("barrier", "bcast", "alltoall", "allgather", "allgatherv", "gather",
-                                          "gatherv", "scatter", "scatterv")}
+                                          "gatherv", "scatter", "scatterv", "allreduce", "reduce",
+                                          "reduce_scatter_block", "reduce_scatter", "scan", "exscan")}
 
 
 def env_name(name):
@@ -168,8 +169,9 @@ def test_algorithms_lists():
     assert shmcoll.algorithms("alltoall") == ["bruck", "all_at_once", "pairwise", "tiled"]
     assert shmcoll.algorithms("allgather") == ["ring", "recursive_doubling", "bruck", "neighbor_exchange",
                                                "all_at_once"]
-    with pytest.raises(ValueError, match="reduce"):
-        shmcoll.algorithms("reduce")
+    assert shmcoll.algorithms("allreduce") == ["all_at_once", "reduce_scatter_allgather"]
+    with pytest.raises(ValueError, match="alltoallv"):
+        shmcoll.algorithms("alltoallv")
 
 
 def test_environment_is_read_at_launch(monkeypatch):

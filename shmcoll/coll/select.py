@@ -4,12 +4,12 @@ footprint(call) -> bytes touched), the Comm method its C fast entry
 stands for (None: no fast entry, as for Gatherv/Scatterv, whose counts
 only the root has), that method's argument roles (csrc/pyfast.c: a
 leading k when argument k's dtype is in the signature, x in-out buffer,
-i input, o output, I/O optional, v an output with counts, r root, a
-algorithm) and names.  Adding a collective is a module and a row here.
+i input (or IN_PLACE), o output, I/O optional, v an output with counts,
+r root, p reduction op, a algorithm) and names.  Adding a collective is a module and a row here.
 
 Precedence of the algorithm: algorithm= argument > options /
 SHMCOLL_<OP>_ALGORITHM > the collective's choose()."""
-from . import allgather, allgatherv, alltoall, barrier, bcast, gather, scatter
+from . import allgather, allgatherv, allreduce, alltoall, barrier, bcast, exscan, gather, reduce, reduce_scatter, scan, scatter
 
 TABLE = {
     "barrier": (1, barrier, "Barrier", "a", ("algorithm",)),
@@ -21,6 +21,13 @@ TABLE = {
     "gatherv": (7, gather, None, "", ()),
     "scatter": (8, scatter, "Scatter", "1Iora", ("sendbuf", "recvbuf", "root", "algorithm")),
     "scatterv": (9, scatter, None, "", ()),
+    "allreduce": (10, allreduce, "Allreduce", "0iopa", ("sendbuf", "recvbuf", "op", "algorithm")),
+    "reduce": (11, reduce, "Reduce", "0iOpra", ("sendbuf", "recvbuf", "op", "root", "algorithm")),
+    "reduce_scatter_block": (12, reduce_scatter, "Reduce_scatter_block", "0iopa",
+                             ("sendbuf", "recvbuf", "op", "algorithm")),
+    "reduce_scatter": (13, reduce_scatter, None, "", ()),
+    "scan": (14, scan, "Scan", "0iopa", ("sendbuf", "recvbuf", "op", "algorithm")),
+    "exscan": (15, exscan, "Exscan", "0iopa", ("sendbuf", "recvbuf", "op", "algorithm")),
 }
 NAMES = {op: list(row[1].ALGORITHMS) for op, row in TABLE.items()}
 IDS = {op: {name: i for i, name in enumerate(names)} for op, names in NAMES.items()}
@@ -63,4 +70,5 @@ def plan(op, name, call):
     out = module.ALGORITHMS[name](call)
     steps, tmp = out if isinstance(out, tuple) else (out, 0)
     fp = module.footprint(call) if hasattr(module, "footprint") else 0
-    return Schedule(op, name, call.nranks, call.nbytes, call.root, steps, tmp, call.streams(fp) if fp else False)
+    return Schedule(op, name, call.nranks, call.nbytes, call.root, steps, tmp, call.streams(fp) if fp else False,
+                    call.kernel)

@@ -1,0 +1,433 @@
+"""Reductions (Allreduce, Reduce, Reduce_scatter_block, Reduce_scatter,
+Scan, Exscan and the object forms) against numpy folding the same inputs
+in rank order, x0 op x1 op ... op x(p-1): every algorithm, 1-8 and 16
+ranks, sizes around the inline slot and a fold chunk, every meaningful
+(op, dtype) pair, IN_PLACE, every root; bit-identical results across
+ranks, algorithms and placements; bad input raising on every rank."""
+import hashlib
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import shmcoll
+from conftest import SMALL, run_cases, run_ranks, shared_array
+from shmcoll import ops
+
+try:
+    import ml_dtypes
+except ImportError:     # the test extra installs it; without it bfloat16 cases are skipped
+    ml_dtypes = None
+
+KINDS = {"allreduce": ["all_at_once", "reduce_scatter_allgather", None], "reduce": ["flat", "reduce_scatter_gather", None],
+         "reduce_scatter_block": [None], "reduce_scatter": [None], "scan": [None], "exscan": [None]}
+CHUNK = SMALL["chunk_bytes"]
+ITEMS = [0, 1, 7, 31, 32, 33, CHUNK // 4 - 1, CHUNK // 4, CHUNK // 4 + 1, 3001]     # float32: around 128 B and a chunk
+INT = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
+FLOAT = ["float16", "float32", "float64", "longdouble"] + (["bfloat16"] if ml_dtypes else [])
+COMPLEX = ["complex64", "complex128", "clongdouble"]
+NP = {"SUM": np.add, "PROD": np.multiply, "MIN": np.minimum, "MAX": np.maximum, "LAND": np.logical_and,
+      "LOR": np.logical_or, "LXOR": np.logical_xor, "BAND": np.bitwise_and, "BOR": np.bitwise_or,
+      "BXOR": np.bitwise_xor}
+
+
+def dtype(name):
+    return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+
+
+def pairs():
+    """Every (op, dtype) that makes sense."""
+    out = [(op, t) for t in INT for op in NP]
+    out += [(op, t) for t in FLOAT for op in ("SUM", "PROD", "MIN", "MAX")]
+    out += [(op, t) for t in COMPLEX for op in ("SUM", "PROD")]
+    out += [(op, "bool") for op in ("LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR", "MIN", "MAX")]
+    return out
+
+
+def data(seq, rank, count, dt, op="SUM"):
+    """Rank's input of call seq: random, small where products would
+    overflow; float32 SUM inputs are far from exact, so order shows."""
+    rng = np.random.default_rng([seq, rank])
+    if dt.kind == "b":
+        return rng.integers(0, 2, count).astype(dt)
+    if op == "PROD":
+        v = rng.choice([1, 1, 1, 2, -1] if dt.kind != "u" else [1, 1, 2, 3], count)
+    elif dt.kind in "iu":
+        v = rng.integers(0 if dt.kind == "u" else -100, 100, count)
+    else:
+        v = rng.standard_normal(count) * 100
+    if dt.kind == "c":
+        v = v + 1j * (rng.standard_normal(count) if op != "PROD" else rng.choice([0, 1, -1], count))
+    return np.asarray(v).astype(dt)
+
+
+def fold(xs, op, dt):
+    """numpy's rank-order fold; half types in float32, rounded once."""
+    half = dt.itemsize == 2 and dt.kind == "f" or (ml_dtypes and dt == dtype("bfloat16"))
+    acc = xs[0].astype(np.float32) if half else xs[0].copy()
+    for x in xs[1:]:
+        acc = NP[op](acc, x.astype(np.float32) if half else x).astype(np.float32 if half else dt)
+    return acc.astype(dt)
+
+
+def expected(kind, op, dt, seq, p, r, count, root):
+    """What rank r's recvbuf holds after call seq, or None: untouched."""
+    xs = [data(seq, q, count, dt, op) for q in range(p)]
+    if kind == "scan":
+        return fold(xs[:r + 1], op, dt)
+    if kind == "exscan":
+        return fold(xs[:r], op, dt) if r else None
+    full = fold(xs, op, dt)
+    if kind == "reduce":
+        return full if r == root else None
+    if kind == "reduce_scatter_block":
+        b = count // p
+        return full[r * b:(r + 1) * b]
+    if kind == "reduce_scatter":
+        lo, hi = sum(_counts(count, p)[:r]), sum(_counts(count, p)[:r + 1])
+        return full[lo:hi]
+    return full
+
+
+def _counts(count, p):
+    """Uneven recvcounts for Reduce_scatter: rank r gets (r + 1) parts."""
+    w = [q + 1 for q in range(p)]
+    c = [count * x // sum(w) for x in w]
+    c[-1] += count - sum(c)
+    return c
+
+
+def call(comm, kind, op, send, recv, root, alg, inplace):
+    o = ops.BUILTINS[op] if isinstance(op, str) else op
+    s = shmcoll.IN_PLACE if inplace else send
+    if inplace:
+        recv[:send.size] = send
+    if kind == "allreduce":
+        comm.Allreduce(s, recv, o, algorithm=alg)
+    elif kind == "reduce":
+        comm.Reduce(s if comm.rank == root else send, recv, o, root, algorithm=alg)
+    elif kind == "reduce_scatter_block":
+        comm.Reduce_scatter_block(s, recv, o, algorithm=alg)
+    elif kind == "reduce_scatter":
+        comm.Reduce_scatter(s, recv, _counts(send.size, comm.size), o, algorithm=alg)
+    elif kind == "scan":
+        comm.Scan(s, recv, o, algorithm=alg)
+    else:
+        comm.Exscan(s, recv, o, algorithm=alg)
+
+
+def _job(comm, cases, forms=False):
+    """cases: (kind, alg, op, dtype name, count, root, in place); every
+    rank checks its recvbuf and returns its failures, then the hash of
+    every result (for the determinism tests)."""
+    p, me, bad, hashes = comm.size, comm.rank, [], []
+    for seq, (kind, alg, op, tname, count, root, inplace) in enumerate(cases):
+        dt = dtype(tname)
+        if kind == "reduce_scatter_block":
+            count -= count % p
+        send = data(seq, me, count, dt, op)
+        keep = send.tobytes()
+        inplace = inplace and not (kind == "reduce" and me != root)
+        rcount = count if kind not in ("reduce_scatter_block", "reduce_scatter") or inplace else \
+            (count // p if kind == "reduce_scatter_block" else _counts(count, p)[me])
+        recv = np.zeros(rcount, dt)
+        recv.view(np.uint8)[:] = 0xA5
+        before = recv.tobytes()
+        call(comm, kind, op, send, recv, root % p, alg, inplace)
+        want = expected(kind, op, dt, seq, p, me, count, root % p)
+        got = recv[:0 if want is None else want.size]
+        what = f"rank {me}: call {seq} {kind}/{alg} {op} {tname} x{count} root {root % p} inplace={inplace}"
+        if want is None:
+            if not inplace and recv.tobytes() != before:
+                bad.append(f"{what}: recvbuf written where nothing is due")
+        elif not same(got, want):
+            wrong = np.flatnonzero(got.view(np.uint8) != want.view(np.uint8))
+            bad.append(f"{what}: {wrong.size} bytes differ from the rank-order fold, first at byte {wrong[0]}")
+        if send.tobytes() != keep:
+            bad.append(f"{what}: sendbuf was modified")
+        hashes.append(hashlib.sha1(got.tobytes()).hexdigest())
+    return bad if not forms else (bad, hashes)
+
+
+def same(got, want):
+    """Bit-identical; long double only by value (its padding bytes are
+    undefined)."""
+    if want.dtype in (np.dtype(np.longdouble), np.dtype(np.clongdouble)):
+        return bool(np.array_equal(got, want))
+    return got.tobytes() == want.tobytes()
+
+
+def table(kinds, sizes, tnames=("float32",), ops_=("SUM",), inplace=(False, True), roots=(0,)):
+    out = []
+    for kind in kinds:
+        for alg in KINDS[kind]:
+            for t in tnames:
+                for op in ops_:
+                    for i, count in enumerate(sizes):
+                        out.append((kind, alg, op, t, count, roots[i % len(roots)], inplace[i % len(inplace)]))
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7, 8, 16])
+def test_reductions_ranks_sizes(n):
+    """Every reduction and algorithm, float32 SUM (inexact: the order of
+    the arithmetic shows), sizes around the slot and the chunk, in place
+    and not, roots rotating."""
+    run_cases(_job, n, table(KINDS, ITEMS, roots=(0, n - 1, n // 2)), options=SMALL, timeout=300)
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_every_op_and_dtype(n):
+    cases = []
+    for op, t in pairs():
+        for kind in ("allreduce", "reduce", "reduce_scatter_block", "scan", "exscan"):
+            algs = KINDS[kind]
+            for i, count in enumerate([1, 129]):
+                cases.append((kind, algs[i % len(algs)], op, t, count * n if kind == "reduce_scatter_block" else count,
+                              i, bool(i)))
+    run_cases(_job, n, cases, options=SMALL, timeout=300)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_16_mib_default_options(n):
+    """16 MiB with the built-in channel and chunk sizes."""
+    count = (16 << 20) // 4
+    run_cases(_job, n, table(["allreduce", "reduce", "reduce_scatter_block"], [count], inplace=(False,)), timeout=300)
+
+
+def _determinism(comm, count):
+    """float32 SUM of random data by every algorithm, in place and not:
+    the hashes of the results."""
+    out = []
+    for inplace in (False, True):
+        for alg in KINDS["allreduce"]:
+            send = data(99, comm.rank, count, np.dtype(np.float32))
+            recv = send.copy() if inplace else np.empty_like(send)
+            comm.Allreduce(shmcoll.IN_PLACE if inplace else send, recv, algorithm=alg)
+            out.append(hashlib.sha1(recv.tobytes()).hexdigest())
+        for alg in KINDS["reduce"]:
+            send = data(99, comm.rank, count, np.dtype(np.float32))
+            recv = np.empty_like(send)
+            comm.Reduce(send, recv, root=comm.size - 1, algorithm=alg)
+            if comm.rank == comm.size - 1:
+                out.append(hashlib.sha1(recv.tobytes()).hexdigest())
+    return out
+
+
+@pytest.mark.parametrize("count", [33, 100003])
+def test_bit_identical_across_ranks_algorithms_placements(count):
+    """One hash for every rank, algorithm and run, under two placements
+    (a flat node and a virtual two-socket one, ranks spread over it)."""
+    seen = set()
+    for topo, mp in ((None, "compact"), ("2x2", "scatter"), (None, "compact")):
+        for h in run_ranks(_determinism, 4, count, topology=topo, map=mp):
+            seen.update(h)
+    want = fold([data(99, q, count, np.dtype(np.float32)) for q in range(4)], "SUM", np.dtype(np.float32))
+    assert seen == {hashlib.sha1(want.tobytes()).hexdigest()}
+
+
+# -- MINLOC / MAXLOC -------------------------------------------------------------
+
+PAIRS = [np.dtype([("v", "f8"), ("i", "i4")]), np.dtype([("v", "f4"), ("i", "i4")], align=True),
+         np.dtype([("v", "i4"), ("i", "i8")]), np.dtype([("v", "i8"), ("i", "i8")]), np.dtype([("v", "i2"), ("i", "i4")])]
+
+
+def _loc(comm, pdt):
+    """Values with many ties; rank r's index is 10 * r + j, so a tie must
+    keep the lower rank's."""
+    p, me, out = comm.size, comm.rank, []
+    j = np.arange(50)
+    mk = lambda r: np.array([((j_ * (r + 1)) % 3, 10 * r + j_) for j_ in j], pdt)
+    for name, better in (("MINLOC", np.less), ("MAXLOC", np.greater)):
+        want = mk(0)
+        for r in range(1, p):
+            x = mk(r)
+            take = better(x["v"], want["v"]) | ((x["v"] == want["v"]) & (x["i"] < want["i"]))
+            want = np.where(take, x, want)
+        for alg in KINDS["allreduce"]:
+            recv = np.zeros(50, pdt)
+            comm.Allreduce(mk(me), recv, ops.BUILTINS[name], algorithm=alg)
+            out.append(recv.tobytes() == want.tobytes())
+        obj = comm.allreduce((float(mk(me)["v"][7]), me), ops.BUILTINS[name])
+        out.append(obj == (float(want["v"][7]), int(want["i"][7]) // 10))
+    return out
+
+
+@pytest.mark.parametrize("pdt", PAIRS, ids=lambda d: d.str + str(d.itemsize))
+def test_minloc_maxloc_ties_lowest_index(pdt):
+    assert all(all(r) for r in run_ranks(_loc, 3, pdt, options=SMALL)), pdt
+
+
+# -- user ops and objects --------------------------------------------------------
+
+def _user(comm):
+    p, me, out = comm.size, comm.rank, []
+    x = np.arange(40, dtype=np.int64) + me * 7
+    xs = [np.arange(40, dtype=np.int64) + q * 7 for q in range(p)]
+
+    def left(a, b):             # neither commutative nor associative: the order is all that matters
+        return 2 * a - b
+
+    def mpi_style(invec, inoutvec, datatype):
+        inoutvec[:] = invec * 3 + inoutvec
+
+    for op, ref in ((shmcoll.Op.Create(np.add), lambda a, b: a + b),
+                    (shmcoll.Op.Create(left, commute=False), left),
+                    (shmcoll.Op.Create(mpi_style, commute=False), lambda a, b: a * 3 + b)):
+        want = xs[0]
+        for y in xs[1:]:
+            want = ref(want, y)
+        recv = np.zeros(40, np.int64)
+        comm.Allreduce(x, recv, op)
+        out.append(recv.tolist() == want.tolist())
+        recv[:] = 0
+        comm.Reduce(x, recv, op, root=p - 1)
+        out.append(recv.tolist() == want.tolist() if me == p - 1 else not recv.any())
+        recv[:] = 0
+        comm.Scan(x, recv, op)
+        pre = xs[0]
+        for y in xs[1:me + 1]:
+            pre = ref(pre, y)
+        out.append(recv.tolist() == pre.tolist())
+        blk = np.zeros(40 // p if 40 % p == 0 else 0, np.int64)
+        if blk.size:
+            comm.Reduce_scatter_block(x, blk, op)
+            out.append(blk.tolist() == want[me * blk.size:(me + 1) * blk.size].tolist())
+    return out
+
+
+def test_user_ops_commutative_and_not():
+    for n in (2, 4):
+        got = run_ranks(_user, n, options=SMALL)
+        assert all(all(r) for r in got), got
+
+
+def _objects(comm):
+    me = comm.rank
+    return [comm.allreduce(me + 1), comm.allreduce(str(me), shmcoll.SUM), comm.reduce([me], root=1),
+            comm.scan(me + 1, shmcoll.PROD), comm.exscan(me + 1), comm.allreduce(me, shmcoll.MAX)]
+
+
+def test_object_reductions():
+    got = run_ranks(_objects, 4)
+    for r, g in enumerate(got):
+        assert g[0] == 10 and g[1] == "0123" and g[2] == ([0, 1, 2, 3] if r == 1 else None), g
+        assert g[3] == [1, 2, 6, 24][r] and g[4] == [None, 1, 3, 6][r] and g[5] == 3, g
+
+
+# -- buffers -----------------------------------------------------------------------
+
+def _forms(comm):
+    """[buf, count, dtype] specs, a bytearray-backed memoryview, and the
+    fast entry's second call (same arrays) agreeing with the first."""
+    p, out = comm.size, []
+    x = np.arange(10, dtype=np.float64) * (comm.rank + 1)
+    want = np.arange(10, dtype=np.float64) * (p * (p + 1) // 2)
+    r = np.zeros(10)
+    comm.Allreduce([x, 10, np.float64], [r, np.float64])
+    out.append(r.tolist() == want.tolist())
+    for _ in range(3):
+        r[:] = 0
+        comm.Allreduce(x, r)
+        out.append(r.tolist() == want.tolist())
+    r[:] = x
+    comm.Allreduce(shmcoll.IN_PLACE, r, shmcoll.SUM)
+    out.append(r.tolist() == want.tolist())
+    b = bytearray(8)
+    comm.Allreduce(memoryview(np.array([comm.rank + 1], np.int64)), memoryview(b).cast("B").cast("q"))
+    out.append(int(np.frombuffer(b, np.int64)[0]) == p * (p + 1) // 2)
+    return out
+
+
+def test_buffer_forms_and_fast_entry():
+    got = run_ranks(_forms, 3)
+    assert all(all(r) for r in got), got
+
+
+def test_torch_tensor_through_dlpack():
+    torch = pytest.importorskip("torch")
+
+    def job(comm):
+        t = torch.arange(6, dtype=torch.float32) * (comm.rank + 1)
+        out = torch.zeros(6, dtype=torch.float32)
+        comm.Allreduce(t, out)
+        comm.Allreduce(shmcoll.IN_PLACE, t)
+        return out.tolist(), t.tolist()
+    for out, t in run_ranks(job, 2):
+        assert out == t == [3.0 * i for i in range(6)]
+
+
+# -- bad input: raises on every rank, never hangs --------------------------------
+
+def _bad(comm, case):
+    me = comm.rank
+    x, r = np.ones(8, np.float64), np.zeros(8, np.float64)
+    try:
+        if case == "op_for_dtype":
+            comm.Allreduce(np.ones(8, np.float32), np.zeros(8, np.float32), shmcoll.BAND)
+        elif case == "op_on_one_rank":
+            comm.Allreduce(x, r, shmcoll.MAX if me == 1 else shmcoll.SUM)
+        elif case == "dtype_on_one_rank":
+            dt = np.float32 if me == 1 else np.int32
+            comm.Allreduce(np.ones(8, dt), np.zeros(8, dt))
+        elif case == "count_on_one_rank":
+            k = 9 if me == 1 else 8
+            comm.Allreduce(np.ones(k), np.zeros(k))
+        elif case == "recvcounts_sum":
+            comm.Reduce_scatter(np.ones(9), np.zeros(3), [3, 3, 2])
+        elif case == "root":
+            comm.Reduce(x, r, root=3)
+        elif case == "inplace_off_root":
+            comm.Reduce(shmcoll.IN_PLACE, r, root=0)
+        elif case == "inplace_allgather":
+            comm.Allgather(shmcoll.IN_PLACE, np.zeros(24))
+        elif case == "dtypes_differ":
+            comm.Allreduce(np.ones(8, np.float32), np.zeros(4, np.float64))
+        elif case == "not_an_op":
+            comm.Allreduce(x, r, np.add)
+        comm.Barrier()
+    except Exception as e:
+        return type(e).__name__, str(e), getattr(e, "rank", None)
+    return None
+
+
+BAD = {"op_for_dtype": ("TypeError", "BAND"), "op_on_one_rank": ("MismatchError", "op"),
+       "dtype_on_one_rank": ("MismatchError", "dtype"), "count_on_one_rank": ("MismatchError", "byte"),
+       "recvcounts_sum": ("ValueError", "recvcounts"), "root": ("ValueError", "root"),
+       "inplace_off_root": ("ValueError", "IN_PLACE"), "inplace_allgather": ("ValueError", "IN_PLACE"),
+       "dtypes_differ": ("TypeError", "dtype"), "not_an_op": ("TypeError", "shmcoll.Op")}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_raises_on_every_rank(case):
+    got = run_ranks(_bad, 3, case, options=SMALL, timeout=30)
+    etype, word = BAD[case]
+    assert all(g is not None for g in got), got
+    named = [g for g in got if g[0] == etype]
+    assert named and all(word in g[1] for g in named), got
+    assert all(g[0] in (etype, "PeerAborted", "MismatchError") for g in got), got
+
+
+def test_killed_rank_mid_allreduce():
+    """A rank that dies while its peers wait in Allreduce makes them raise
+    PeerDied within 2 s."""
+    took = shared_array(3, np.float64, -1.0)
+    died = shared_array(3, np.int64, 0)
+
+    def job(comm):
+        comm.Barrier()
+        if comm.rank == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        t = time.monotonic()
+        try:
+            comm.Allreduce(np.ones(1 << 20), np.zeros(1 << 20))
+        except shmcoll.PeerFailure as e:
+            took[comm.rank] = time.monotonic() - t
+            died[comm.rank] = e.rank == 2
+            raise
+    with pytest.raises(Exception):
+        run_ranks(job, 3, timeout=30)
+    assert list(died[:2]) == [1, 1], list(died)
+    assert 0 <= took[:2].max() < 2.0, list(took)
