@@ -244,6 +244,7 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
     char *sbuf = NULL, *rbuf = NULL;
     int typed = roles[0] >= '0' && roles[0] <= '9' ? roles[0] - '0' : -1, inplace = 0;
     roles += typed >= 0;
+    int reduction = strchr(roles, 'p') != NULL;
     if (c->closed || !parse(args, nargsf, kw, PyTuple_GET_ITEM(desc, 2), a)) return decline(self, args, nargsf, kw);
     for (int i = 0; roles[i] && ok; i++) {
         PyObject *v = a[i];
@@ -259,7 +260,7 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
             }
             /* fall through */
         case 'i':
-            if (v == PyTuple_GET_ITEM(desc, 4)) {     /* IN_PLACE: the input is the next argument, recvbuf */
+            if (roles[i] == 'i' && v == PyTuple_GET_ITEM(desc, 4)) {   /* IN_PLACE: the input is the next argument */
                 inplace = 1;
                 key[3] = -2;
                 typed += typed == i;
@@ -280,6 +281,7 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
                 p = b[nb - 1].buf, len = b[nb - 1].len, isz = b[nb - 1].itemsize;
             }
             if (i == typed && !(key[5] = dtype_word(v))) { ok = 0; break; }   /* not an array Python keys alike */
+            if (reduction && nbuf && dtype_word(v) != key[5]) { ok = 0; break; }   /* Python refuses two dtypes */
             key[3 + out] = len;
             if (!nbuf++) {
                 isz0 = isz;

@@ -150,6 +150,9 @@ class _Compiler:
             else:
                 c = max(m.nbytes, 1)
             chunks.append(c)
+        fed = [i for i, pr in enumerate(protos) if pr == "staged" and any((d, i) in folded for d in moves[i].dst)]
+        for i in fed:           # a fold's inputs are cut alike, whichever writer's ring is tighter
+            chunks[i] = min(chunks[j] for j in fed)
         nch = [max(-(-m.nbytes // c), 1) for m, c in zip(moves, chunks)]
         slot = [0] * p
         for m, pr, c in zip(moves, protos, chunks):

@@ -69,8 +69,11 @@ class Op:
 
     def __call__(self, a, b):
         """a op b on Python objects (the lower-case collectives)."""
+        if self._mpi_style:     # as one-element vectors, the value back as a Python object
+            out = self.block(np.array([a]), np.array([b]))[0]
+            return out.item() if isinstance(out, np.generic) else out
         if self._fn is not None:
-            return self._fn(a, b) if not self._mpi_style else self.block(np.asarray(a), np.asarray(b))
+            return self._fn(a, b)
         if self.code in (lib.SC_R_MINLOC, lib.SC_R_MAXLOC):
             better = operator.lt if self.code == lib.SC_R_MINLOC else operator.gt
             (va, ia), (vb, ib) = a, b
@@ -79,8 +82,10 @@ class Op:
 
 
 def _arity(fn):
+    """Parameters fn needs (those without a default)."""
     try:
-        return len(inspect.signature(fn).parameters)
+        return sum(q.default is q.empty and q.kind in (q.POSITIONAL_ONLY, q.POSITIONAL_OR_KEYWORD)
+                   for q in inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         return 2
 
@@ -151,7 +156,7 @@ def _loc_layout(op, dt):
         v, i = (dt.fields[n] for n in names)
         vt = lib.SC_T_LD if v[0].kind == "f" and v[0].itemsize > 8 else _LOC_VALUES.get(f"{v[0].kind}{v[0].itemsize}")
         if vt and v[1] == 0 and i[0].kind == "i" and i[0].itemsize in (4, 8) and v[0].isnative and i[0].isnative \
-                and dt.itemsize < 256:
+                and v[0].itemsize <= i[1] and i[1] + i[0].itemsize <= dt.itemsize < 256:
             return vt, dt.itemsize, (i[0].itemsize == 8) << 28 | dt.itemsize << 32 | i[1] << 40
     raise TypeError(f"{op.name} takes (value, index) pairs: a structured dtype of an int16/32/64 or float value "
                     f"then an int32/int64 index, not {dt}")

@@ -33,6 +33,8 @@ DEFAULTS = {
     "scatter_algorithm": None,
     "scatterv_algorithm": None,
     "reduce_small_bytes": 256 << 10,   # allreduce: all_at_once while (ranks - 1) x bytes is at most this
+    "reduce_block_bytes": 2 << 20,     # reduce_scatter_allgather: blocks of this many bytes, folded and gathered
+                                       # while in cache
     "allreduce_algorithm": None,
     "reduce_algorithm": None,
     "reduce_scatter_block_algorithm": None,

@@ -431,3 +431,56 @@ def test_killed_rank_mid_allreduce():
         run_ranks(job, 3, timeout=30)
     assert list(died[:2]) == [1, 1], list(died)
     assert 0 <= took[:2].max() < 2.0, list(took)
+
+
+# -- found in review -------------------------------------------------------------
+
+def test_reduce_scatter_zero_count_small_channel():
+    """A rank with nothing to receive sends one deposit more than the
+    others, so its ring's chunks were smaller: the fold's inputs were cut
+    differently and compiling failed."""
+    def job(comm):
+        counts = [0, 1000, 1000]
+        x = np.arange(2000, dtype=np.float64) * (comm.rank + 1)
+        r = np.zeros(counts[comm.rank])
+        comm.Reduce_scatter(x, r, counts)
+        lo = sum(counts[:comm.rank])
+        return r.tolist() == (np.arange(2000.0) * 6)[lo:lo + counts[comm.rank]].tolist()
+    assert run_ranks(job, 3, options={"chan_bytes": 8192}) == [True] * 3
+
+
+def test_fast_entry_refuses_other_recv_dtype():
+    """After a float32 Allreduce, the same call with an int32 recvbuf of the
+    same item size ran the float32 program from the C entry's cache."""
+    def job(comm):
+        x, r = np.ones(4, np.float32), np.zeros(4, np.float32)
+        comm.Allreduce(x, r)
+        comm.Allreduce(x, r)
+        try:
+            comm.Allreduce(x, np.zeros(4, np.int32))
+        except TypeError as e:
+            return "dtype" in str(e)
+        except shmcoll.PeerFailure:
+            return True
+        return False
+    assert run_ranks(job, 2) == [True, True]
+
+
+def test_user_op_arity_and_objects():
+    """A function with a defaulted third parameter is a plain fn(a, b); an
+    mpi4py-style op on objects returns Python objects."""
+    def add(a, b, out=None):
+        return np.add(a, b)
+
+    def inout(invec, inoutvec, datatype):
+        inoutvec[:] = invec + inoutvec
+
+    def job(comm):
+        r = np.zeros(3, np.int64)
+        comm.Allreduce(np.full(3, comm.rank + 1, np.int64), r, shmcoll.Op.Create(add))
+        obj = comm.allreduce(float(comm.rank + 1), shmcoll.Op.Create(inout))
+        ex = comm.exscan(float(comm.rank + 1), shmcoll.Op.Create(inout))
+        return r.tolist(), obj, type(obj).__name__, ex
+    got = run_ranks(job, 3)
+    for rank, (r, obj, kind, ex) in enumerate(got):
+        assert r == [6, 6, 6] and obj == 6.0 and kind == "float" and ex == [None, 1.0, 3.0][rank], got

@@ -27,22 +27,29 @@ def all_at_once(call):
 
 
 def reduce_scatter_allgather(call):
-    """In place, only the own slice (which the fold overwrites) goes to
-    scratch first; the others are read before step 2 rewrites them."""
-    p = call.nranks
-    sl = slices(call)
-    own, steps = None, []
-    if call.inplace:
-        own = [("tmp", 0)] * p
-        steps.append(Step(copies=[Copy(r, "send", off, "tmp", 0, n) for r, (off, n) in enumerate(sl)]))
-    steps.append(scatter_fold(call, sl, "send", [("recv", off) for off, _ in sl], own))
-    moves = [Move(s, tuple((s + j) % p for j in range(1, p)), ((off, off, n),), sbuf="recv", via=via(call, n))
-             for s, (off, n) in enumerate(sl) if n]
-    if moves:
-        index = {m.src: i for i, m in enumerate(moves)}
-        order = {r: [index[(r - j) % p] for j in range(1, p) if (r - j) % p in index] for r in range(p)}
-        steps.append(Step(moves, order=order))
-    return steps, max(n for _, n in sl) if call.inplace else 0
+    """Block by block (reduce_block_bytes, so a block's inputs, folded
+    slices and results are still in cache when the allgather reads them):
+    rank s folds slice s of the block, then every rank reads the others'.
+    In place, only the own slice (which the fold overwrites) goes to
+    scratch first; the others are read before the allgather rewrites them."""
+    p, n = call.nranks, call.nbytes
+    size = max(call.params["reduce_block_bytes"] // (64 * p * call.item), 1) * 64 * p * call.item
+    steps, tmp = [], 0
+    for lo in range(0, n, size):
+        sl = [(lo + off, k) for off, k in slices(call, min(size, n - lo))]
+        own = None
+        if call.inplace:
+            own = [("tmp", 0)] * p
+            steps.append(Step(copies=[Copy(r, "send", off, "tmp", 0, k) for r, (off, k) in enumerate(sl)]))
+            tmp = max(tmp, max(k for _, k in sl))
+        steps.append(scatter_fold(call, sl, "send", [("recv", off) for off, _ in sl], own))
+        moves = [Move(s, tuple((s + j) % p for j in range(1, p)), ((off, off, k),), sbuf="recv",
+                      via=via(call, k)) for s, (off, k) in enumerate(sl) if k]
+        if moves:
+            index = {m.src: i for i, m in enumerate(moves)}
+            order = {r: [index[(r - j) % p] for j in range(1, p) if (r - j) % p in index] for r in range(p)}
+            steps.append(Step(moves, order=order))
+    return steps, tmp
 
 
 ALGORITHMS = {"all_at_once": all_at_once, "reduce_scatter_allgather": reduce_scatter_allgather}
