@@ -218,7 +218,9 @@ class Ref:
 
 # --- peers -------------------------------------------------------------------
 
-def _mp_rank(rank, n, bar, cell, queue, cfg, pin):
+def _mp_share(rank, bar, cell, pin):
+    """Pin a forked rank (when pin) and return share(x): rank 0's x on every
+    rank, through a multiprocessing barrier and shared cell."""
     if pin:
         os.sched_setaffinity(0, {CPUS[rank]})
 
@@ -230,6 +232,11 @@ def _mp_rank(rank, n, bar, cell, queue, cfg, pin):
         bar.wait()
         return x
 
+    return share
+
+
+def _mp_rank(rank, n, bar, cell, queue, cfg, pin):
+    share = _mp_share(rank, bar, cell, pin)
     queue.put((rank, measure(bar.wait, bar.wait, share, cfg.min_time, cfg.max_iters, cfg.reps)))
 
 
@@ -329,17 +336,7 @@ def run_gloo(op, n, cfg, libraries):
 
 
 def _floor_rank(rank, n, sizes, bar, cell, queue, cfg, pin):
-    if pin:
-        os.sched_setaffinity(0, {CPUS[rank]})
-
-    def share(x):
-        if rank == 0:
-            cell.value = x
-        bar.wait()
-        x = cell.value
-        bar.wait()
-        return x
-
+    share = _mp_share(rank, bar, cell, pin)
     out = []
     for size in sizes:
         src, dst = np.ones(max(size, 1), np.uint8), np.zeros(max(size, 1), np.uint8)

@@ -189,3 +189,27 @@ def expected_affinity(rank, n, bind, topology=None):
 def cli(*args):
     """argv for `shmcoll ...` run by this interpreter."""
     return [sys.executable, "-m", "shmcoll", *args]
+
+
+def assert_killed_mid(collective, n=3):
+    """Rank n - 1 dies (SIGKILL) as the others enter collective(comm): they
+    must raise PeerDied naming it within 2 s."""
+    import signal
+    took = shared_array(n, np.float64, -1.0)
+    died = shared_array(n, np.int64, 0)
+
+    def job(comm):
+        comm.Barrier()
+        if comm.rank == n - 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        t = time.monotonic()
+        try:
+            collective(comm)
+        except shmcoll.PeerFailure as e:
+            took[comm.rank] = time.monotonic() - t
+            died[comm.rank] = e.rank == n - 1
+            raise
+    with pytest.raises(Exception):
+        run_ranks(job, n, timeout=30)
+    assert list(died[:n - 1]) == [1] * (n - 1), list(died)
+    assert 0 <= took[:n - 1].max() < 2.0, list(took)

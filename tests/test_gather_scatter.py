@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import shmcoll
-from conftest import (DTYPES, SMALL, attempt, counts_for, pattern, poison, run_cases, run_ranks,
-                      shared_array)
+from conftest import (DTYPES, SMALL, assert_killed_mid, attempt, counts_for, pattern, poison, run_cases,
+                      run_ranks)
 
 ALGS = ["flat", "binomial", None]
 CHUNK = SMALL["chunk_bytes"]
@@ -272,28 +272,7 @@ def test_bad_input_raises_everywhere(kind):
 def test_killed_rank_mid_allgather():
     """A rank that dies while its peers wait in Allgather makes them raise
     PeerDied within 2 s."""
-    import os
-    import signal
-    import time
-
-    took = shared_array(3, np.float64, -1.0)
-    died = shared_array(3, np.int64, 0)
-
-    def job(comm):
-        comm.Barrier()
-        if comm.rank == 2:
-            os.kill(os.getpid(), signal.SIGKILL)
-        t = time.monotonic()
-        try:
-            comm.Allgather(np.zeros(100000, np.int8), np.zeros(100000 * comm.size, np.int8))
-        except shmcoll.PeerFailure as e:
-            took[comm.rank] = time.monotonic() - t
-            died[comm.rank] = e.rank == 2
-            raise
-    with pytest.raises(Exception):
-        run_ranks(job, 3, timeout=30)
-    assert list(died[:2]) == [1, 1], list(died)
-    assert 0 <= took[:2].max() < 2.0, list(took)
+    assert_killed_mid(lambda comm: comm.Allgather(np.zeros(100000, np.int8), np.zeros(100000 * comm.size, np.int8)))
 
 
 def _fast_allgatherv(comm):

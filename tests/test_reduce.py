@@ -5,15 +5,12 @@ ranks, sizes around the inline slot and a fold chunk, every meaningful
 (op, dtype) pair, IN_PLACE, every root; bit-identical results across
 ranks, algorithms and placements; bad input raising on every rank."""
 import hashlib
-import os
-import signal
-import time
 
 import numpy as np
 import pytest
 
 import shmcoll
-from conftest import SMALL, run_cases, run_ranks, shared_array
+from conftest import SMALL, assert_killed_mid, run_cases, run_ranks
 from shmcoll import ops
 
 try:
@@ -413,24 +410,7 @@ def test_bad_input_raises_on_every_rank(case):
 def test_killed_rank_mid_allreduce():
     """A rank that dies while its peers wait in Allreduce makes them raise
     PeerDied within 2 s."""
-    took = shared_array(3, np.float64, -1.0)
-    died = shared_array(3, np.int64, 0)
-
-    def job(comm):
-        comm.Barrier()
-        if comm.rank == 2:
-            os.kill(os.getpid(), signal.SIGKILL)
-        t = time.monotonic()
-        try:
-            comm.Allreduce(np.ones(1 << 20), np.zeros(1 << 20))
-        except shmcoll.PeerFailure as e:
-            took[comm.rank] = time.monotonic() - t
-            died[comm.rank] = e.rank == 2
-            raise
-    with pytest.raises(Exception):
-        run_ranks(job, 3, timeout=30)
-    assert list(died[:2]) == [1, 1], list(died)
-    assert 0 <= took[:2].max() < 2.0, list(took)
+    assert_killed_mid(lambda comm: comm.Allreduce(np.ones(1 << 20), np.zeros(1 << 20)))
 
 
 # -- found in review -------------------------------------------------------------

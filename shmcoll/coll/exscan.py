@@ -4,7 +4,10 @@
   all_at_once   one step: every rank deposits its input once for every
                 higher rank, and each folds the inputs it needs
 """
-from .scan import footprint, prefix
+from . import scan
+from .scan import prefix
+
+footprint = scan.footprint
 
 
 def all_at_once(call):

@@ -30,7 +30,7 @@ def reduce_scatter_gather(call):
     recvbuf (in place: reading its own slice from scratch).  Only the
     root's own instructions depend on whether it is in place, which the
     other ranks do not know."""
-    p, root = call.nranks, call.root
+    root = call.root
     sl = slices(call)
     big = max(n for _, n in sl)
     dbufs = [("recv", off) if s == root else ("tmp", 0) for s, (off, _) in enumerate(sl)]
