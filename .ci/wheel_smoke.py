@@ -108,6 +108,27 @@ def job(comm, markers):
     if comm.allgather(("x", me)) != [("x", q) for q in range(n)]:
         bad.append(f"allgather: rank {me} got wrong objects")
 
+    # reductions: the C kernels of the wheel, every algorithm, against numpy
+    for count in (1, 1000, 300000):
+        x = np.arange(count, dtype=np.float64) * (me + 1)
+        want = np.arange(count, dtype=np.float64) * (n * (n + 1) // 2)
+        for alg in algs("allreduce"):
+            recv = np.zeros(count)
+            comm.Allreduce(x, recv, shmcoll.SUM, algorithm=alg)
+            if not np.array_equal(recv, want):
+                bad.append(f"Allreduce {alg} x{count}: rank {me} got wrong sums")
+        for alg in algs("reduce"):
+            recv = np.zeros(count)
+            comm.Reduce(x, recv, shmcoll.SUM, n - 1, algorithm=alg)
+            if me == n - 1 and not np.array_equal(recv, want):
+                bad.append(f"Reduce {alg} x{count}: wrong sums")
+        recv = np.zeros(count, np.int32)
+        comm.Scan(np.full(count, me + 1, np.int32), recv, shmcoll.MAX)
+        if not (recv == me + 1).all():
+            bad.append(f"Scan MAX x{count}: rank {me} got wrong maxima")
+    if comm.allreduce(me, shmcoll.SUM) != n * (n - 1) // 2:
+        bad.append(f"allreduce: rank {me} got a wrong sum")
+
     # pickled objects
     for root in range(n):
         want = {"root": root, "list": [1, 2.5, "three"], "array": ref(5000, root, 3)}
