@@ -537,9 +537,8 @@ class Comm:
             return self._user_reduction(kind, op, sptr, sbytes, rptr, dt, root, counts)
         kern = ops.kernel(op, dt)
         learn_dtype(dt, dt.itemsize, np.ndarray)
-        cid, alg = select.TABLE[kind][0], -1 if algorithm is None else select.IDS[kind][select.check_name(kind,
-                                                                                                         algorithm)]
-        key = (cid | op.code << 8, alg, root, -2 if inplace else sbytes, rbytes, hash(dt), 0)
+        key = self._key(kind, algorithm, root, -2 if inplace else sbytes, rbytes, self._dkey(dt))
+        key = (key[0] | op.code << 8,) + key[1:]          # the op, as the C entry keys it
         if counts is not None:
             key = key + (counts,)        # Python-only: not a C entry key
         self._run(kind, key, sbytes, root, algorithm, s0, r0, dt, counts, red=(op, kern, inplace))
@@ -557,12 +556,9 @@ class Comm:
         else:
             every = np.empty((self.size, n), dt)
             self.Allgather(mine.view(np.uint8), every.view(np.uint8))
-        upto = {"scan": self.rank + 1, "exscan": self.rank}.get(kind, self.size)
-        if upto == 0:
+        acc = self._fold(every, op.block, {"scan": self.rank + 1, "exscan": self.rank}.get(kind, self.size))
+        if acc is None:
             return
-        acc = every[0]
-        for j in range(1, upto):
-            acc = op.block(acc, every[j])
         if kind in ("reduce_scatter_block", "reduce_scatter"):
             b = counts or [(sbytes // self.size, r * sbytes // self.size) for r in range(self.size)]
             nb, off = b[self.rank]
@@ -573,28 +569,29 @@ class Comm:
     @collective
     def allreduce(self, obj, op=SUM):
         ops.check_op(op)
-        return self._fold_objects(self.allgather(obj), op, self.size)
+        return self._fold(self.allgather(obj), op, self.size)
 
     @collective
     def reduce(self, obj, op=SUM, root=0):
         ops.check_op(op)
         objs = self.gather(obj, self._root(root))
-        return self._fold_objects(objs, op, self.size) if self.rank == root else None
+        return self._fold(objs, op, self.size) if self.rank == root else None
 
     @collective
     def scan(self, obj, op=SUM):
         ops.check_op(op)
-        return self._fold_objects(self.allgather(obj), op, self.rank + 1)
+        return self._fold(self.allgather(obj), op, self.rank + 1)
 
     @collective
     def exscan(self, obj, op=SUM):
         """None on rank 0."""
         ops.check_op(op)
-        return self._fold_objects(self.allgather(obj), op, self.rank)
+        return self._fold(self.allgather(obj), op, self.rank)
 
     @staticmethod
-    def _fold_objects(objs, op, upto):
-        """objs[0] op ... op objs[upto - 1], in rank order."""
+    def _fold(objs, op, upto):
+        """objs[0] op ... op objs[upto - 1], in rank order (None if upto is 0):
+        objects, or a user op's blocks (op: Op.block)."""
         if upto == 0:
             return None
         acc = objs[0]

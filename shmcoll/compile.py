@@ -108,6 +108,7 @@ class _Compiler:
         self.stripe_owed = {}
         self.direct_owed = [{} for _ in range(p)]
         self.acc = 0                            # float32 accumulator bytes (half-type reductions)
+        self.acc_at = -(-sched.tmp // 64) * 64  # ... placed in scratch after the schedule's own
 
     def emit(self, rank, *words):
         self.prog[rank].append(words + (0,) * (8 - len(words)))
@@ -138,21 +139,22 @@ class _Compiler:
         for m, pr in zip(moves, protos):
             nstaged[m.src] += pr == "staged"
         folded = {(red.rank, i) for red in st.reduces for i in red.inputs if isinstance(i, int)}
-        item = self.sched.kernel.item if st.reduces else 1
         chunks = []
-        for i, (m, pr) in enumerate(zip(moves, protos)):
+        for m, pr in zip(moves, protos):
             if pr == "staged":
                 cap = max(par["chan_bytes"] // (2 * nstaged[m.src]) & ~63, 64)
                 c = min(m.chunk or par["chunk_bytes"], cap)
-                c -= c % item if any((d, i) in folded for d in m.dst) else 0
             elif pr == "stripe":
                 c = min(m.chunk or par["chunk_bytes"], self.stripe.align)
             else:
                 c = max(m.nbytes, 1)
             chunks.append(c)
         fed = [i for i, pr in enumerate(protos) if pr == "staged" and any((d, i) in folded for d in moves[i].dst)]
-        for i in fed:           # a fold's inputs are cut alike, whichever writer's ring is tighter
-            chunks[i] = min(chunks[j] for j in fed)
+        if fed:                 # a fold's inputs are cut alike, whichever writer's ring is tighter, in whole items
+            c = min(chunks[i] for i in fed)
+            c -= c % self.sched.kernel.item
+            for i in fed:
+                chunks[i] = c
         nch = [max(-(-m.nbytes // c), 1) for m, c in zip(moves, chunks)]
         slot = [0] * p
         for m, pr, c in zip(moves, protos, chunks):
@@ -182,7 +184,7 @@ class _Compiler:
                 self.post(w)
 
         remote = [red for red in st.reduces if any(isinstance(i, int) for i in red.inputs)]
-        reduces = [[red for red in remote if red.rank == r] for r in range(p)]
+        reduces = [[(red, self.cut(red, moves, protos, chunks)) for red in remote if red.rank == r] for r in range(p)]
 
         def read(k):
             for r in range(p):
@@ -195,8 +197,8 @@ class _Compiler:
                             held.append(i)
                         else:
                             self.read(r, moves[i], protos[i], slot_j[i], pieces[i][k], far_w, first)
-                for red in reduces[r]:
-                    self.fold_round(red, k, moves, protos, chunks, pieces)
+                for red, c in reduces[r]:
+                    self.fold_round(red, k, c, moves, pieces)
                 if held:
                     self.acks[r] += 1
                     self.emit(r, ACK, self.acks[r])
@@ -295,14 +297,18 @@ class _Compiler:
             self.owed[w][(RING, r)] = a
 
     # -- reductions ----------------------------------------------------------
-    def fold_round(self, red, k, moves, protos, chunks, pieces):
-        """Round k of red: its inputs' chunk k, folded where they landed."""
+    @staticmethod
+    def cut(red, moves, protos, chunks):
+        """The chunk every move red folds is cut in (one round each)."""
         mine = [i for i in red.inputs if isinstance(i, int)]
         c = {min(chunks[i], red.n) for i in mine}
         if len({moves[i].nbytes for i in mine} | {red.n}) != 1 or len(c) != 1 \
                 or any(protos[i] not in ("inline", "staged") for i in mine):
             raise AssertionError("a reduce folds moves of its own size, inline or staged, cut alike")
-        c = c.pop()
+        return c.pop()
+
+    def fold_round(self, red, k, c, moves, pieces):
+        """Round k of red: its inputs' chunk k (of c bytes), folded where they landed."""
         lo = k * c
         if lo >= red.n:
             return
@@ -319,7 +325,7 @@ class _Compiler:
 
     def fold_local(self, red):
         """A reduce of local inputs only, in cache-sized chunks."""
-        item = self.sched.kernel.item if self.sched.kernel else 1
+        item = self.sched.kernel.item
         c = max(self.params["chunk_bytes"] // item, 1) * item
         for lo in range(0, red.n, c):
             srcs = [(space(BUF[b]), off + lo) for b, off in red.inputs]
@@ -339,7 +345,7 @@ class _Compiler:
             for s in srcs[2:]:
                 self.emit(r, kern.word(lib.SC_F_INTO), *dst, *dst, *s, items)
             return
-        acc = (space(BUF["tmp"]), -(-self.sched.tmp // 64) * 64)
+        acc = (space(BUF["tmp"]), self.acc_at)
         self.acc = max(self.acc, 4 * items)
         self.emit(r, kern.word(lib.SC_F_WIDEN), *acc, *srcs[0], *srcs[1], items)
         for s in srcs[2:]:
@@ -365,7 +371,7 @@ class _Compiler:
                 if nb != w and (w, nb) not in self.checked and not (bit == 2 and mask and nb == (w - 1) % self.p):
                     mask |= bit
             a = np.zeros((1 + len(ins)) * 8, np.int64)
-            a[:6] = (len(ins), sig[0], sig[1], first, -(-tmp // 64) * 64 + self.acc if self.acc else tmp, mask)
+            a[:6] = (len(ins), sig[0], sig[1], first, self.acc_at + self.acc if self.acc else tmp, mask)
             if ins:
                 a[8:] = np.array(ins, dtype=np.int64).ravel()
             out.append(a)

@@ -17,13 +17,14 @@ from .gather import via
 
 def all_at_once(call):
     p, n = call.nranks, call.nbytes
-    src, pre = source(call, n)
-    if p == 1 or not n:
-        return [] if call.inplace or not n else [Step(reduces=[fold(0, [0], {}, ("send", 0), "recv", 0, n)])]
+    if not n or (p == 1 and call.inplace):
+        return []
+    if p == 1:
+        return [Step(reduces=[fold(0, [0], {}, ("send", 0), "recv", 0, n)])]
+    src, pre, tmp = source(call, n)
     moves = [deposit(call, r, [(r + j) % p for j in range(1, p)], 0, n, src) for r in range(p)]
     index = {(r, d): r for r in range(p) for d in range(p) if d != r}
-    return pre + [Step(moves, reduces=[fold(r, range(p), index, (src, 0), "recv", 0, n) for r in range(p)])], \
-        n if call.inplace else 0
+    return pre + [Step(moves, reduces=[fold(r, range(p), index, (src, 0), "recv", 0, n) for r in range(p)])], tmp
 
 
 def reduce_scatter_allgather(call):

@@ -34,12 +34,12 @@ def slices(call, n=None):
 
 
 def source(call, n):
-    """(buffer the inputs are read from, steps before): in place the input
-    is in recvbuf, which the folds overwrite, so it is copied to scratch
-    first."""
+    """(buffer the inputs are read from, steps before, scratch bytes): in
+    place the input is in recvbuf, which the folds overwrite, so it is
+    copied to scratch first."""
     if not call.inplace:
-        return "send", []
-    return "tmp", [Step(copies=[Copy(r, "send", 0, "tmp", 0, n) for r in range(call.nranks)])]
+        return "send", [], 0
+    return "tmp", [Step(copies=[Copy(r, "send", 0, "tmp", 0, n) for r in range(call.nranks)])], n
 
 
 def deposit(call, src, readers, off, n, sbuf):

@@ -17,9 +17,8 @@ def pieces(call):
 
 
 def all_at_once(call):
-    src, pre = source(call, call.nbytes)
-    return pre + [scatter_fold(call, pieces(call), src, [("recv", 0)] * call.nranks)], \
-        call.nbytes if call.inplace else 0
+    src, pre, tmp = source(call, call.nbytes)
+    return pre + [scatter_fold(call, pieces(call), src, [("recv", 0)] * call.nranks)], tmp
 
 
 ALGORITHMS = {"all_at_once": all_at_once}

@@ -13,7 +13,7 @@ def prefix(call, upto):
     p, n = call.nranks, call.nbytes
     if not n:
         return []
-    src, pre = source(call, n)
+    src, pre, tmp = source(call, n)
     moves, index = [], {}
     for r in range(p):
         readers = [d for d in range(r + 1, p) if r in upto(d)]
@@ -21,7 +21,7 @@ def prefix(call, upto):
             index.update({(r, d): len(moves) for d in readers})
             moves.append(deposit(call, r, readers, 0, n, src))
     reduces = [fold(r, upto(r), index, (src, 0), "recv", 0, n) for r in range(p) if upto(r)]
-    return pre + [Step(moves, reduces=reduces)], n if call.inplace else 0
+    return pre + [Step(moves, reduces=reduces)], tmp
 
 
 def all_at_once(call):
