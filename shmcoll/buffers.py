@@ -9,7 +9,9 @@ from ._core import ffi
 
 
 class _InPlace:
-    """shmcoll.IN_PLACE: as sendbuf of a reduction, the input is recvbuf."""
+    """shmcoll.IN_PLACE, where mpi4py takes MPI.IN_PLACE: a reduction's
+    input is recvbuf; a gather's own block is already in recvbuf; a
+    scatter root's own block stays in sendbuf; Alltoall sends recvbuf."""
 
     def __repr__(self):
         return "shmcoll.IN_PLACE"

@@ -65,6 +65,14 @@ def _apart(s0, sbytes, r0, rbytes):
         raise ValueError("sendbuf and recvbuf overlap; pass distinct buffers")
 
 
+def _own(ptr, start, nbytes, dt):
+    """A fresh array of nbytes of dtype dt (bytes when they are not whole
+    items): a copy of ptr's bytes from start, or scratch when ptr is None."""
+    raw = np.empty(nbytes, np.uint8) if ptr is None else \
+        np.frombuffer(ffi.buffer(ptr + start, nbytes), np.uint8).copy()
+    return raw.view(dt) if nbytes % dt.itemsize == 0 else raw
+
+
 def _what(op):
     """The method name messages use for op."""
     return select.TABLE[op][2] or op.capitalize()
@@ -265,6 +273,10 @@ class Comm:
 
     @collective
     def Alltoall(self, sendbuf, recvbuf, algorithm=None):
+        """sendbuf IN_PLACE: recvbuf holds the blocks to send (copied first)."""
+        if sendbuf is IN_PLACE:
+            ptr, nbytes, _ = buffers.view(recvbuf, "recvbuf", writable=True)
+            sendbuf = _own(ptr, 0, nbytes, buffers.dtype_of(recvbuf))
         sptr, sbytes, sitem = buffers.view(sendbuf, "sendbuf", writable=False)
         rptr, rbytes, ritem = buffers.view(recvbuf, "recvbuf", writable=True)
         if sbytes != rbytes:
@@ -299,6 +311,9 @@ class Comm:
 
     @collective
     def Allgather(self, sendbuf, recvbuf, algorithm=None):
+        """sendbuf IN_PLACE: this rank's block is already in recvbuf."""
+        if sendbuf is IN_PLACE:
+            sendbuf = self._own_block("Allgather", recvbuf, self.rank)
         sptr, sbytes, sitem = buffers.view(sendbuf, "sendbuf", writable=False)
         rptr, rbytes, ritem = buffers.view(recvbuf, "recvbuf", writable=True)
         self._blocks("recvbuf", rbytes, sbytes)
@@ -309,8 +324,11 @@ class Comm:
 
     @collective
     def Gather(self, sendbuf, recvbuf=None, root=0, algorithm=None):
-        """recvbuf matters on the root only (None elsewhere)."""
+        """recvbuf matters on the root only (None elsewhere); sendbuf
+        IN_PLACE on the root: its block is already in recvbuf."""
         root = self._root(root)
+        if sendbuf is IN_PLACE:
+            sendbuf = self._own_block("Gather", recvbuf, root)
         sptr, sbytes, sitem = buffers.view(sendbuf, "sendbuf", writable=False)
         rptr, rbytes, ritem = self._optional(recvbuf, "recvbuf", root, True)
         s0 = buffers.address(sptr)
@@ -323,8 +341,11 @@ class Comm:
 
     @collective
     def Scatter(self, sendbuf, recvbuf, root=0, algorithm=None):
-        """sendbuf matters on the root only (None elsewhere)."""
+        """sendbuf matters on the root only (None elsewhere); recvbuf
+        IN_PLACE on the root: its block stays in sendbuf."""
         root = self._root(root)
+        if recvbuf is IN_PLACE:
+            recvbuf = self._own_block("Scatter", sendbuf, root, "sendbuf", copy=False)
         rptr, rbytes, ritem = buffers.view(recvbuf, "recvbuf", writable=True)
         sptr, sbytes, sitem = self._optional(sendbuf, "sendbuf", root, False)
         r0 = buffers.address(rptr)
@@ -341,8 +362,10 @@ class Comm:
         displacements in items, displacements packed when left out).  With
         no counts, sizes and data travel together (see _collect) and land
         packed in rank order."""
-        sptr, sbytes, sitem = buffers.view(sendbuf, "sendbuf", writable=False)
         rptr, rbytes, ritem, dt, counts, displs = buffers.vspec(recvbuf, "recvbuf", self.size, True)
+        if sendbuf is IN_PLACE:
+            sendbuf = self._own_piece("Allgatherv", rptr, ritem, dt, counts, displs, self.rank)
+        sptr, sbytes, sitem = buffers.view(sendbuf, "sendbuf", writable=False)
         if counts is None:
             _, pieces = self._collect(np.frombuffer(ffi.buffer(sptr, sbytes), np.uint8), rbytes, ritem)
             out = np.frombuffer(ffi.buffer(rptr, rbytes), np.uint8)
@@ -383,8 +406,11 @@ class Comm:
     def Gatherv(self, sendbuf, recvbuf=None, root=0, algorithm=None):
         """recvbuf on the root: [buf, counts, displs, dtype].  The root's
         counts go to every rank first (a small Bcast), so each checks its
-        own and all plan the same schedule."""
+        own and all plan the same schedule.  sendbuf IN_PLACE on the root:
+        its piece is already in recvbuf."""
         root = self._root(root)
+        if sendbuf is IN_PLACE:
+            sendbuf = self._own_piece("Gatherv", *self._root_spec("Gatherv", recvbuf, "recvbuf", root), root)
         sptr, sbytes, sitem = buffers.view(sendbuf, "sendbuf", writable=False)
         rptr, rbytes, ritem, dt, counts, displs = self._root_vspec("Gatherv", recvbuf, "recvbuf", root, True, sitem,
                                                                    buffers.dtype_of(sendbuf))
@@ -393,8 +419,12 @@ class Comm:
     @collective
     def Scatterv(self, sendbuf, recvbuf, root=0, algorithm=None):
         """sendbuf on the root: [buf, counts, displs, dtype]; the counts go
-        to every rank first, as in Gatherv."""
+        to every rank first, as in Gatherv.  recvbuf IN_PLACE on the root:
+        its piece stays in sendbuf."""
         root = self._root(root)
+        if recvbuf is IN_PLACE:
+            recvbuf = self._own_piece("Scatterv", *self._root_spec("Scatterv", sendbuf, "sendbuf", root), root,
+                                      copy=False)
         rptr, rbytes, ritem = buffers.view(recvbuf, "recvbuf", writable=True)
         sptr, sbytes, sitem, dt, counts, displs = self._root_vspec("Scatterv", sendbuf, "sendbuf", root, False, ritem,
                                                                    buffers.dtype_of(recvbuf))
@@ -646,6 +676,38 @@ class Comm:
             alg = -1 if algorithm is None else select.IDS[op][select.check_name(op, algorithm)]
             key, tail = (select.TABLE[op][0], alg, root, buffers.dtype_code(dt), pieces), None
         self._run(op, key, sum(n for n, _ in pieces), root, algorithm, s0, r0, dt, pieces, tail)
+
+    # -- IN_PLACE outside reductions: this rank's own piece, copied to send
+    # from (or a scratch to receive it), so every algorithm runs unchanged.
+    def _own_block(self, what, spec, root, name="recvbuf", copy=True):
+        """Block `root` of spec's p equal blocks (on the root only)."""
+        self._in_place_root(what, root, name)
+        ptr, nbytes, item = buffers.view(spec, name, writable=False)
+        if nbytes % (self.size * item):
+            raise ValueError(f"{what}: IN_PLACE, but {name}'s {nbytes} bytes do not split into {self.size} blocks "
+                             f"of whole {item}-byte items")
+        block = nbytes // self.size
+        return _own(ptr if copy else None, root * block, block, buffers.dtype_of(spec))
+
+    def _root_spec(self, what, spec, name, root):
+        """(pointer, item size, dtype, counts, displacements) of the root's
+        v-spec, for _own_piece."""
+        self._in_place_root(what, root, name)
+        if spec is None:
+            raise ValueError(f"{what}: the root needs {name} [buf, counts, displs, dtype]")
+        ptr, _, item, dt, counts, displs = buffers.vspec(spec, name, self.size, name == "recvbuf")
+        return ptr, item, dt, counts, displs
+
+    def _own_piece(self, what, ptr, item, dt, counts, displs, r, copy=True):
+        if counts is None:
+            raise ValueError(f"{what}: IN_PLACE needs counts (the buffer holds this rank's piece at its displacement)")
+        return _own(ptr if copy else None, displs[r] * item, counts[r] * item, dt)
+
+    def _in_place_root(self, what, root, name):
+        """IN_PLACE (in place of the buffer other than `name`) off the root: refused."""
+        if self.rank != root:
+            other = "sendbuf" if name == "recvbuf" else "recvbuf"
+            raise ValueError(f"{what}: IN_PLACE is for the root's {other} only (rank {self.rank} is not root {root})")
 
     def _blocks(self, name, have, block):
         """name must hold one block of `block` bytes per rank."""

@@ -204,6 +204,75 @@ def test_back_to_back_every_collective(n):
     assert [b for r in got for b in r] == []
 
 
+# -- IN_PLACE, wherever mpi4py takes MPI.IN_PLACE -------------------------------------
+
+def _inplace_job(comm, cases, forms=False):
+    n, me, bad = comm.size, comm.rank, []
+    IP = shmcoll.IN_PLACE
+    for seq, (op, alg, count, dtype, root) in enumerate(cases):
+        where = f"rank {me}: call {seq} {op} IN_PLACE alg={alg} count={count} {np.dtype(dtype)} root={root}"
+        blocks = np.stack([pattern(count, dtype, seq, q) for q in range(n)])
+        counts, displs, total = layout(n, seq, "zeros")
+        full = poison(total, dtype)
+        for q in range(n):
+            full[displs[q]:displs[q] + counts[q]] = pattern(counts[q], dtype, seq, q)
+        if op == "Allgather":
+            got = poison(n * count, dtype).reshape(n, count)
+            got[me] = blocks[me]
+            comm.Allgather(IP, got, algorithm=alg)
+            want = blocks
+        elif op == "Gather":
+            got = poison(n * count, dtype).reshape(n, count)
+            got[root] = blocks[root]
+            comm.Gather(IP if me == root else blocks[me], got if me == root else None, root, algorithm=alg)
+            want = blocks if me == root else got
+        elif op == "Scatter":
+            got = blocks.copy() if me == root else poison(count, dtype)
+            comm.Scatter(got if me == root else None, IP if me == root else got, root, algorithm=alg)
+            want = blocks if me == root else blocks[me]        # the root's sendbuf untouched
+        elif op == "Alltoall":
+            got = np.stack([pattern(count, dtype, seq, me * n + q) for q in range(n)])
+            comm.Alltoall(IP, got, algorithm=alg)
+            want = np.stack([pattern(count, dtype, seq, q * n + me) for q in range(n)])
+        elif op == "Allgatherv":
+            got = poison(total, dtype)
+            got[displs[me]:displs[me] + counts[me]] = full[displs[me]:displs[me] + counts[me]]
+            comm.Allgatherv(IP, [got, counts, displs, dtype], algorithm=alg)
+            want = full
+        elif op == "Gatherv":
+            got = poison(total, dtype)
+            got[displs[root]:displs[root] + counts[root]] = full[displs[root]:displs[root] + counts[root]]
+            comm.Gatherv(IP if me == root else pattern(counts[me], dtype, seq, me),
+                         [got, counts, displs, dtype] if me == root else None, root, algorithm=alg)
+            want = full if me == root else got
+        else:
+            got = full.copy() if me == root else poison(counts[me], dtype)
+            comm.Scatterv([got, counts, displs, dtype] if me == root else None, IP if me == root else got, root,
+                          algorithm=alg)
+            want = full if me == root else pattern(counts[me], dtype, seq, me)
+        if got.tobytes() != want.tobytes():
+            bad.append(where)
+    return bad
+
+
+def inplace_table(n, sizes, dtype):
+    algs = {"Allgather": shmcoll.algorithms("allgather") + [None], "Alltoall": shmcoll.algorithms("alltoall") + [None],
+            "Allgatherv": [None]}
+    out = [(op, a, c, dtype, 0) for op in algs for a in algs[op] for c in counts_for(sizes, dtype)]
+    return out + [(op, a, c, dtype, root) for op in ("Gather", "Scatter", "Gatherv", "Scatterv") for a in ALGS
+                  for c in counts_for(sizes[:2], dtype) for root in range(n)]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
+def test_in_place(n):
+    run_cases(_inplace_job, n, inplace_table(n, [0, 7, 129, CHUNK + 1], np.int16), options=SMALL, timeout=240)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_in_place_dtypes(dtype):
+    run_cases(_inplace_job, 3, inplace_table(3, [7, (1 << 20) + 3], dtype), topology="2x2", options=SMALL)
+
+
 # -- bad input: a clear error on the bad rank, PeerFailure everywhere else --------------
 
 def _bad(comm, kind):
@@ -235,6 +304,14 @@ def _bad(comm, kind):
                 comm.Allgather(mine, recv)
         elif kind == "gatherv_own":
             comm.Gatherv(np.zeros(4 if bad else 3, np.int32), [recv, counts, np.int32] if me == 0 else None, 0)
+        elif kind == "inplace_gather_off_root":
+            comm.Gather(shmcoll.IN_PLACE if bad else mine, recv if me == 0 else None, 0)
+        elif kind == "inplace_scatter_off_root":
+            comm.Scatter(recv if me == 0 else None, shmcoll.IN_PLACE if bad else mine, 0)
+        elif kind == "inplace_allgatherv_no_counts":
+            comm.Allgatherv(shmcoll.IN_PLACE if bad else mine, recv)
+        elif kind == "inplace_recv_split":
+            comm.Allgather(shmcoll.IN_PLACE if bad else mine, recv[:-1] if bad else recv)
         elif kind == "scatter_root":
             comm.Scatter(recv if me == 0 else None, mine, root=n if bad else 0)
         comm.Barrier()
@@ -248,6 +325,10 @@ CASES = {  # kind -> (the bad rank's exception, words of its message) ; None: ev
     "overlap": ("ValueError", ["overlap"]),
     "gatherv_own": ("ValueError", ["sendbuf", "counts"]),
     "scatter_root": ("ValueError", ["root"]),
+    "inplace_gather_off_root": ("ValueError", ["IN_PLACE", "root's sendbuf"]),
+    "inplace_scatter_off_root": ("ValueError", ["IN_PLACE", "root's recvbuf"]),
+    "inplace_allgatherv_no_counts": ("ValueError", ["IN_PLACE", "counts"]),
+    "inplace_recv_split": ("ValueError", ["IN_PLACE", "blocks"]),
     "dtype": (None, ["dtype"]),
     "counts_differ": (None, ["counts"]),
     "allgather_vs_v": (None, ["collective"]),

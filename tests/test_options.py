@@ -169,7 +169,8 @@ def test_algorithms_lists():
     assert shmcoll.algorithms("alltoall") == ["bruck", "all_at_once", "pairwise", "tiled"]
     assert shmcoll.algorithms("allgather") == ["ring", "recursive_doubling", "bruck", "neighbor_exchange",
                                                "all_at_once"]
-    assert shmcoll.algorithms("allreduce") == ["all_at_once", "reduce_scatter_allgather"]
+    assert shmcoll.algorithms("allreduce") == ["all_at_once", "reduce_scatter_allgather", "numa"]
+    assert shmcoll.algorithms("reduce") == ["flat", "reduce_scatter_gather", "numa"]
     with pytest.raises(ValueError, match="alltoallv"):
         shmcoll.algorithms("alltoallv")
 

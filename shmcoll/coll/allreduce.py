@@ -9,9 +9,16 @@ order (coll/fold.py), so all ranks hold the same bits.
                             every rank reads the folded slices (DeepSpeed's
                             large-message scheme, paper 004's Rabenseifner
                             shape without its recursive halving)
+  numa                      when ranks span NUMA nodes: run by run (a run:
+                            consecutive ranks on one node), each slice's
+                            owner in the run folds the previous run's
+                            partial and its run's inputs, then the last
+                            run's results cross back once per node and are
+                            shared within it; blocks pipeline, so node 0
+                            folds block b + 1 while node 1 folds block b
 """
 from ..sched import Copy, Move, Step
-from .fold import deposit, fold, scatter_fold, slices, source
+from .fold import block_bytes, by_node, chain, chained, deposit, fold, scatter_fold, slices, source
 from .gather import via
 
 
@@ -34,7 +41,7 @@ def reduce_scatter_allgather(call):
     In place, only the own slice (which the fold overwrites) goes to
     scratch first; the others are read before the allgather rewrites them."""
     p, n = call.nranks, call.nbytes
-    size = max(call.params["reduce_block_bytes"] // (64 * p * call.item), 1) * 64 * p * call.item
+    size = block_bytes(call, p)
     steps, tmp = [], 0
     for lo in range(0, n, size):
         sl = [(lo + off, k) for off, k in slices(call, min(size, n - lo))]
@@ -53,7 +60,53 @@ def reduce_scatter_allgather(call):
     return steps, tmp
 
 
-ALGORITHMS = {"all_at_once": all_at_once, "reduce_scatter_allgather": reduce_scatter_allgather}
+def numa(call):
+    """Crossing nodes: per block and slice, one partial from each run to
+    the next and one result back to each run, where reduce_scatter_allgather
+    reads most inputs and results across.  A run waits only for the run
+    before it, so the runs work on successive blocks at once; each block's
+    results go back len(runs) - 1 blocks later, when they are ready.
+    Half types, whose partials would round to 16 bits between runs (and
+    change the bits), and a single run fall back to
+    reduce_scatter_allgather."""
+    groups = chained(call)
+    if not groups:
+        return reduce_scatter_allgather(call)
+    n = call.nbytes
+    width = max(len(g) for g in groups)
+    size = block_bytes(call, width)
+    owner = lambda g, s: groups[g][s % len(groups[g])]
+    steps, pending, tmp = [], [], 0
+    for lo in range(0, n, size):
+        sl = [(lo + off, k) for off, k in slices(call, min(size, n - lo), width)]
+        own = lambda g, s: ("send", sl[s][0])
+        if call.inplace:        # the fold overwrites the owner's own input: it goes to scratch
+            big = max(k for _, k in sl)
+            own = lambda g, s: ("tmp", s // len(groups[g]) * big)
+            steps.append(Step(copies=[Copy(owner(g, s), "send", off, "tmp", own(g, s)[1], k)
+                                      for g in range(len(groups)) for s, (off, k) in enumerate(sl) if k]))
+            tmp = max(tmp, -(-width // min(len(g) for g in groups)) * big)
+        steps += chain(call, groups, sl, "send", own, lambda g, s: ("recv", sl[s][0]))
+        pending.append(sl)
+        if len(pending) == len(groups):
+            steps += _back(call, groups, pending.pop(0))
+    for sl in pending:
+        steps += _back(call, groups, sl)
+    return steps, tmp
+
+
+def _back(call, groups, sl):
+    """The last run's folded slices to each other run's owner of the
+    slice (one read across), then to the rest of each run."""
+    last = groups[-1]
+    cross = [Move(last[s % len(last)], tuple(g[s % len(g)] for g in groups[:-1]), ((off, off, k),), sbuf="recv",
+                  via=via(call, k)) for s, (off, k) in enumerate(sl) if k]
+    within = [Move(g[s % len(g)], tuple(r for r in g if r != g[s % len(g)]), ((off, off, k),), sbuf="recv",
+                   via=via(call, k)) for g in groups if len(g) > 1 for s, (off, k) in enumerate(sl) if k]
+    return [Step(cross)] + ([Step(within)] if within else [])
+
+
+ALGORITHMS = {"all_at_once": all_at_once, "reduce_scatter_allgather": reduce_scatter_allgather, "numa": numa}
 
 
 def footprint(call):
@@ -62,6 +115,8 @@ def footprint(call):
 
 def choose(call):
     """One hand-off while p-fold arithmetic is cheap; spread the arithmetic
-    once the input outgrows a few chunks."""
-    return "all_at_once" if call.nbytes * (call.nranks - 1) <= call.params["reduce_small_bytes"] \
-        else "reduce_scatter_allgather"
+    once the input outgrows a few chunks, node by node when the ranks fill
+    nodes one after another."""
+    if call.nbytes * (call.nranks - 1) <= call.params["reduce_small_bytes"]:
+        return "all_at_once"
+    return "numa" if by_node(call) else "reduce_scatter_allgather"

@@ -20,11 +20,11 @@ def chunk(call):
     return max(c // call.item, 1) * call.item
 
 
-def slices(call, n=None):
-    """(offset, bytes) of each rank's slice of n bytes (call.nbytes): whole
-    elements, 64-byte multiples but for the last."""
+def slices(call, n=None, p=None):
+    """(offset, bytes) of each of p slices (one per rank) of n bytes
+    (call.nbytes): whole elements, 64-byte multiples but for the last."""
     n = call.nbytes if n is None else n
-    p, unit = call.nranks, call.item * 64 // gcd(call.item, 64)
+    p, unit = p or call.nranks, call.item * 64 // gcd(call.item, 64)
     units, at, out = n // unit, 0, []
     for r in range(p):
         k = (units // p + (r < units % p)) * unit + (n - units * unit if r == p - 1 else 0)
@@ -51,6 +51,70 @@ def fold(rank, ranks, moves, own, dbuf, doff, n):
     """Reduce: rank folds the inputs of ranks, in rank order: its own at
     own ((buf, offset)), the others from moves[(writer, rank)]."""
     return Reduce(rank, tuple(own if j == rank else moves[j, rank] for j in ranks), dbuf, doff, n)
+
+
+def runs(call):
+    """The ranks in maximal runs of consecutive ranks on one NUMA node
+    (one run per node when ranks are placed compactly)."""
+    out = []
+    for r in range(call.nranks):
+        if out and call.slots[r].node == call.slots[out[-1][-1]].node:
+            out[-1].append(r)
+        else:
+            out.append([r])
+    return out
+
+
+def chained(call):
+    """The runs a node-by-node algorithm chains, or None where it has
+    nothing to chain (one run, no bytes) or would change the bits: half
+    types accumulate in float32, and a partial crossing to the next run
+    would be rounded to 16 bits."""
+    groups = runs(call)
+    if len(groups) == 1 or not call.nbytes or (call.kernel is not None and call.kernel.half):
+        return None
+    return groups
+
+
+def by_node(call):
+    """The automatic choice chains node by node when the ranks fill the
+    nodes one after another (a run per node)."""
+    groups = chained(call)
+    return call.nodes > 1 and groups is not None and len(groups) <= call.nodes
+
+
+def block_bytes(call, width):
+    """reduce_block_bytes in whole 64-byte slices of whole items for
+    `width` owners: a block is folded and shared while in cache."""
+    unit = 64 * width * call.item
+    return max(call.params["reduce_block_bytes"] // unit, 1) * unit
+
+
+def chain(call, groups, sl, src, own, dst):
+    """Steps, one per run g of groups: run g's owner of slice s,
+    groups[g][s % len], folds the partial that run g - 1's owner left at
+    dst(g - 1, s), then the inputs of run g's ranks in rank order (its own
+    at own(g, s)), into dst(g, s) = (buf, offset).  Runs are consecutive
+    ranks, so this is still the rank-order fold, with one read per slice
+    crossing from one run (node) to the next instead of every input."""
+    steps = []
+    for g, ranks in enumerate(groups):
+        moves, reduces = [], []
+        for s, (off, k) in enumerate(sl):
+            if not k:
+                continue
+            o, inputs = ranks[s % len(ranks)], []
+            if g:
+                inputs.append(len(moves))
+                moves.append(deposit(call, groups[g - 1][s % len(groups[g - 1])], (o,), dst(g - 1, s)[1], k,
+                                     dst(g - 1, s)[0]))
+            for r in ranks:
+                inputs.append(own(g, s) if r == o else len(moves))
+                if r != o:
+                    moves.append(deposit(call, r, (o,), off, k, src))
+            reduces.append(Reduce(o, tuple(inputs), *dst(g, s), k))
+        steps.append(Step(moves, reduces=reduces))
+    return steps
 
 
 def scatter_fold(call, sl, src, dbufs, own=None):

@@ -6,9 +6,12 @@ into the root's recvbuf.
   reduce_scatter_gather rank s folds slice s of every input (the
                         arithmetic spread over all ranks), then the root
                         reads the folded slices
+  numa                  when ranks span NUMA nodes: Allreduce's node-by-node
+                        chain (coll/allreduce.py), then the root reads the
+                        last run's folded slices
 """
 from ..sched import Copy, Move, Step
-from .fold import deposit, fold, scatter_fold, slices
+from .fold import block_bytes, by_node, chain, chained, deposit, fold, scatter_fold, slices
 
 
 def flat(call):
@@ -46,7 +49,41 @@ def reduce_scatter_gather(call):
     return steps, 2 * big
 
 
-ALGORITHMS = {"flat": flat, "reduce_scatter_gather": reduce_scatter_gather}
+def numa(call):
+    """Partials and the last run's results in scratch, but the root's
+    result in recvbuf; in place, the root's own slices go to scratch
+    first.  Each block's results go to the root len(runs) - 1 blocks
+    later, as in Allreduce, so the runs pipeline; scratch holds that many
+    blocks' results."""
+    groups, n, root = chained(call), call.nbytes, call.root
+    if not groups:
+        return reduce_scatter_gather(call)
+    width, last = max(len(g) for g in groups), len(groups) - 1
+    size = block_bytes(call, width)
+    big = -(-size // width)
+    room = -(-width // min(len(g) for g in groups)) * big       # a rank's slices of one block
+    owner = lambda g, s: groups[g][s % len(groups[g])]
+    steps, pending = [], []
+    for b, lo in enumerate(range(0, n, size)):
+        sl = [(lo + off, k) for off, k in slices(call, min(size, n - lo), width)]
+        at = lambda g, s: (b % len(groups)) * room + s // len(groups[g]) * big
+        dst = lambda g, s: ("recv", sl[s][0]) if g == last and owner(g, s) == root else ("tmp", at(g, s))
+        own = lambda g, s: ("send", sl[s][0])
+        if call.inplace:
+            own = lambda g, s: ("tmp", len(groups) * room + s // len(groups[g]) * big) if owner(g, s) == root \
+                else ("send", sl[s][0])
+            steps.append(Step(copies=[Copy(root, "send", off, "tmp", own(g, s)[1], k) for g in range(len(groups))
+                                      for s, (off, k) in enumerate(sl) if k and owner(g, s) == root]))
+        steps += chain(call, groups, sl, "send", own, dst)
+        pending.append([Move(owner(last, s), (root,), ((at(last, s), off, k),), sbuf="tmp")
+                        for s, (off, k) in enumerate(sl) if k and owner(last, s) != root])
+        if len(pending) == len(groups):
+            steps.append(Step(pending.pop(0)))
+    steps += [Step(m) for m in pending]
+    return [s for s in steps if s.moves or s.copies or s.reduces], (len(groups) + 1) * room
+
+
+ALGORITHMS = {"flat": flat, "reduce_scatter_gather": reduce_scatter_gather, "numa": numa}
 
 
 def footprint(call):
@@ -55,6 +92,8 @@ def footprint(call):
 
 def choose(call):
     """The root alone folds p inputs while that is cheap; beyond, everyone
-    folds a slice."""
-    return "flat" if call.nbytes * (call.nranks - 1) <= call.params["reduce_small_bytes"] \
-        else "reduce_scatter_gather"
+    folds a slice, node by node when the ranks fill nodes one after
+    another."""
+    if call.nbytes * (call.nranks - 1) <= call.params["reduce_small_bytes"]:
+        return "flat"
+    return "numa" if by_node(call) else "reduce_scatter_gather"
