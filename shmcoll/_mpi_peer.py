@@ -326,6 +326,8 @@ def main(argv=None):
     if comm.Get_rank() == 0 and a.json:
         with open(a.json, "w") as f:
             json.dump({"library": library, "nprocs": comm.Get_size(), "results": results}, f, indent=1)
+    if a.gloo:      # torch aborts at exit ("terminate called ...") while a process group lives
+        comm.dist.destroy_process_group()
 
 
 if __name__ == "__main__":

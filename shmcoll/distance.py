@@ -35,7 +35,8 @@ def alcd(algorithm, p, placement=None, nbytes=1, op="allgather"):
     placement: a virtual topology spec ("2x8"), a Topology, or slots (one
     per rank, with .socket and .node) for the physical shares."""
     from . import schedule
-    sched = schedule(op, algorithm, p, nbytes)
+    # planned on the placement's topology: the numa reductions chain its nodes
+    sched = schedule(op, algorithm, p, nbytes, topology=placement if isinstance(placement, str) else None)
     msgs = sched.messages()
     out = Distance(sched.algorithm, p, of_messages([(s, d, 1) for s, d, _ in msgs]),
                    sum(1 for st in sched.steps if st.moves), len(msgs))

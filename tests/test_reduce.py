@@ -257,6 +257,26 @@ def test_numa_schedule_crosses_nodes_once_per_slice():
     assert shmcoll.schedule("reduce", None, 8, n, topology="2x4").algorithm == "numa"
 
 
+def test_numa_tiny_chunks():
+    """Found in review: with 64-byte chunks a writer's inline slots ran
+    out at different moves, so one fold got one input inline and another
+    staged, which compile refused (AssertionError on every rank)."""
+    opts = dict(chunk_bytes=64, reduce_small_bytes=0, reduce_block_bytes=64)
+    cases = [(kind, "numa", "SUM", t, 1000, 1, inplace) for kind in ("allreduce", "reduce") for t in ("int16", "float32")
+             for inplace in (False, True)]
+    run_cases(_job, 4, cases, topology="2x2", options=opts, timeout=60)
+
+
+def test_numa_not_chosen_for_ranks_alternating_nodes():
+    """Found in review: ranks scattered over 4 nodes as 0, 2, 0, 2 make one
+    run per rank, fewer than the nodes; the chain is then longer and
+    crosses more, so the automatic choice must not take it."""
+    def job(comm):
+        return comm.selected("allreduce", 8 << 20), comm.selected("reduce", 8 << 20)
+    assert run_ranks(job, 4, topology="2x4x4", map="scatter")[0] == ("reduce_scatter_allgather",
+                                                                     "reduce_scatter_gather")
+
+
 def _numa_traffic(comm, count):
     send = data(5, comm.rank, count, np.dtype(np.float32))
     recv = np.empty_like(send)

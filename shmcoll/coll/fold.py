@@ -42,9 +42,9 @@ def source(call, n):
     return "tmp", [Step(copies=[Copy(r, "send", 0, "tmp", 0, n) for r in range(call.nranks)])], n
 
 
-def deposit(call, src, readers, off, n, sbuf):
+def deposit(call, src, readers, off, n, sbuf, via="auto"):
     """Move: src's bytes [off, off + n) of sbuf, for readers to fold."""
-    return Move(src, tuple(readers), ((off, 0, n),), sbuf=sbuf, chunk=chunk(call))
+    return Move(src, tuple(readers), ((off, 0, n),), sbuf=sbuf, via=via, chunk=chunk(call))
 
 
 def fold(rank, ranks, moves, own, dbuf, doff, n):
@@ -78,9 +78,10 @@ def chained(call):
 
 def by_node(call):
     """The automatic choice chains node by node when the ranks fill the
-    nodes one after another (a run per node)."""
+    nodes one after another (a run per node, each on its own node)."""
     groups = chained(call)
-    return call.nodes > 1 and groups is not None and len(groups) <= call.nodes
+    return call.nodes > 1 and groups is not None and \
+        len({call.slots[g[0]].node for g in groups}) == len(groups) <= call.nodes
 
 
 def block_bytes(call, width):
@@ -96,7 +97,10 @@ def chain(call, groups, sl, src, own, dst):
     dst(g - 1, s), then the inputs of run g's ranks in rank order (its own
     at own(g, s)), into dst(g, s) = (buf, offset).  Runs are consecutive
     ranks, so this is still the rank-order fold, with one read per slice
-    crossing from one run (node) to the next instead of every input."""
+    crossing from one run (node) to the next instead of every input.
+    Everything is staged: writers here send unlike numbers of pieces, so
+    "auto" could put one input of a fold inline and another in the ring,
+    which a fold cannot cut alike."""
     steps = []
     for g, ranks in enumerate(groups):
         moves, reduces = [], []
@@ -107,11 +111,11 @@ def chain(call, groups, sl, src, own, dst):
             if g:
                 inputs.append(len(moves))
                 moves.append(deposit(call, groups[g - 1][s % len(groups[g - 1])], (o,), dst(g - 1, s)[1], k,
-                                     dst(g - 1, s)[0]))
+                                     dst(g - 1, s)[0], "staged"))
             for r in ranks:
                 inputs.append(own(g, s) if r == o else len(moves))
                 if r != o:
-                    moves.append(deposit(call, r, (o,), off, k, src))
+                    moves.append(deposit(call, r, (o,), off, k, src, "staged"))
             reduces.append(Reduce(o, tuple(inputs), *dst(g, s), k))
         steps.append(Step(moves, reduces=reduces))
     return steps
