@@ -18,7 +18,7 @@ order (coll/fold.py), so all ranks hold the same bits.
                             folds block b + 1 while node 1 folds block b
 """
 from ..sched import Copy, Move, Step
-from .fold import block_bytes, by_node, chain, chained, deposit, fold, scatter_fold, slices, source
+from .fold import block_bytes, by_node, chain, chained, deposit, fold, owner, scatter_fold, slices, source
 from .gather import via
 
 
@@ -75,34 +75,35 @@ def numa(call):
     n = call.nbytes
     width = max(len(g) for g in groups)
     size = block_bytes(call, width)
-    owner = lambda g, s: groups[g][s % len(groups[g])]
-    steps, pending, tmp = [], [], 0
+    big = max(k for _, k in slices(call, min(size, n), width))     # the first block's slices are the largest
+    steps, pending = [], []
     for lo in range(0, n, size):
         sl = [(lo + off, k) for off, k in slices(call, min(size, n - lo), width)]
-        own = lambda g, s: ("send", sl[s][0])
-        if call.inplace:        # the fold overwrites the owner's own input: it goes to scratch
-            big = max(k for _, k in sl)
-            own = lambda g, s: ("tmp", s // len(groups[g]) * big)
-            steps.append(Step(copies=[Copy(owner(g, s), "send", off, "tmp", own(g, s)[1], k)
+
+        def own(g, s, sl=sl):       # in place, the fold overwrites the owner's own input: it goes to scratch
+            return ("tmp", s // len(groups[g]) * big) if call.inplace else ("send", sl[s][0])
+        if call.inplace:
+            steps.append(Step(copies=[Copy(owner(groups, g, s), "send", off, "tmp", own(g, s)[1], k)
                                       for g in range(len(groups)) for s, (off, k) in enumerate(sl) if k]))
-            tmp = max(tmp, -(-width // min(len(g) for g in groups)) * big)
-        steps += chain(call, groups, sl, "send", own, lambda g, s: ("recv", sl[s][0]))
+        steps += chain(call, groups, sl, "send", own, lambda g, s, sl=sl: ("recv", sl[s][0]))
         pending.append(sl)
         if len(pending) == len(groups):
             steps += _back(call, groups, pending.pop(0))
     for sl in pending:
         steps += _back(call, groups, sl)
+    tmp = -(-width // min(len(g) for g in groups)) * big if call.inplace else 0
     return steps, tmp
 
 
 def _back(call, groups, sl):
     """The last run's folded slices to each other run's owner of the
     slice (one read across), then to the rest of each run."""
-    last = groups[-1]
-    cross = [Move(last[s % len(last)], tuple(g[s % len(g)] for g in groups[:-1]), ((off, off, k),), sbuf="recv",
-                  via=via(call, k)) for s, (off, k) in enumerate(sl) if k]
-    within = [Move(g[s % len(g)], tuple(r for r in g if r != g[s % len(g)]), ((off, off, k),), sbuf="recv",
-                   via=via(call, k)) for g in groups if len(g) > 1 for s, (off, k) in enumerate(sl) if k]
+    m = len(groups)
+    cross = [Move(owner(groups, m - 1, s), tuple(owner(groups, g, s) for g in range(m - 1)), ((off, off, k),),
+                  sbuf="recv", via=via(call, k)) for s, (off, k) in enumerate(sl) if k]
+    within = [Move(owner(groups, g, s), tuple(r for r in groups[g] if r != owner(groups, g, s)), ((off, off, k),),
+                   sbuf="recv", via=via(call, k)) for g in range(m) if len(groups[g]) > 1
+              for s, (off, k) in enumerate(sl) if k]
     return [Step(cross)] + ([Step(within)] if within else [])
 
 

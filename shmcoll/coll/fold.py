@@ -91,6 +91,11 @@ def block_bytes(call, width):
     return max(call.params["reduce_block_bytes"] // unit, 1) * unit
 
 
+def owner(groups, g, s):
+    """The rank of run g that folds slice s."""
+    return groups[g][s % len(groups[g])]
+
+
 def chain(call, groups, sl, src, own, dst):
     """Steps, one per run g of groups: run g's owner of slice s,
     groups[g][s % len], folds the partial that run g - 1's owner left at
@@ -98,7 +103,7 @@ def chain(call, groups, sl, src, own, dst):
     at own(g, s)), into dst(g, s) = (buf, offset).  Runs are consecutive
     ranks, so this is still the rank-order fold, with one read per slice
     crossing from one run (node) to the next instead of every input.
-    Everything is staged: writers here send unlike numbers of pieces, so
+    own and dst are called here and nowhere later.  Everything is staged: writers here send unlike numbers of pieces, so
     "auto" could put one input of a fold inline and another in the ring,
     which a fold cannot cut alike."""
     steps = []
@@ -107,11 +112,11 @@ def chain(call, groups, sl, src, own, dst):
         for s, (off, k) in enumerate(sl):
             if not k:
                 continue
-            o, inputs = ranks[s % len(ranks)], []
+            o, inputs = owner(groups, g, s), []
             if g:
                 inputs.append(len(moves))
-                moves.append(deposit(call, groups[g - 1][s % len(groups[g - 1])], (o,), dst(g - 1, s)[1], k,
-                                     dst(g - 1, s)[0], "staged"))
+                moves.append(deposit(call, owner(groups, g - 1, s), (o,), dst(g - 1, s)[1], k, dst(g - 1, s)[0],
+                                     "staged"))
             for r in ranks:
                 inputs.append(own(g, s) if r == o else len(moves))
                 if r != o:

@@ -11,7 +11,7 @@ into the root's recvbuf.
                         last run's folded slices
 """
 from ..sched import Copy, Move, Step
-from .fold import block_bytes, by_node, chain, chained, deposit, fold, scatter_fold, slices
+from .fold import block_bytes, by_node, chain, chained, deposit, fold, owner, scatter_fold, slices
 
 
 def flat(call):
@@ -60,23 +60,28 @@ def numa(call):
         return reduce_scatter_gather(call)
     width, last = max(len(g) for g in groups), len(groups) - 1
     size = block_bytes(call, width)
-    big = -(-size // width)
-    room = -(-width // min(len(g) for g in groups)) * big       # a rank's slices of one block
-    owner = lambda g, s: groups[g][s % len(groups[g])]
+    big = max(k for _, k in slices(call, min(size, n), width))     # the first block's slices are the largest
+    room = -(-width // min(len(g) for g in groups)) * big           # a rank's slices of one block
     steps, pending = [], []
     for b, lo in enumerate(range(0, n, size)):
         sl = [(lo + off, k) for off, k in slices(call, min(size, n - lo), width)]
-        at = lambda g, s: (b % len(groups)) * room + s // len(groups[g]) * big
-        dst = lambda g, s: ("recv", sl[s][0]) if g == last and owner(g, s) == root else ("tmp", at(g, s))
-        own = lambda g, s: ("send", sl[s][0])
+
+        def at(g, s, b=b):
+            return (b % len(groups)) * room + s // len(groups[g]) * big
+
+        def dst(g, s, sl=sl, at=at):
+            return ("recv", sl[s][0]) if g == last and owner(groups, g, s) == root else ("tmp", at(g, s))
+
+        def own(g, s, sl=sl):
+            if call.inplace and owner(groups, g, s) == root:
+                return "tmp", len(groups) * room + s // len(groups[g]) * big
+            return "send", sl[s][0]
         if call.inplace:
-            own = lambda g, s: ("tmp", len(groups) * room + s // len(groups[g]) * big) if owner(g, s) == root \
-                else ("send", sl[s][0])
             steps.append(Step(copies=[Copy(root, "send", off, "tmp", own(g, s)[1], k) for g in range(len(groups))
-                                      for s, (off, k) in enumerate(sl) if k and owner(g, s) == root]))
+                                      for s, (off, k) in enumerate(sl) if k and owner(groups, g, s) == root]))
         steps += chain(call, groups, sl, "send", own, dst)
-        pending.append([Move(owner(last, s), (root,), ((at(last, s), off, k),), sbuf="tmp")
-                        for s, (off, k) in enumerate(sl) if k and owner(last, s) != root])
+        pending.append([Move(owner(groups, last, s), (root,), ((at(last, s), off, k),), sbuf="tmp")
+                        for s, (off, k) in enumerate(sl) if k and owner(groups, last, s) != root])
         if len(pending) == len(groups):
             steps.append(Step(pending.pop(0)))
     steps += [Step(m) for m in pending]
