@@ -43,8 +43,10 @@
 
 #define ISUM(T, W) (T)((W)x + (W)y)
 #define IPROD(T, W) (T)((W)x * (W)y)
-#define MIN_ (x < y ? x : y)
-#define MAX_ (x > y ? x : y)
+/* numpy's minimum/maximum: a NaN on either side wins, ties keep x
+ * (x != x is false for integers and folds away) */
+#define MIN_ ((x <= y || x != x) ? x : y)
+#define MAX_ ((x >= y || x != x) ? x : y)
 #define LAND_(T) (T)((x != 0) & (y != 0))
 #define LOR_(T) (T)((x != 0) | (y != 0))
 #define LXOR_(T) (T)((x != 0) ^ (y != 0))

@@ -11,11 +11,11 @@ from .ops import BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MAXLOC, MIN, MINLOC, PRO
 from .topology import topology
 
 
-def schedule(op, algorithm, nranks, nbytes, root=0, *, topology=None, options=None, cma=False):
+def schedule(op, algorithm, nranks, nbytes, root=0, *, topology=None, options=None, cma=False, dtype=None):
     """The Schedule `algorithm` of collective `op` runs on nranks ranks for
-    nbytes (bcast: the buffer; alltoall: one block), placed as the
-    launcher would place them (topology: e.g. "2x4"), without running it;
-    algorithm None: the one the automatic choice takes."""
+    nbytes (bcast: the buffer; alltoall: one block; a reduction: of dtype),
+    placed as the launcher would place them (topology: e.g. "2x4"),
+    without running it; algorithm None: the one the automatic choice takes."""
     from .topology import topology as _topology
     from .coll import select
     from .device import make_plan
@@ -23,7 +23,7 @@ def schedule(op, algorithm, nranks, nbytes, root=0, *, topology=None, options=No
     select.algorithms(op)
     topo = _topology(topology)
     plan = make_plan(nranks, topo, topo.placement(nranks, "core", "compact"), options)
-    call = Call(nranks, nbytes, root, plan.params, plan.slots, len(topo.nodes), cma)
+    call = Call(nranks, nbytes, root, plan.params, plan.slots, len(topo.nodes), cma).typed(dtype)
     return select.plan(op, select.pick(op, call, algorithm, select.forced(op, plan.params)), call)
 
 

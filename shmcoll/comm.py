@@ -172,16 +172,17 @@ class Comm:
         return Call(self.size, nbytes, root, self.plan.params, self.slots, len(self.plan.topo.nodes),
                     bool(self._c.cma))
 
-    def selected(self, op, nbytes, root=0):
-        """The algorithm that algorithm=None uses for op at nbytes."""
+    def selected(self, op, nbytes, root=0, dtype=None):
+        """The algorithm that algorithm=None uses for op at nbytes (a
+        reduction's: of that dtype)."""
         select.algorithms(op)
-        return select.pick(op, self._call(nbytes, root), None, self._forced[op])
+        return select.pick(op, self._call(nbytes, root).typed(dtype), None, self._forced[op])
 
-    def schedule(self, op, nbytes=0, root=0, algorithm=None):
+    def schedule(self, op, nbytes=0, root=0, algorithm=None, dtype=None):
         """The schedule this communicator runs for op (nbytes: the buffer for
-        bcast, one block for alltoall)."""
+        bcast, one block for alltoall; a reduction's: of that dtype)."""
         select.algorithms(op)
-        call = self._call(nbytes, root)
+        call = self._call(nbytes, root).typed(dtype)
         return select.plan(op, select.pick(op, call, algorithm, self._forced[op]), call)
 
     def traffic(self):

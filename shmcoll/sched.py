@@ -11,6 +11,8 @@ from typing import Optional
 
 import numpy as np
 
+from . import ops
+
 VIAS = ("auto", "inline", "staged", "stripe", "direct", "queue")
 
 
@@ -117,6 +119,23 @@ class Call:
     item: int = 1           # reductions: element bytes (slices and chunks hold whole elements)
     inplace: bool = False   # reductions: the input is in recvbuf (IN_PLACE)
     kernel: object = None   # reductions: the ops.Kernel (None while only planning)
+
+    def typed(self, dtype):
+        """This call for reductions over dtype (None: bytes): the element
+        size and kernel its planning sees, as the reduction itself sets
+        them (SUM's kernel, or MAX's or MINLOC's where SUM is not defined:
+        they plan alike)."""
+        if dtype is not None:
+            dt = np.dtype(dtype)
+            for op in (ops.SUM, ops.MAX, ops.MINLOC):
+                try:
+                    self.kernel = ops.kernel(op, dt)
+                    break
+                except TypeError:
+                    if op is ops.MINLOC:
+                        raise TypeError(f"no built-in reduction is defined for dtype {dt}") from None
+            self.item = self.kernel.item
+        return self
 
     def pipe_chunk(self):
         """Chunks small enough that a message of a few chunks still

@@ -257,6 +257,34 @@ def test_numa_schedule_crosses_nodes_once_per_slice():
     assert shmcoll.schedule("reduce", None, 8, n, topology="2x4").algorithm == "numa"
 
 
+def _pair_traffic(comm, count, pdt):
+    send = np.zeros(count, pdt)
+    send["i"] = np.arange(count)
+    recv = np.empty_like(send)
+    want = comm.schedule("allreduce", send.nbytes, algorithm="reduce_scatter_allgather", dtype=pdt).traffic()
+    before = comm.traffic()
+    comm.Allreduce(send, recv, shmcoll.MINLOC, algorithm="reduce_scatter_allgather")
+    return comm.traffic() - before, want, comm.selected("allreduce", 8 << 20, dtype=np.float16)
+
+
+def test_schedule_of_a_dtype_is_what_runs():
+    """schedule(..., dtype=) plans with the dtype's element size: a packed
+    6-byte (int16, int32) pair cuts slices on 192-byte units, not the
+    64 bytes a plan in bytes would use; and selected(..., dtype=float16)
+    on two nodes names what float16 runs (not numa)."""
+    pdt = np.dtype([("v", "i2"), ("i", "i4")])
+    got = run_ranks(_pair_traffic, 3, 1001, pdt, topology="2x2",
+                    options=dict(SMALL, record_traffic=1, reduce_small_bytes=0))
+    measured = np.stack([g[0] for g in got], axis=1)
+    np.fill_diagonal(measured, 0)
+    assert (measured == got[0][1]).all(), (measured, got[0][1])
+    plain = shmcoll.schedule("allreduce", "reduce_scatter_allgather", 3, 1001 * 6).traffic()
+    assert (plain != got[0][1]).any()
+    assert got[0][2] == "reduce_scatter_allgather"
+    with pytest.raises(TypeError, match="dtype"):
+        shmcoll.schedule("allreduce", None, 2, 64, dtype="S4")
+
+
 def test_numa_tiny_chunks():
     """Found in review: with 64-byte chunks a writer's inline slots ran
     out at different moves, so one fold got one input inline and another
@@ -294,6 +322,30 @@ def test_numa_traffic_is_the_schedules():
     measured = np.stack([g[0] for g in got], axis=1)
     np.fill_diagonal(measured, 0)
     assert (measured == got[0][1]).all(), (measured, got[0][1])
+
+
+def _nan_minmax(comm, tnames):
+    out = []
+    for seq, t in enumerate(tnames):
+        x = data(seq, comm.rank, 1000, dtype(t))
+        x[np.random.default_rng([seq, comm.rank, 7]).integers(0, 1000, 60)] = np.nan
+        r = np.empty_like(x)
+        for name in ("MIN", "MAX"):
+            comm.Allreduce(x, r, ops.BUILTINS[name])
+            out.append((t, name, x, r.copy()))
+    return out
+
+
+def test_min_max_propagate_nan_like_numpy():
+    """Float MIN/MAX follow np.minimum/np.maximum: a NaN on any rank gives
+    NaN there (it used to be lost when it came from a lower rank)."""
+    tnames = ["float16", "float32", "float64", "longdouble"] + (["bfloat16"] if ml_dtypes else [])
+    got = run_ranks(_nan_minmax, 3, tnames)
+    for i, (t, name, _, r) in enumerate(got[0]):
+        want = fold([g[i][2] for g in got], name, dtype(t))
+        assert np.isnan(want.astype(np.float64)).any()
+        assert np.array_equal(r.astype(np.float64), want.astype(np.float64), equal_nan=True), (t, name)
+        assert all(np.array_equal(g[i][3], r, equal_nan=True) for g in got), (t, name)   # long double: padding
 
 
 # -- MINLOC / MAXLOC -------------------------------------------------------------

@@ -238,6 +238,7 @@ def _overlap_job(comm, fifo, second):
         except shmcoll.ShmcollError:
             return "shmcoll"
 
+    comm.Barrier()      # warm: A's Barrier below is then one C call that owns the communicator throughout
     if comm.rank == 1:
         with open(fifo, "rb") as f:
             f.read(1)
