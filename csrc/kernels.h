@@ -43,10 +43,11 @@
 
 #define ISUM(T, W) (T)((W)x + (W)y)
 #define IPROD(T, W) (T)((W)x * (W)y)
-/* numpy's minimum/maximum: a NaN on either side wins, ties keep x
- * (x != x is false for integers and folds away) */
-#define MIN_ ((x <= y || x != x) ? x : y)
-#define MAX_ ((x >= y || x != x) ? x : y)
+/* As numpy's float32/float64 minimum/maximum: a NaN on either side wins
+ * and a tie (+0 against -0) gives y, the later rank's (x != x is false
+ * for integers and folds away) */
+#define MIN_ ((x < y || x != x) ? x : y)
+#define MAX_ ((x > y || x != x) ? x : y)
 #define LAND_(T) (T)((x != 0) & (y != 0))
 #define LOR_(T) (T)((x != 0) | (y != 0))
 #define LXOR_(T) (T)((x != 0) ^ (y != 0))

@@ -23,7 +23,7 @@ def schedule(op, algorithm, nranks, nbytes, root=0, *, topology=None, options=No
     select.algorithms(op)
     topo = _topology(topology)
     plan = make_plan(nranks, topo, topo.placement(nranks, "core", "compact"), options)
-    call = Call(nranks, nbytes, root, plan.params, plan.slots, len(topo.nodes), cma).typed(dtype)
+    call = select.typed(op, Call(nranks, nbytes, root, plan.params, plan.slots, len(topo.nodes), cma), dtype)
     return select.plan(op, select.pick(op, call, algorithm, select.forced(op, plan.params)), call)
 
 

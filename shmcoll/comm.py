@@ -176,13 +176,13 @@ class Comm:
         """The algorithm that algorithm=None uses for op at nbytes (a
         reduction's: of that dtype)."""
         select.algorithms(op)
-        return select.pick(op, self._call(nbytes, root).typed(dtype), None, self._forced[op])
+        return select.pick(op, select.typed(op, self._call(nbytes, root), dtype), None, self._forced[op])
 
     def schedule(self, op, nbytes=0, root=0, algorithm=None, dtype=None):
         """The schedule this communicator runs for op (nbytes: the buffer for
         bcast, one block for alltoall; a reduction's: of that dtype)."""
         select.algorithms(op)
-        call = self._call(nbytes, root).typed(dtype)
+        call = select.typed(op, self._call(nbytes, root), dtype)
         return select.plan(op, select.pick(op, call, algorithm, self._forced[op]), call)
 
     def traffic(self):

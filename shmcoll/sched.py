@@ -135,6 +135,8 @@ class Call:
                     if op is ops.MINLOC:
                         raise TypeError(f"no built-in reduction is defined for dtype {dt}") from None
             self.item = self.kernel.item
+            if self.nbytes % self.item:
+                raise ValueError(f"{self.nbytes} bytes are not whole {dt} items")
         return self
 
     def pipe_chunk(self):

@@ -283,6 +283,9 @@ def test_schedule_of_a_dtype_is_what_runs():
     assert got[0][2] == "reduce_scatter_allgather"
     with pytest.raises(TypeError, match="dtype"):
         shmcoll.schedule("allreduce", None, 2, 64, dtype="S4")
+    with pytest.raises(ValueError, match="whole"):
+        shmcoll.schedule("reduce_scatter_block", None, 3, 20, dtype=np.float64)
+    assert shmcoll.schedule("bcast", None, 3, 1000, dtype="S4").traffic().sum() > 0   # not a reduction: bytes
 
 
 def test_numa_tiny_chunks():
@@ -328,7 +331,9 @@ def _nan_minmax(comm, tnames):
     out = []
     for seq, t in enumerate(tnames):
         x = data(seq, comm.rank, 1000, dtype(t))
-        x[np.random.default_rng([seq, comm.rank, 7]).integers(0, 1000, 60)] = np.nan
+        rng = np.random.default_rng([seq, comm.rank, 7])
+        for v in (np.nan, -np.nan, 0.0, -0.0, np.inf, -np.inf):
+            x[rng.integers(0, 1000, 40)] = v
         r = np.empty_like(x)
         for name in ("MIN", "MAX"):
             comm.Allreduce(x, r, ops.BUILTINS[name])
@@ -338,12 +343,16 @@ def _nan_minmax(comm, tnames):
 
 def test_min_max_propagate_nan_like_numpy():
     """Float MIN/MAX follow np.minimum/np.maximum: a NaN on any rank gives
-    NaN there (it used to be lost when it came from a lower rank)."""
+    NaN there (it used to be lost when it came from a lower rank), and +0
+    against -0 gives the later rank's, as numpy's float32/float64 do (bit
+    for bit there; by value, NaN where NaN, for the others)."""
     tnames = ["float16", "float32", "float64", "longdouble"] + (["bfloat16"] if ml_dtypes else [])
     got = run_ranks(_nan_minmax, 3, tnames)
     for i, (t, name, _, r) in enumerate(got[0]):
         want = fold([g[i][2] for g in got], name, dtype(t))
         assert np.isnan(want.astype(np.float64)).any()
+        if t in ("float32", "float64"):
+            assert r.tobytes() == want.tobytes(), (t, name)
         assert np.array_equal(r.astype(np.float64), want.astype(np.float64), equal_nan=True), (t, name)
         assert all(np.array_equal(g[i][3], r, equal_nan=True) for g in got), (t, name)   # long double: padding
 

@@ -34,6 +34,15 @@ IDS = {op: {name: i for i, name in enumerate(names)} for op, names in NAMES.item
 OPS = {row[0]: op for op, row in TABLE.items()}
 
 
+REDUCTIONS = {"allreduce", "reduce", "reduce_scatter_block", "reduce_scatter", "scan", "exscan"}
+
+
+def typed(op, call, dtype):
+    """call as a reduction of dtype plans it; other collectives move bytes
+    and ignore dtype."""
+    return call.typed(dtype) if op in REDUCTIONS else call
+
+
 def algorithms(op):
     """Algorithm names of collective op."""
     try:
