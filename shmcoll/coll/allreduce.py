@@ -18,7 +18,7 @@ order (coll/fold.py), so all ranks hold the same bits.
                             folds block b + 1 while node 1 folds block b
 """
 from ..sched import Copy, Move, Step
-from .fold import block_bytes, by_node, chain, chained, deposit, fold, owner, scatter_fold, slices, source
+from .fold import blocks, by_node, chain, chained, deposit, fold, owner, place, scatter_fold, source
 from .gather import via
 
 
@@ -40,11 +40,9 @@ def reduce_scatter_allgather(call):
     rank s folds slice s of the block, then every rank reads the others'.
     In place, only the own slice (which the fold overwrites) goes to
     scratch first; the others are read before the allgather rewrites them."""
-    p, n = call.nranks, call.nbytes
-    size = block_bytes(call, p)
+    p = call.nranks
     steps, tmp = [], 0
-    for lo in range(0, n, size):
-        sl = [(lo + off, k) for off, k in slices(call, min(size, n - lo))]
+    for sl in blocks(call, p):
         own = None
         if call.inplace:
             own = [("tmp", 0)] * p
@@ -72,16 +70,13 @@ def numa(call):
     groups = chained(call)
     if not groups:
         return reduce_scatter_allgather(call)
-    n = call.nbytes
-    width = max(len(g) for g in groups)
-    size = block_bytes(call, width)
-    big = max(k for _, k in slices(call, min(size, n), width))     # the first block's slices are the largest
+    cut = blocks(call, max(map(len, groups)))
+    big = max(k for _, k in cut[0])
     steps, pending = [], []
-    for lo in range(0, n, size):
-        sl = [(lo + off, k) for off, k in slices(call, min(size, n - lo), width)]
+    for sl in cut:
 
         def own(g, s, sl=sl):       # in place, the fold overwrites the owner's own input: it goes to scratch
-            return ("tmp", s // len(groups[g]) * big) if call.inplace else ("send", sl[s][0])
+            return ("tmp", place(groups, g, s, big)[0]) if call.inplace else ("send", sl[s][0])
         if call.inplace:
             steps.append(Step(copies=[Copy(owner(groups, g, s), "send", off, "tmp", own(g, s)[1], k)
                                       for g in range(len(groups)) for s, (off, k) in enumerate(sl) if k]))
@@ -91,8 +86,7 @@ def numa(call):
             steps += _back(call, groups, pending.pop(0))
     for sl in pending:
         steps += _back(call, groups, sl)
-    tmp = -(-width // min(len(g) for g in groups)) * big if call.inplace else 0
-    return steps, tmp
+    return steps, place(groups, 0, 0, big)[1] if call.inplace else 0
 
 
 def _back(call, groups, sl):

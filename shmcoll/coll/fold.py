@@ -84,16 +84,26 @@ def by_node(call):
         len({call.slots[g[0]].node for g in groups}) == len(groups) <= call.nodes
 
 
-def block_bytes(call, width):
-    """reduce_block_bytes in whole 64-byte slices of whole items for
-    `width` owners: a block is folded and shared while in cache."""
+def blocks(call, width):
+    """The slices ((offset, bytes), one per owner of `width`) of each
+    block: reduce_block_bytes in whole 64-byte slices of whole items, so a
+    block is folded and shared while in cache.  The first block's slices
+    are the largest."""
     unit = 64 * width * call.item
-    return max(call.params["reduce_block_bytes"] // unit, 1) * unit
+    size = max(call.params["reduce_block_bytes"] // unit, 1) * unit
+    n = call.nbytes
+    return [[(lo + off, k) for off, k in slices(call, min(size, n - lo), width)] for lo in range(0, n, size)]
 
 
 def owner(groups, g, s):
     """The rank of run g that folds slice s."""
     return groups[g][s % len(groups[g])]
+
+
+def place(groups, g, s, big):
+    """Where slice s goes among the scratch slots (of big bytes) of its
+    owner in run g, and the bytes all of one block's slots of a rank take."""
+    return s // len(groups[g]) * big, -(-max(map(len, groups)) // min(map(len, groups))) * big
 
 
 def chain(call, groups, sl, src, own, dst):
@@ -103,9 +113,10 @@ def chain(call, groups, sl, src, own, dst):
     at own(g, s)), into dst(g, s) = (buf, offset).  Runs are consecutive
     ranks, so this is still the rank-order fold, with one read per slice
     crossing from one run (node) to the next instead of every input.
-    own and dst are called here and nowhere later.  Everything is staged: writers here send unlike numbers of pieces, so
-    "auto" could put one input of a fold inline and another in the ring,
-    which a fold cannot cut alike."""
+    own and dst are called here and nowhere later.  Everything is
+    staged: writers here send unlike numbers of pieces, so "auto" could
+    put one input of a fold inline and another in the ring, which a fold
+    cannot cut alike."""
     steps = []
     for g, ranks in enumerate(groups):
         moves, reduces = [], []

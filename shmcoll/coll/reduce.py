@@ -11,7 +11,7 @@ into the root's recvbuf.
                         last run's folded slices
 """
 from ..sched import Copy, Move, Step
-from .fold import block_bytes, by_node, chain, chained, deposit, fold, owner, scatter_fold, slices
+from .fold import blocks, by_node, chain, chained, deposit, fold, owner, place, scatter_fold, slices
 
 
 def flat(call):
@@ -55,26 +55,25 @@ def numa(call):
     first.  Each block's results go to the root len(runs) - 1 blocks
     later, as in Allreduce, so the runs pipeline; scratch holds that many
     blocks' results."""
-    groups, n, root = chained(call), call.nbytes, call.root
+    groups, root = chained(call), call.root
     if not groups:
         return reduce_scatter_gather(call)
-    width, last = max(len(g) for g in groups), len(groups) - 1
-    size = block_bytes(call, width)
-    big = max(k for _, k in slices(call, min(size, n), width))     # the first block's slices are the largest
-    room = -(-width // min(len(g) for g in groups)) * big           # a rank's slices of one block
+    last = len(groups) - 1
+    cut = blocks(call, max(map(len, groups)))
+    big = max(k for _, k in cut[0])
+    room = place(groups, 0, 0, big)[1]          # a rank's slices of one block
     steps, pending = [], []
-    for b, lo in enumerate(range(0, n, size)):
-        sl = [(lo + off, k) for off, k in slices(call, min(size, n - lo), width)]
+    for b, sl in enumerate(cut):
 
         def at(g, s, b=b):
-            return (b % len(groups)) * room + s // len(groups[g]) * big
+            return (b % len(groups)) * room + place(groups, g, s, big)[0]
 
         def dst(g, s, sl=sl, at=at):
             return ("recv", sl[s][0]) if g == last and owner(groups, g, s) == root else ("tmp", at(g, s))
 
         def own(g, s, sl=sl):
             if call.inplace and owner(groups, g, s) == root:
-                return "tmp", len(groups) * room + s // len(groups[g]) * big
+                return "tmp", len(groups) * room + place(groups, g, s, big)[0]
             return "send", sl[s][0]
         if call.inplace:
             steps.append(Step(copies=[Copy(root, "send", off, "tmp", own(g, s)[1], k) for g in range(len(groups))
