@@ -653,14 +653,30 @@ def test_launch_reads_result_pipes_in_chunks_of_64_kib_at_most(monkeypatch):
 
 
 MMAP_PROBE = """
-import ctypes, sys
+import ctypes, os, re, sys, tempfile
 import shmcoll
 class MallInfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
 libc = ctypes.CDLL(None)
 libc.mallinfo2.restype, libc.malloc.restype = MallInfo2, ctypes.c_void_p
+libc.fdopen.restype, libc.fdopen.argtypes = ctypes.c_void_p, [ctypes.c_int, ctypes.c_char_p]
+libc.malloc_info.argtypes, libc.fclose.argtypes = [ctypes.c_int, ctypes.c_void_p], [ctypes.c_void_p]
 got = shmcoll.launch(lambda c, n: b"x" * n, 2, args=(int(sys.argv[1]),), timeout=60)
 assert [len(g) for g in got] == [int(sys.argv[1])] * 2
+# a free chunk in the heap (bins or top) as big as the probe serves it
+# whatever the threshold: take every such chunk first (malloc serves a
+# request from the bins and top before it considers mmap)
+def largest():
+    with tempfile.TemporaryFile() as t:
+        f = libc.fdopen(os.dup(t.fileno()), b"w")
+        libc.malloc_info(0, f)
+        libc.fclose(f)
+        t.seek(0)
+        main = t.read().decode().split('<heap nr="1">')[0]
+    return max([int(x) for x in re.findall(r'<size from="[0-9]+" to="([0-9]+)"', main)] + [libc.mallinfo2().keepcost])
+held = []
+while (big := largest()) >= 512 << 10:
+    held.append(libc.malloc(big - 64))
 # one probe only: freeing the probe's block (if mmapped) raises the threshold itself
 before = libc.mallinfo2().hblks
 p = libc.malloc(512 << 10)
