@@ -316,6 +316,7 @@ void sc_wake(sc_wq_t *wq)
  * signals are polled (Ctrl-C) and the stall timeout runs. */
 int sc_wait_slow(sc_comm_t *c, const sc_wait_t *w)
 {
+    settle(c, post_line(c, c->rank));        /* no one may sleep on us while we wait */
     int64_t t0 = now_ns(), next_live = t0 + c->liveness_ns, next_poll = t0 + POLL_NS, next_check = t0 + CHECK_NS;
     if (c->gil_release && !c->gil_saved) c->gil_saved = ((void *(*)(void))c->gil_release)();
     int batch = w->spin_ns ? 32 : 1;          /* oversubscribed: yield at once, the peer needs this core */

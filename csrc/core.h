@@ -116,6 +116,7 @@ typedef struct sc_comm {
     uint64_t hist;           /* a hash of every call's before the previous */
     int64_t recheck;         /* neighbours (1 left, 2 right) to check at the next call: not waited on in this one */
     int32_t busy;
+    int32_t owe;             /* this rank's post line went out unfenced: its sleepers are still to be checked */
     int32_t err_rank;
     int32_t err_code;
     int32_t err_when;        /* mismatches: 0 this call, 1 the previous call, 2 an earlier one */

@@ -106,7 +106,7 @@ static int read_peer(sc_comm_t *c, int who, char *dst, uint64_t addr, int64_t n)
 static void arrive(sc_comm_t *c, uint64_t first, char *sbuf, char *rbuf)
 {
     sc_line_t *l = post_line(c, c->rank);
-    uint64_t s = atomic_load_explicit(&l->seq, memory_order_relaxed);
+    uint64_t s = 2 * c->call - 2;     /* no load: even before and after each call's record, odd while written */
     atomic_store_explicit(&l->seq, s + 1, memory_order_relaxed);
     atomic_thread_fence(memory_order_release);
     l->sig[0] = c->sig[0];
@@ -119,7 +119,7 @@ static void arrive(sc_comm_t *c, uint64_t first, char *sbuf, char *rbuf)
     atomic_store_explicit(&l->event, first, memory_order_release);
     atomic_store_explicit(&l->call, c->call, memory_order_release);
     atomic_store_explicit(&l->seq, s + 2, memory_order_release);
-    wake_sleepers(&l->wq);
+    c->owe = 1;
 }
 
 /* SHMCOLL_CHECK: every rank waits for every rank's arrival and compares
@@ -146,6 +146,7 @@ static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
         switch (in[0] & 0xff) {
         case SC_OP_POST:
             post_event(me, (uint64_t)in[1]);
+            c->owe = 0;                       /* the same line's sleepers: checked */
             break;
         case SC_OP_WAIT:
             rc = wait_post(c, (int)in[1], call, (uint64_t)in[2], in[3] & 2 ? c->spin_far_ns : c->spin_ns, in[3] & 1);
@@ -153,6 +154,7 @@ static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
             break;
         case SC_OP_ACK:
             ack_event(ack_line(c, c->rank), call, (uint64_t)in[1]);
+            owed_after_fence(c, me);
             break;
         case SC_OP_WAITACK:
             rc = wait_ack(c, (int)in[1], call, (uint64_t)in[2], in[3] & 2 ? c->spin_far_ns : c->spin_ns);
@@ -175,6 +177,7 @@ static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
         case SC_OP_QPOST:
             atomic_store_explicit(queue_word(c, (int)in[1], (int)in[2]), call, memory_order_release);
             wake_sleepers(queue_wq(c));
+            owed_after_fence(c, me);
             break;
         case SC_OP_REDUCE:
             if (sc_reduce(in[0], space(c, in[1], in[2], sbuf, rbuf), space(c, in[3], in[4], sbuf, rbuf),
@@ -238,6 +241,8 @@ int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
 {
     int rc = aborted_at(c, c->call + 1);
     if (rc) return rc;
+    for (int k = 0; k < 2; k++)               /* the recheck's lines arrive while we publish */
+        if (c->recheck >> k & 1) __builtin_prefetch(post_line(c, neighbour(c, k)));
     c->call++;
     c->sig[0] = (uint64_t)prog[1];
     c->sig[1] = (uint64_t)prog[2];
@@ -248,6 +253,7 @@ int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
     c->recheck = prog[5];
     if (!rc) rc = run(c, prog, sbuf, rbuf);
     if (!rc && behind) rc = recheck_wait(c, behind);
+    settle(c, post_line(c, c->rank));
     c->hist = sc_mix(c->hist, c->prev);
     c->prev[0] = c->sig[0];
     c->prev[1] = c->sig[1] | (rc == SC_EDIFFER ? 1ULL << 63 : 0);   /* refused: see sc_mix */

@@ -12,10 +12,15 @@
 #include <Python.h>
 #include "sc_internal.h"
 
+/* Words multiplied by distinct odd constants and summed: independent
+ * multiplies, not a chain of SC_KEY dependent ones on every call. */
 static uint64_t hash_key(const int64_t *k)
 {
-    uint64_t h = 0x9e3779b97f4a7c15ULL;
-    for (int i = 0; i < SC_KEY; i++) h = (h ^ (uint64_t)k[i]) * 0xbf58476d1ce4e5b9ULL;
+    static const uint64_t m[SC_KEY] = { 0x9e3779b97f4a7c15ULL, 0xbf58476d1ce4e5b9ULL, 0x94d049bb133111ebULL,
+                                        0xd6e8feb86659fd93ULL, 0xa0761d6478bd642fULL, 0xe7037ed1a0b428dbULL,
+                                        0x8ebc6af09c88c6e3ULL };
+    uint64_t h = 0;
+    for (int i = 0; i < SC_KEY; i++) h += ((uint64_t)k[i] ^ (uint64_t)k[i] >> 29) * m[i];
     return h ^ (h >> 31);
 }
 int sc_cache_slot(const int64_t *key) { return (int)(hash_key(key) % SC_CACHE); }
@@ -69,7 +74,7 @@ static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
 }
 
 /* An entry's self: (context address, Python method, error handler,
- * {name: algorithm id}, (collective id, roles, argument names, {built-in
+ * {name: algorithm id}, (collective id, roles (bytes), argument names, {built-in
  * op: code}, IN_PLACE)).  Roles, one per argument: 'x' a buffer read on
  * the root and written elsewhere, 'i' read (or IN_PLACE: the next
  * argument's buffer, keyed -2), 'o' written ('I', 'O': the same, None
@@ -235,7 +240,7 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
 {
     sc_comm_t *c = ctx(self);
     PyObject *desc = PyTuple_GET_ITEM(self, 4), *a[MAXARGS];
-    const char *roles = PyUnicode_AsUTF8(PyTuple_GET_ITEM(desc, 1));
+    const char *roles = PyBytes_AS_STRING(PyTuple_GET_ITEM(desc, 1));
     Py_buffer b[2];
     int nb = 0, nbuf = 0, ok = 1;
     Py_ssize_t isz0 = 0;

@@ -124,6 +124,23 @@ static inline void wake_sleepers(sc_wq_t *wq) {
     atomic_thread_fence(memory_order_seq_cst);
     if (atomic_load_explicit(&wq->sleepers, memory_order_relaxed)) sc_wake(wq);
 }
+/* The arrival record goes out without a fence (its wake-up check is owed,
+ * c->owe): the store completes while this rank goes on to wait or copy.
+ * The check is paid at the next fence (a post, an ack), before a wait
+ * goes slow, and before the call returns, so a sleeper is never left
+ * asleep while this rank waits or leaves. */
+static inline void owed_after_fence(sc_comm_t *c, sc_line_t *mine) {
+    if (c->owe) {
+        c->owe = 0;
+        if (atomic_load_explicit(&mine->wq.sleepers, memory_order_relaxed)) sc_wake(&mine->wq);
+    }
+}
+static inline void settle(sc_comm_t *c, sc_line_t *mine) {
+    if (c->owe) {
+        atomic_thread_fence(memory_order_seq_cst);
+        owed_after_fence(c, mine);
+    }
+}
 static inline void post_event(sc_line_t *l, uint64_t ev) {
     atomic_store_explicit(&l->event, ev, memory_order_release);
     wake_sleepers(&l->wq);
