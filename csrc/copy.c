@@ -8,8 +8,8 @@
  *    destination sits 1..63 bytes past the source modulo 4 KiB (two
  *    adjacent heap buffers: dst = src + k * 4096 + 16).  Vector loads and
  *    stores do not suffer, so such copies take the vector loop, and
- *    single-copy reads go through a bounce buffer at the source's page
- *    offset (measured: 256 KiB alltoall 236 -> 53 us, fresh layout 44). */
+ *    single copies (reads and writes) go through a bounce buffer at the
+ *    peer's page offset (measured: 256 KiB alltoall 236 -> 53 us, fresh layout 44). */
 #include "sc_internal.h"
 #include <immintrin.h>
 #include <errno.h>
@@ -71,29 +71,33 @@ void sc_copy(char *dst, const char *src, int64_t n, int nt)
     _mm_sfence();                               /* streamed stores before the flag */
 }
 
-/* process_vm_readv of n bytes at addr in pid into dst; 0 or an errno. */
-static int vm_read(int32_t pid, char *dst, uint64_t addr, int64_t n)
+/* process_vm_readv (or, with write, process_vm_writev) of n bytes between
+ * local and addr in pid; 0 or an errno. */
+static int vm_move(int32_t pid, char *local, uint64_t addr, int64_t n, int write)
 {
     for (int64_t done = 0; done < n;) {
-        struct iovec l = { dst + done, (size_t)(n - done) }, r = { (void *)(uintptr_t)(addr + done), (size_t)(n - done) };
-        ssize_t got = process_vm_readv(pid, &l, 1, &r, 1, 0);
+        struct iovec l = { local + done, (size_t)(n - done) }, r = { (void *)(uintptr_t)(addr + done), (size_t)(n - done) };
+        ssize_t got = write ? process_vm_writev(pid, &l, 1, &r, 1, 0) : process_vm_readv(pid, &l, 1, &r, 1, 0);
         if (got <= 0) return got < 0 ? errno : EFAULT;
         done += got;
     }
     return 0;
 }
 
-int sc_vm_read(int32_t pid, char *dst, uint64_t addr, int64_t n)
+/* Single copy between this process's local and pid's addr: an aliased
+ * pair goes through a bounce buffer at addr's page offset. */
+int sc_vm_move(int32_t pid, char *local, uint64_t addr, int64_t n, int write)
 {
     static __thread char *bounce;
-    if (n < PAGE || !aliased(dst, (const char *)(uintptr_t)addr)) return vm_read(pid, dst, addr, n);
-    if (!bounce && !(bounce = aligned_alloc(PAGE, BOUNCE + PAGE))) return vm_read(pid, dst, addr, n);
+    if (n < PAGE || !aliased(local, (const char *)(uintptr_t)addr)) return vm_move(pid, local, addr, n, write);
+    if (!bounce && !(bounce = aligned_alloc(PAGE, BOUNCE + PAGE))) return vm_move(pid, local, addr, n, write);
     char *b = bounce + (addr & (PAGE - 1));
     for (int64_t done = 0; done < n; done += BOUNCE) {
         int64_t k = n - done < BOUNCE ? n - done : BOUNCE;
-        int err = vm_read(pid, b, addr + done, k);
+        if (write) copy_vec(b, local + done, k);
+        int err = vm_move(pid, b, addr + done, k, write);
         if (err) return err;
-        copy_vec(dst + done, b, k);
+        if (!write) copy_vec(local + done, b, k);
     }
     return 0;
 }

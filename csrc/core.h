@@ -17,7 +17,7 @@
 #define SC_EBUSY -6      /* another thread of this rank is inside a collective on this communicator */
 #define SC_ETIMEOUT -7   /* waited longer than timeout_ns for rank err_rank */
 #define SC_EINTR -8      /* a signal handler raised (KeyboardInterrupt) while waiting */
-#define SC_ECMA -9       /* process_vm_readv from err_rank failed with errno err_b */
+#define SC_ECMA -9       /* process_vm_readv (err_a 0) or _writev (1) with err_rank failed with errno err_b */
 #define SC_EKERNEL -10  /* no reduction kernel for a program's op and type (a planning bug): the job is aborted */
 #define SC_FALLBACK -100 /* fast entry declined: take the checked Python path */
 
@@ -36,6 +36,7 @@ enum {
     SC_OP_QWAIT = 10,   /* a=queue b=entry c=who */
     SC_OP_REDUCE = 11,  /* word 0 also holds the kernel (sc_reduce); a=dst space b=dst off c,d=a's e,f=b's g=items */
     SC_OP_COUNT = 12,   /* a=source rank b=bytes: the traffic record of a folded input */
+    SC_OP_CMAW = 13,    /* a=src space b=src off c=who d=who's space e=dst off f=n: single copy into who's buffer */
 };
 /* Reduction kernels (csrc/reduce.c): word 0 of SC_OP_REDUCE is
  * opcode | op << 8 | type << 16 | form << 24 | index-is-int64 << 28 |

@@ -6,7 +6,7 @@
  * event number and ack count resolved.  Here a call is: arrive (publish the
  * call's signature and buffers), optionally agree on signatures with every
  * rank, then run the instructions: post and wait on (call, event) flags,
- * copy, single-copy read a peer's buffer, ack, and drain or record the
+ * copy, single-copy read a peer's buffer or write into it, ack, and drain or record the
  * readers a writer must wait for before it rewrites its ring, its inline
  * slots or the stripe (lazily: only when it writes the same memory again). */
 #include "sc_internal.h"
@@ -91,12 +91,13 @@ static void debt(sc_comm_t *c, int s, int who, uint64_t count)
     c->debt_cnt[(int64_t)s * c->size + c->debt_n[s]++] = count;
 }
 
-/* Single copy: n bytes at `addr` in rank who's memory straight into dst. */
-static int read_peer(sc_comm_t *c, int who, char *dst, uint64_t addr, int64_t n)
+/* Single copy between local and `addr` in rank who's memory: read into
+ * local, or (write) from local into who's buffer. */
+static int cma(sc_comm_t *c, int who, char *local, uint64_t addr, int64_t n, int write)
 {
-    int err = sc_vm_read(rank_rec(c, who)->pid, dst, addr, n);
+    int err = sc_vm_move(rank_rec(c, who)->pid, local, addr, n, write);
     if (!err) return SC_OK;
-    return err == ESRCH ? sc_fail(c, SC_EDEAD, who, 2, 0) : sc_fail(c, SC_ECMA, who, 0, err);
+    return err == ESRCH ? sc_fail(c, SC_EDEAD, who, 2, 0) : sc_fail(c, SC_ECMA, who, write, err);
 }
 
 /* Publish this call's arrival record and first event (a sequence lock:
@@ -164,9 +165,13 @@ static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
             if (c->traffic && in[7] >= 0) c->traffic[in[7]] += in[5];
             break;
         case SC_OP_CMA:
-            rc = read_peer(c, (int)in[3], space(c, in[1], in[2], sbuf, rbuf),
-                           post_line(c, (int)in[3])->addr[in[4] - 1] + (uint64_t)in[5], in[6]);
+            rc = cma(c, (int)in[3], space(c, in[1], in[2], sbuf, rbuf),
+                     post_line(c, (int)in[3])->addr[in[4] - 1] + (uint64_t)in[5], in[6], 0);
             if (!rc && c->traffic) c->traffic[in[3]] += in[6];
+            break;
+        case SC_OP_CMAW:                      /* who has arrived: its buffers are this call's */
+            rc = cma(c, (int)in[3], space(c, in[1], in[2], sbuf, rbuf),
+                     post_line(c, (int)in[3])->addr[in[4] - 1] + (uint64_t)in[5], in[6], 1);
             break;
         case SC_OP_DRAIN:
             rc = drain(c, set_of(c, in[1]));

@@ -91,7 +91,7 @@ int sc_fail(sc_comm_t *c, int code, int32_t who, int64_t a, int64_t b);
 int sc_check_line(sc_comm_t *c, int who);
 uint64_t sc_mix(uint64_t h, const uint64_t *sig);
 int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf);
-int sc_vm_read(int32_t pid, char *dst, uint64_t addr, int64_t n);
+int sc_vm_move(int32_t pid, char *local, uint64_t addr, int64_t n, int write);
 
 /* Every call and every slow wait looks here: once the job is aborted, a
  * rank that never waits (a root running ahead) still fails at its next

@@ -1,8 +1,9 @@
 """Schedule -> per-rank programs for the C executor (csrc/exec.c).
 
 Here every move gets its protocol (a bare signal, inline in a slot line,
-staged in chunks through the writer's ring or the NUMA stripe, a direct
-single copy, or a packed barrier queue), staged moves are cut into chunks
+staged in chunks through the writer's ring or the NUMA stripe, a single
+copy read by the reader (direct) or written by the writer (push), or a
+packed barrier queue), staged moves are cut into chunks
 and laid out in their rings, and every post event and every ack is
 numbered.  All ranks are compiled together: a writer about to reuse ring
 memory must know which ack of which reader frees it.
@@ -19,8 +20,8 @@ from ._core import lib
 INLINE, SLOTS = lib.SC_INLINE, lib.SC_SLOTS
 BUF = {"send": lib.SC_SEND, "recv": lib.SC_RECV, "tmp": lib.SC_TMP}
 QUEUES = {"gather": 0, "release": 1}
-POST, WAIT, ACK, WAITACK, COPY, CMA, DRAIN, DEBT, QPOST, QWAIT, COUNT = (
-    lib.SC_OP_POST, lib.SC_OP_WAIT, lib.SC_OP_ACK, lib.SC_OP_WAITACK, lib.SC_OP_COPY, lib.SC_OP_CMA,
+POST, WAIT, ACK, WAITACK, COPY, CMA, CMAW, DRAIN, DEBT, QPOST, QWAIT, COUNT = (
+    lib.SC_OP_POST, lib.SC_OP_WAIT, lib.SC_OP_ACK, lib.SC_OP_WAITACK, lib.SC_OP_COPY, lib.SC_OP_CMA, lib.SC_OP_CMAW,
     lib.SC_OP_DRAIN, lib.SC_OP_DEBT, lib.SC_OP_QPOST, lib.SC_OP_QWAIT, lib.SC_OP_COUNT)
 RING, STRIPE, SLOT = lib.SC_SET_RING, lib.SC_SET_STRIPE, lib.SC_SET_SLOT
 CHECK, FAR, FIRST = 1, 2, 4     # WAIT flags: check the record, spin long, a message's first piece
@@ -79,7 +80,7 @@ def _protocol(m, slot_used):
         return "queue", None
     if m.nbytes == 0:
         return "signal", None
-    if m.via in ("direct", "stripe"):
+    if m.via in ("direct", "stripe", "push"):
         return m.via, None
     if m.via in ("auto", "inline") and m.nbytes <= INLINE and slot_used[m.src] < SLOTS:
         slot_used[m.src] += 1
@@ -104,6 +105,7 @@ class _Compiler:
         self.stripe = _Ring(params["stripe_bytes"], params["stripe_bytes"] // params["stripe_slots"])
         self.drained = set()
         self.checked = set()
+        self.arrived = set()                    # (writer, reader): the writer waited for the reader's arrival
         self.owed = [{} for _ in range(p)]      # writer -> {(set, reader): ack} recorded as debts
         self.stripe_owed = {}
         self.direct_owed = [{} for _ in range(p)]
@@ -240,6 +242,17 @@ class _Compiler:
         if proto == "signal":
             self.pending[w].append(piece)
             return piece
+        if proto == "push":             # into each reader's recvbuf, its address published at arrival
+            if m.dbuf != "recv":
+                raise ValueError(f"a push move writes the reader's recvbuf, not {m.dbuf!r}")
+            for r in m.dst:
+                if (w, r) not in self.arrived:
+                    self.arrived.add((w, r))
+                    self.wait(w, r, {"event": 0}, False, False)
+                for so, do, ln, _ in piece["segs"]:
+                    self.emit(w, CMAW, space(BUF[m.sbuf]), so, r, BUF[m.dbuf], do, ln)
+            self.pending[w].append(piece)
+            return piece
         if proto == "inline":
             u = self.slot(w, j)
             self.drain(w, SLOT + u)
@@ -271,6 +284,10 @@ class _Compiler:
             return
         self.wait(r, w, piece, far, first)
         if proto == "signal":
+            return
+        if proto == "push":             # landed: nothing to copy, nothing to free
+            if self.params.get("record_traffic"):
+                self.emit(r, COUNT, w, sum(ln for _, _, ln, _ in piece["segs"]))
             return
         nt = self.streamed(m.dbuf)
         if proto == "direct":

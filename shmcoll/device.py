@@ -297,8 +297,9 @@ class Device:
                                            f"in {what} (stopped, stalled, or in another call?); the job is aborted "
                                            f"(timeout option / SHMCOLL_TIMEOUT)")
         if rc == lib.SC_ECMA:
-            return CMAError(c.err_b, f"{what}: rank {me} could not read rank {c.err_rank}'s memory "
-                                     f"(process_vm_readv: {os.strerror(c.err_b)}); the job is aborted")
+            verb = ("write into", "writev") if c.err_a else ("read", "readv")
+            return CMAError(c.err_b, f"{what}: rank {me} could not {verb[0]} rank {c.err_rank}'s memory "
+                                     f"(process_vm_{verb[1]}: {os.strerror(c.err_b)}); the job is aborted")
         if rc == lib.SC_ENOMEM:
             return MemoryError(f"{what}: out of memory")
         if rc == lib.SC_EINTR:

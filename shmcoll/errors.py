@@ -40,7 +40,8 @@ class MismatchError(ShmcollError, ValueError):
 
 
 class CMAError(ShmcollError, OSError):
-    """Reading a peer's memory (process_vm_readv) failed; errno says why."""
+    """A single copy with a peer's memory (process_vm_readv/writev) failed;
+    errno says why."""
 
     def __init__(self, errno, message):
         OSError.__init__(self, errno, message)

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import ops
 
-VIAS = ("auto", "inline", "staged", "stripe", "direct", "queue")
+VIAS = ("auto", "inline", "staged", "stripe", "direct", "push", "queue")
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,9 @@ class Move:
     every rank in dst reads them into its dbuf.  via: "auto" (inline when
     small, else staged), "inline" (in the writer's slot line), "staged"
     (through the writer's ring, in chunks), "stripe" (the NUMA-striped
-    buffer), "direct" (single copy from the writer's buffer), "queue"
+    buffer), "direct" (single copy by the reader from the writer's
+    buffer), "push" (single copy by the writer into the readers' recv
+    buffers, once they have arrived), "queue"
     (a packed barrier queue, named by sbuf: "gather" or "release"; no
     data)."""
     src: int
@@ -36,6 +38,18 @@ class Move:
     @property
     def nbytes(self):
         return sum(n for _, _, n in self.parts)
+
+
+def shared(src, dst, so, do, n, sbuf="send"):
+    """One rank's n bytes to another by a single copy that both make at
+    once: the reader reads the first half out of src's sbuf (direct) while
+    src writes the rest into its recvbuf (push).  Two cores copy, each
+    from memory in its own cache or into the other's, where a staged copy
+    suffers most when the two are far apart (the reader's move comes
+    first: it must not wait for the push before it starts)."""
+    h = min(n, (n // 2 + 4095) & ~4095)
+    return [Move(src, (dst,), ((so, do, h),), sbuf=sbuf, via="direct"),
+            Move(src, (dst,), ((so + h, do + h, n - h),), sbuf=sbuf, via="push")][:2 if h < n else 1]
 
 
 @dataclass(frozen=True)

@@ -325,11 +325,13 @@ def test_bcast_different_sizes_with_check(n):
 
 
 def test_bcast_rendezvous_two_ranks():
-    """With one reader, mid sizes go by rendezvous (the reader copies out of
-    the root's buffer); force it down to one byte, every root, and compare."""
+    """With one reader, big messages go by a single copy that both make
+    (the reader reads the first pages out of the root's buffer while the
+    root writes the rest into the reader's); force it down to one byte,
+    every root, sizes around the page the halves are cut at, and compare."""
     if not all(run_ranks(lambda comm: comm._c.cma, 2)):
         pytest.skip("cross-memory attach is not permitted between ranks here")
-    sizes = [1, 7, 96, 97, 5000, 65536, 300001]
+    sizes = [1, 7, 96, 97, 4095, 4096, 4097, 5000, 8193, 65536, 300001]
     check(2, all_roots(2, ["original", None], sizes), options={"cma_bytes": 1})
 
 

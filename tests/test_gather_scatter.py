@@ -60,6 +60,74 @@ def test_gather_scatter_big_blocks(n):
     run_cases(_job, n, table(n, [(1 << 20) + 3]))
 
 
+def _cma(comm):
+    return comm._c.cma
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_gather_single_copy(n):
+    """From cma_bytes up a block goes by single copy: with one sender the
+    root reads the first half while the sender writes the rest (direct +
+    push), with more every sender writes its own into the root's recvbuf
+    (push).  Forced down to one byte: every size, every root, sizes around
+    the page the halves are cut at, and Gatherv's zero and uneven counts."""
+    if not all(run_ranks(_cma, n)):
+        pytest.skip("cross-memory attach is not permitted between ranks here")
+    opts = dict(SMALL, cma_bytes=1)
+    sizes = SIZES + [4095, 4096, 4097, 8191, 8193, 100001]
+    run_cases(_job, n, [c for c in table(n, sizes) if c[0] == "gather"], options=opts)
+    run_cases(_vjob, n, [c for c in vtable(n) if c[0] == "gatherv"], options=opts)
+
+
+def _gather_traffic(comm, nbytes):
+    """Per root: (this rank's recorded column, the schedule's traffic, data right)."""
+    out = []
+    for root in range(comm.size):
+        before = comm.traffic().copy()
+        recv = poison(comm.size * nbytes, np.int8).reshape(comm.size, nbytes) if comm.rank == root else None
+        comm.Gather(pattern(nbytes, np.int8, root, comm.rank), recv, root)
+        ok = comm.rank != root or recv.tobytes() == b"".join(pattern(nbytes, np.int8, root, q).tobytes()
+                                                              for q in range(comm.size))
+        out.append((comm.traffic() - before, comm.schedule("gather", nbytes, root).traffic(), ok))
+    return out
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_gather_single_copy_traffic_is_the_schedules(n):
+    """What the executor records for pushed and shared blocks (counted by
+    the root when it sees the writer's post) is what the schedule says."""
+    if not all(run_ranks(_cma, n)):
+        pytest.skip("cross-memory attach is not permitted between ranks here")
+    got = run_ranks(_gather_traffic, n, 300001, options={"cma_bytes": 1, "record_traffic": 1})
+    for root in range(n):
+        measured = np.stack([got[d][root][0] for d in range(n)], axis=1)
+        want = np.array(got[0][root][1])
+        np.fill_diagonal(want, 0)
+        assert all(got[d][root][2] for d in range(n)), f"root {root}: wrong data"
+        assert np.array_equal(measured, want), f"root {root}: recorded\n{measured}\nschedule\n{want}"
+        assert want[:, root].sum() == (n - 1) * 300001
+
+
+@pytest.mark.parametrize("op,alg", [("bcast", "original"), ("gather", "flat")])
+@pytest.mark.parametrize("nbytes", [65536, 65537, 300001, 1 << 22])
+def test_two_rank_single_copy_is_shared(op, alg, nbytes):
+    """Two ranks, one message from cma_bytes up: the reader's half (a
+    whole number of pages, first: it must not wait for the push) and the
+    writer's rest cover the message once; with three ranks a gather's
+    blocks are all pushed."""
+    for root in (0, 1):
+        moves = shmcoll.schedule(op, alg, 2, nbytes, root=root, cma=True).steps[0].moves
+        assert [m.via for m in moves] == ["direct", "push"], moves
+        (so0, do0, n0), = moves[0].parts
+        (so1, do1, n1), = moves[1].parts
+        base = 0 if op == "bcast" else (1 - root) * nbytes
+        assert (so0, do0 - base, n0 % 4096, so1, do1 - base, n0 + n1) == (0, 0, 0, n0, n0, nbytes), moves
+        assert abs(n0 - n1) <= 4096
+    moves = shmcoll.schedule("gather", "flat", 3, 1 << 21, root=1, cma=True).steps[0].moves
+    assert sorted((m.src, m.via) for m in moves) == [(0, "push"), (2, "push")]
+    assert [m.via for m in shmcoll.schedule(op, alg, 2, nbytes, cma=False).steps[0].moves] == ["auto"]
+
+
 # -- v-variants ---------------------------------------------------------------------
 
 def layout(n, seq, kind):

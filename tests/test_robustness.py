@@ -684,3 +684,30 @@ def test_direct_moves_read_only_the_sendbuf():
     params = {"chan_bytes": 8192, "chunk_bytes": 1024, "stripe_bytes": 8192, "stripe_slots": 2}
     with pytest.raises(ValueError, match="sendbuf"):
         compile_schedule(sched, params, (0, 0))
+
+
+def test_push_moves_write_only_the_recvbuf():
+    """A push writes where the reader published its recvbuf at arrival;
+    its scratch has no address another rank knows."""
+    from shmcoll.compile import compile_schedule
+    from shmcoll.sched import Move, Schedule, Step
+    sched = Schedule("gather", "custom", 2, 8, 0, [Step([Move(0, (1,), ((0, 0, 8),), dbuf="tmp", via="push")])], 8)
+    params = {"chan_bytes": 8192, "chunk_bytes": 1024, "stripe_bytes": 8192, "stripe_slots": 2}
+    with pytest.raises(ValueError, match="recvbuf"):
+        compile_schedule(sched, params, (0, 0))
+
+
+@pytest.mark.parametrize("write", [0, 1])
+def test_failed_single_copy_names_its_direction_and_errno(write):
+    """SC_ECMA becomes CMAError naming the peer, the direction (readv or
+    writev) and the errno, not a death."""
+    import errno
+    from types import SimpleNamespace
+    from shmcoll._core import lib
+    from shmcoll.device import Device
+    dev = object.__new__(Device)
+    dev.c, dev.rank = SimpleNamespace(err_rank=1, err_a=write, err_b=errno.EFAULT), 0
+    e = dev.failure(lib.SC_ECMA, "Bcast")
+    assert isinstance(e, shmcoll.CMAError) and e.errno == errno.EFAULT, e
+    want = "write into rank 1's memory (process_vm_writev" if write else "read rank 1's memory (process_vm_readv"
+    assert want in str(e) and os.strerror(errno.EFAULT) in str(e), str(e)

@@ -4,16 +4,16 @@ staged in chunks through a ring, so the writer fills chunk i + 1 while
 readers copy chunk i.
 
   binomial  log p tree; inner ranks forward from their buffer
-  original  every rank copies out of the root's ring; with one reader, mid
-            sizes and cross-memory attach, by a single direct copy out of
-            the root's buffer (paper 004's rendezvous)
+  original  every rank copies out of the root's ring; with one reader and
+            cross-memory attach, from 64 KiB by a single copy that both
+            make (paper 004's rendezvous; sched.shared)
   limited   chunks go in rounds of G segments; reader group g (k readers)
             reads segment (g + s) mod G at sub-step s, so at most k readers
             share a segment at a time
   numa      limited over the striped buffer: segment i on node i mod nodes
 """
 from .._core import lib
-from ..sched import Move, Step
+from ..sched import Move, Step, shared
 
 
 def _readers(call):
@@ -25,10 +25,9 @@ def original(call):
     n, par = call.nbytes, call.params
     if call.nranks == 1:
         return []
-    via = "auto"
-    if call.nranks == 2 and call.cma and 0 < par["cma_bytes"] <= n < 4 * par["chunk_bytes"]:
-        via = "direct"
-    return [Step([Move(call.root, _readers(call), ((0, 0, n),), via=via, chunk=call.pipe_chunk())])]
+    if call.nranks == 2 and call.cma and 0 < par["cma_bytes"] <= n:
+        return [Step(shared(call.root, 1 - call.root, 0, 0, n))]
+    return [Step([Move(call.root, _readers(call), ((0, 0, n),), chunk=call.pipe_chunk())])]
 
 
 def binomial(call):

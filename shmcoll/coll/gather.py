@@ -2,13 +2,14 @@
 (at displacement r * block, or displs[r] for Gatherv).
 
   flat      one step: every rank writes its block once, the root reads
-            them all (big blocks straight from each sendbuf)
+            them all (big blocks by single copy, each sender writing its
+            own into the root's recvbuf)
   binomial  ceil(log p) steps up a binomial tree rooted at the root: a
             rank forwards its whole subtree's blocks, packed in scratch,
             in one message (fewer hand-offs for the root with many small
             blocks)
 """
-from ..sched import Copy, Move, Step
+from ..sched import Copy, Move, Step, shared
 
 
 def pieces(call):
@@ -19,15 +20,30 @@ def pieces(call):
 
 
 def via(call, n):
+    """How a block of n bytes travels: by single copy (direct) once ranks
+    may reach each other's memory and blocks are big enough."""
     return "direct" if call.cma and 0 < call.params["cma_bytes"] <= n else "auto"
 
 
 def flat(call):
+    """Big blocks by single copy: with one sender, root and sender copy
+    half each (sched.shared); with more, every sender writes its own into
+    the root's recvbuf at once, where the root alone would read them one
+    after another."""
     p, root, cnt = call.nranks, call.root, pieces(call)
-    moves = [Move(r, (root,), ((0, cnt[r][1], cnt[r][0]),), via=via(call, cnt[r][0]))
-             for r in range(p) if r != root and cnt[r][0]]
-    index = {m.src: i for i, m in enumerate(moves)}
-    order = {root: [index[(root + s) % p] for s in range(1, p) if (root + s) % p in index]}
+    moves = []
+    for s in range(1, p):
+        r = (root + s) % p
+        n, at = cnt[r]
+        if not n:
+            continue
+        single = via(call, n) == "direct"
+        if single and p == 2:
+            moves += shared(r, root, 0, at, n)
+        else:
+            moves.append(Move(r, (root,), ((0, at, n),), via="push" if single else "auto"))
+    later = [i for i, m in enumerate(moves) if m.via == "push"]     # waited for after the root's own reads
+    order = {root: [i for i in range(len(moves)) if i not in later] + later}
     return [Step(moves, copies=[Copy(root, "send", 0, "recv", cnt[root][1], cnt[root][0])], order=order)]
 
 
