@@ -71,31 +71,42 @@ void sc_copy(char *dst, const char *src, int64_t n, int nt)
     _mm_sfence();                               /* streamed stores before the flag */
 }
 
-/* process_vm_readv (or, with write, process_vm_writev) of n bytes between
- * local and addr in pid; 0 or an errno. */
-static int vm_move(int32_t pid, char *local, uint64_t addr, int64_t n, int write)
+#define PIECE (4 << 20)
+
+/* process_vm_readv of n bytes at addr in pid into local; 0 or an errno.
+ * With shut (a write: the peer's door), process_vm_writev from local, in
+ * pieces, each started only while the peer's door is open: a peer whose
+ * call failed shuts it and then waits for the piece in flight, so nothing
+ * lands in its memory after it returned (ECANCELED). */
+static int vm_move(int32_t pid, char *local, uint64_t addr, int64_t n, _Atomic int32_t *shut)
 {
     for (int64_t done = 0; done < n;) {
-        struct iovec l = { local + done, (size_t)(n - done) }, r = { (void *)(uintptr_t)(addr + done), (size_t)(n - done) };
-        ssize_t got = write ? process_vm_writev(pid, &l, 1, &r, 1, 0) : process_vm_readv(pid, &l, 1, &r, 1, 0);
+        int64_t k = shut && n - done > PIECE ? PIECE : n - done;
+        struct iovec l = { local + done, (size_t)k }, r = { (void *)(uintptr_t)(addr + done), (size_t)k };
+        if (shut && atomic_load_explicit(shut, memory_order_seq_cst)) return ECANCELED;
+        ssize_t got = shut ? process_vm_writev(pid, &l, 1, &r, 1, 0) : process_vm_readv(pid, &l, 1, &r, 1, 0);
         if (got <= 0) return got < 0 ? errno : EFAULT;
         done += got;
     }
     return 0;
 }
 
-/* Single copy between this process's local and pid's addr: an aliased
- * pair goes through a bounce buffer at addr's page offset. */
-int sc_vm_move(int32_t pid, char *local, uint64_t addr, int64_t n, int write)
+/* Single copy between this process's local and pid's addr (a write when
+ * shut is given, see vm_move): a pair whose destination sits 1..63 bytes
+ * past its source modulo 4 KiB goes through a bounce buffer at addr's
+ * page offset. */
+int sc_vm_move(int32_t pid, char *local, uint64_t addr, int64_t n, _Atomic int32_t *shut)
 {
     static __thread char *bounce;
-    if (n < PAGE || !aliased(local, (const char *)(uintptr_t)addr)) return vm_move(pid, local, addr, n, write);
-    if (!bounce && !(bounce = aligned_alloc(PAGE, BOUNCE + PAGE))) return vm_move(pid, local, addr, n, write);
+    const char *remote = (const char *)(uintptr_t)addr;
+    int write = shut != NULL;
+    if (n < PAGE || !(write ? aliased(remote, local) : aliased(local, remote))) return vm_move(pid, local, addr, n, shut);
+    if (!bounce && !(bounce = aligned_alloc(PAGE, BOUNCE + PAGE))) return vm_move(pid, local, addr, n, shut);
     char *b = bounce + (addr & (PAGE - 1));
     for (int64_t done = 0; done < n; done += BOUNCE) {
         int64_t k = n - done < BOUNCE ? n - done : BOUNCE;
         if (write) copy_vec(b, local + done, k);
-        int err = vm_move(pid, b, addr + done, k, write);
+        int err = vm_move(pid, b, addr + done, k, shut);
         if (err) return err;
         if (!write) copy_vec(local + done, b, k);
     }

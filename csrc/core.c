@@ -356,6 +356,22 @@ int sc_wait_slow(sc_comm_t *c, const sc_wait_t *w)
     }
 }
 
+/* This rank's call failed: shut the door on pushes (no peer starts a
+ * write into our buffers after this) and wait for the writes in flight,
+ * so that none lands after we return.  A writer that is gone writes no
+ * more; one stalled past the timeout is given up on (it looks at the
+ * door again before each piece). */
+void sc_shut(sc_comm_t *c)
+{
+    atomic_store_explicit(&state(c, c->rank)->shut, 1, memory_order_seq_cst);
+    int64_t t0 = now_ns();
+    for (int r = 0; r < c->size; r++)
+        while (atomic_load_explicit(&state(c, r)->pushing, memory_order_seq_cst) == c->rank + 1 && !gone(c, r)) {
+            if (c->timeout_ns > 0 && now_ns() - t0 > c->timeout_ns) return;
+            sched_yield();
+        }
+}
+
 /* Can this rank read its right neighbour with process_vm_readv?  Only
  * ranks of this job may: each named the launcher, whose descendants the
  * ranks are, as its ptracer (Yama) when it registered, and published

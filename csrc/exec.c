@@ -92,12 +92,39 @@ static void debt(sc_comm_t *c, int s, int who, uint64_t count)
 }
 
 /* Single copy between local and `addr` in rank who's memory: read into
- * local, or (write) from local into who's buffer. */
+ * local, or (write) from local into who's buffer, announced in our
+ * `pushing` before we look at who's door (sc_shut: one of the two sees
+ * the other). */
 static int cma(sc_comm_t *c, int who, char *local, uint64_t addr, int64_t n, int write)
 {
-    int err = sc_vm_move(rank_rec(c, who)->pid, local, addr, n, write);
+    _Atomic int32_t *mine = &rank_rec(c, c->rank)->pushing;
+    if (write) atomic_store_explicit(mine, who + 1, memory_order_seq_cst);
+    int err = sc_vm_move(rank_rec(c, who)->pid, local, addr, n, write ? &rank_rec(c, who)->shut : NULL);
+    if (write) atomic_store_explicit(mine, 0, memory_order_release);
     if (!err) return SC_OK;
+    if (err == ECANCELED) {                   /* who's call failed: it aborted the job first */
+        int rc = aborted_at(c, c->call);
+        return rc ? rc : sc_fail(c, SC_EDEAD, who, 2, 0);
+    }
     return err == ESRCH ? sc_fail(c, SC_EDEAD, who, 2, 0) : sc_fail(c, SC_ECMA, who, write, err);
+}
+
+/* Where rank who's buffer `which` (1 send, 2 recv) is in this call.  A
+ * push waited for who's arrival, but who may have gone on: its record
+ * must be this call's, read untorn (a writer never writes into a buffer
+ * that who offered for another call). */
+static int buffer_of(sc_comm_t *c, int who, int which, uint64_t *addr)
+{
+    sc_line_t *l = post_line(c, who);
+    uint64_t s = atomic_load_explicit(&l->seq, memory_order_acquire);
+    uint64_t call = atomic_load_explicit(&l->call, memory_order_acquire);
+    *addr = l->addr[which - 1];
+    atomic_thread_fence(memory_order_acquire);
+    if (!(s & 1) && atomic_load_explicit(&l->seq, memory_order_relaxed) == s && call == c->call) return SC_OK;
+    c->err_rank = who;
+    c->err_when = 2;
+    sc_abort_call(c, 3, c->call);
+    return SC_EMISMATCH;
 }
 
 /* Publish this call's arrival record and first event (a sequence lock:
@@ -169,10 +196,12 @@ static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
                      post_line(c, (int)in[3])->addr[in[4] - 1] + (uint64_t)in[5], in[6], 0);
             if (!rc && c->traffic) c->traffic[in[3]] += in[6];
             break;
-        case SC_OP_CMAW:                      /* who has arrived: its buffers are this call's */
-            rc = cma(c, (int)in[3], space(c, in[1], in[2], sbuf, rbuf),
-                     post_line(c, (int)in[3])->addr[in[4] - 1] + (uint64_t)in[5], in[6], 1);
+        case SC_OP_CMAW: {
+            uint64_t at;
+            rc = buffer_of(c, (int)in[3], (int)in[4], &at);
+            if (!rc) rc = cma(c, (int)in[3], space(c, in[1], in[2], sbuf, rbuf), at + (uint64_t)in[5], in[6], 1);
             break;
+        }
         case SC_OP_DRAIN:
             rc = drain(c, set_of(c, in[1]));
             break;
@@ -258,6 +287,7 @@ int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
     c->recheck = prog[5];
     if (!rc) rc = run(c, prog, sbuf, rbuf);
     if (!rc && behind) rc = recheck_wait(c, behind);
+    if (rc && rc != SC_EDIFFER) sc_shut(c);
     settle(c, post_line(c, c->rank));
     c->hist = sc_mix(c->hist, c->prev);
     c->prev[0] = c->sig[0];

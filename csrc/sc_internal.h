@@ -48,7 +48,13 @@ typedef struct {
 enum { ST_NONE = 0, ST_ALIVE = 1, ST_DONE = 2, ST_DEAD = 3 };
 /* abort_call: the call from which this rank's abort counts (abort_at set);
  * calls before it still complete: the aborting rank finished them. */
-typedef struct { _Atomic int32_t state; int32_t pid; uint64_t magic_addr; uint64_t abort_call; int32_t abort_at, pad; } sc_rank_t;
+/* pushing: rank + 1 of the rank whose memory this one is writing into
+ * (process_vm_writev, a push), else 0; shut: this rank's call failed, no
+ * one may write into its buffers any more (sc_shut). */
+typedef struct {
+    _Atomic int32_t state; int32_t pid; uint64_t magic_addr; uint64_t abort_call; int32_t abort_at, pad;
+    _Atomic int32_t pushing, shut;
+} sc_rank_t;
 static inline sc_rank_t *rank_rec(sc_comm_t *c, int r) { return (sc_rank_t *)(c->base + c->off_state) + r; }
 
 static inline sc_hdr_t *hdr(sc_comm_t *c) { return (sc_hdr_t *)c->base; }
@@ -91,7 +97,8 @@ int sc_fail(sc_comm_t *c, int code, int32_t who, int64_t a, int64_t b);
 int sc_check_line(sc_comm_t *c, int who);
 uint64_t sc_mix(uint64_t h, const uint64_t *sig);
 int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf);
-int sc_vm_move(int32_t pid, char *local, uint64_t addr, int64_t n, int write);
+int sc_vm_move(int32_t pid, char *local, uint64_t addr, int64_t n, _Atomic int32_t *shut);
+void sc_shut(sc_comm_t *c);
 
 /* Every call and every slow wait looks here: once the job is aborted, a
  * rank that never waits (a root running ahead) still fails at its next

@@ -25,7 +25,7 @@ MAX_RANKS = 1024
 MIN_CHAN = 2 * PAGE
 ABORT_REASONS = {1: "raised an exception", 2: "died", 3: "passed bad or mismatched arguments", 4: "exited",
                  5: "timed out waiting for a peer", 6: "was interrupted (KeyboardInterrupt)",
-                 7: "could not read a peer's memory"}
+                 7: "could not read or write a peer's memory (single copy)"}
 FIELDS = {1: "collective", 2: "root", 3: "byte count", 4: "dtype", 5: "op", 6: "algorithm"}
 
 

@@ -711,3 +711,100 @@ def test_failed_single_copy_names_its_direction_and_errno(write):
     assert isinstance(e, shmcoll.CMAError) and e.errno == errno.EFAULT, e
     want = "write into rank 1's memory (process_vm_writev" if write else "read rank 1's memory (process_vm_readv"
     assert want in str(e) and os.strerror(errno.EFAULT) in str(e), str(e)
+
+
+def _push_into_later_call(comm, flags):
+    """Rank 2 roots 64-byte Bcasts among ranks 1-3 and runs ahead; rank 0,
+    which never joins them, then gathers a 4 KiB block to rank 2.  Its push
+    must not land in the Bcast buffer rank 2 offered for a later call."""
+    out = {}
+    guard = np.zeros(1 << 16, np.uint8)
+    try:
+        if comm.rank == 0:
+            deadline = time.monotonic() + 30
+            while flags[0] < 3 and time.monotonic() < deadline:     # rank 2 two calls ahead or more
+                time.sleep(0.001)
+            try:
+                comm.Gather(np.full(4096, 0xAB, np.uint8), None, root=2, algorithm="flat")
+            finally:
+                flags[1] = 1
+        else:
+            for i in range(20):
+                comm.Bcast(guard[:64], root=2, algorithm="original")
+                if comm.rank == 2:
+                    flags[0] = i + 1
+    except Exception as e:
+        out["exc"] = type(e).__name__
+    if comm.rank == 2:
+        deadline = time.monotonic() + 30
+        while not flags[1] and time.monotonic() < deadline:         # rank 0's Gather is over
+            time.sleep(0.001)
+        out["stray"] = int(np.count_nonzero(guard == 0xAB))
+    return out
+
+
+def test_push_never_writes_into_a_later_calls_buffer():
+    """A push checks that the reader's record is of this very call (a
+    reader two or more calls ahead passed the arrival wait and the
+    signature check, which compares only neighbouring calls)."""
+    flags = shared_array(2)
+    got = run_ranks(_push_into_later_call, 4, flags, timeout=T, options={"cma_bytes": 1, "timeout": 20})
+    assert got[2]["stray"] == 0, got
+    assert all("exc" in g for g in got), got
+    assert got[0]["exc"] == "MismatchError", got
+
+
+def _late_push(comm, flags, n):
+    """Rank 1 pushes an n-byte block into root 0 through the bounce buffer
+    and is stopped mid-push; the root times out, zeroes its recvbuf and
+    lets rank 1 go on: nothing may land after the root's call raised."""
+    pids = comm.allgather(os.getpid())
+    out = {}
+    if comm.rank != 0:
+        addr = comm.bcast(None, root=0)
+        send = np.full(n, 9, np.uint8)
+        if comm.rank == 1:                  # 16 bytes past the root's block modulo 4 KiB: the bounce path
+            base = np.full(n + 4096, 7, np.uint8)
+            o = (addr + n + 16 - base.ctypes.data) % 4096
+            send = base[o:o + n]
+        comm.Barrier()
+        try:
+            comm.Gather(send, None, root=0)
+        except Exception as e:
+            out["exc"] = type(e).__name__
+        flags[comm.rank] = 1
+        return out
+    recv = np.zeros(3 * n, np.uint8)
+    comm.bcast(recv.ctypes.data, root=0)
+    comm.Barrier()
+    probe = recv[n + (1 << 20):n + (1 << 20) + 1]
+
+    def stop_rank_1():
+        while not probe[0]:
+            pass
+        os.kill(pids[1], signal.SIGSTOP)
+        out["stopped"] = True
+    threading.Thread(target=stop_rank_1, daemon=True).start()
+    try:
+        comm.Gather(np.zeros(n, np.uint8), recv, root=0)
+    except Exception as e:
+        out["exc"] = type(e).__name__
+    recv[:] = 0
+    os.kill(pids[1], signal.SIGCONT)
+    deadline = time.monotonic() + 30
+    while not flags[1] and time.monotonic() < deadline:            # rank 1 has left its Gather
+        time.sleep(0.001)
+    out["late"] = int(np.count_nonzero(recv))
+    return out
+
+
+def test_no_push_lands_after_the_readers_call_raised():
+    """A reader whose call fails shuts its door and waits for the write in
+    flight; a writer looks at the door before each piece."""
+    flags = shared_array(3)
+    got = run_ranks(_late_push, 3, flags, 64 << 20, timeout=60, options={"cma_bytes": 1, "timeout": 2})
+    if not got[0].get("stopped") or "exc" not in got[0]:
+        pytest.skip("the push finished before the stop landed")
+    assert got[0]["exc"] == "PeerTimeout", got
+    assert got[0]["late"] == 0, got
+    assert got[1]["exc"] in ("PeerAborted", "PeerTimeout"), got
