@@ -111,16 +111,20 @@ static int cma(sc_comm_t *c, int who, char *local, uint64_t addr, int64_t n, int
 
 /* Where rank who's buffer `which` (1 send, 2 recv) is in this call.  A
  * push waited for who's arrival, but who may have gone on: its record
- * must be this call's, read untorn (a writer never writes into a buffer
- * that who offered for another call). */
+ * must be this call's (a writer never writes into a buffer that who
+ * offered for another call).  The address was written before the call
+ * number; a rewrite for a later call makes seq odd past 2 * call before
+ * it touches the address (see arrive), so a seq still at most 2 * call
+ * after the read means the address is this call's.  (seq may still be odd
+ * at 2 * call - 1: who has stored the call but not yet closed the lock.) */
 static int buffer_of(sc_comm_t *c, int who, int which, uint64_t *addr)
 {
     sc_line_t *l = post_line(c, who);
-    uint64_t s = atomic_load_explicit(&l->seq, memory_order_acquire);
     uint64_t call = atomic_load_explicit(&l->call, memory_order_acquire);
     *addr = l->addr[which - 1];
     atomic_thread_fence(memory_order_acquire);
-    if (!(s & 1) && atomic_load_explicit(&l->seq, memory_order_relaxed) == s && call == c->call) return SC_OK;
+    uint64_t s = atomic_load_explicit(&l->seq, memory_order_relaxed);
+    if (call == c->call && (int64_t)(s - 2 * c->call) <= 0) return SC_OK;
     c->err_rank = who;
     c->err_when = 2;
     sc_abort_call(c, 3, c->call);

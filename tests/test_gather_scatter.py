@@ -535,3 +535,20 @@ def test_zero_size_items_refused():
         return attempt(comm, "Allgather", lambda: comm.Allgather(np.zeros(3, dt), np.zeros(3 * comm.size, dt)))
     got = run_ranks(job, 2, timeout=30)
     assert all(g is not None and g[1] == "ValueError" and "0 bytes" in g[2] for g in got), got
+
+
+def _gather_loop(comm, calls, nbytes):
+    send = np.full(nbytes, comm.rank + 1, np.uint8)
+    recv = np.zeros(comm.size * nbytes, np.uint8) if comm.rank == 0 else None
+    for _ in range(calls):
+        comm.Gather(send, recv, 0)
+    return comm.rank != 0 or bool((recv.reshape(comm.size, nbytes) == np.arange(1, comm.size + 1)[:, None]).all())
+
+
+def test_back_to_back_pushes():
+    """A pusher may see the reader's new call before the reader has closed
+    its record's sequence lock: that record is this call's, not a torn one
+    (back-to-back Gathers raised a false MismatchError)."""
+    if not all(run_ranks(_cma, 2)):
+        pytest.skip("cross-memory attach is not permitted between ranks here")
+    assert run_ranks(_gather_loop, 2, 20000, 8192, options={"cma_bytes": 1}) == [True, True]
