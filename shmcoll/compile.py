@@ -105,7 +105,6 @@ class _Compiler:
         self.stripe = _Ring(params["stripe_bytes"], params["stripe_bytes"] // params["stripe_slots"])
         self.drained = set()
         self.checked = set()
-        self.arrived = set()                    # (writer, reader): the writer waited for the reader's arrival
         self.owed = [{} for _ in range(p)]      # writer -> {(set, reader): ack} recorded as debts
         self.stripe_owed = {}
         self.direct_owed = [{} for _ in range(p)]
@@ -246,8 +245,7 @@ class _Compiler:
             if m.dbuf != "recv":
                 raise ValueError(f"a push move writes the reader's recvbuf, not {m.dbuf!r}")
             for r in m.dst:
-                if (w, r) not in self.arrived:
-                    self.arrived.add((w, r))
+                if (w, r) not in self.checked:  # w has not yet waited on r this call: wait for its arrival
                     self.wait(w, r, {"event": 0}, False, False)
                 for so, do, ln, _ in piece["segs"]:
                     self.emit(w, CMAW, space(BUF[m.sbuf]), so, r, BUF[m.dbuf], do, ln)

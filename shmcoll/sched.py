@@ -48,8 +48,10 @@ def shared(src, dst, so, do, n, sbuf="send"):
     suffers most when the two are far apart (the reader's move comes
     first: it must not wait for the push before it starts)."""
     h = min(n, (n // 2 + 4095) & ~4095)
-    return [Move(src, (dst,), ((so, do, h),), sbuf=sbuf, via="direct"),
-            Move(src, (dst,), ((so + h, do + h, n - h),), sbuf=sbuf, via="push")][:2 if h < n else 1]
+    moves = [Move(src, (dst,), ((so, do, h),), sbuf=sbuf, via="direct")]
+    if h < n:
+        moves.append(Move(src, (dst,), ((so + h, do + h, n - h),), sbuf=sbuf, via="push"))
+    return moves
 
 
 @dataclass(frozen=True)

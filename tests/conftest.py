@@ -50,6 +50,11 @@ def run_ranks(fn, n, *args, **kw):
     return shmcoll.launch(fn, n, args=args, **kw)
 
 
+def cma(comm):
+    """Whether this rank's communicator may single-copy (process_vm_readv/writev)."""
+    return comm._c.cma
+
+
 def run_cases(job, n, cases, **kw):
     """Run job(comm, cases, forms) on n ranks; every rank returns its list of
     failure descriptions, and all of them must be empty."""

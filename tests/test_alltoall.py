@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import shmcoll
-from conftest import DTYPES, SMALL, attempt, counts_for, pattern, poison, run_cases, run_ranks
+from conftest import DTYPES, SMALL, attempt, cma as _cma, counts_for, pattern, poison, run_cases, run_ranks
 
 ALGS = ["bruck", "all_at_once", "pairwise", "tiled", None]
 RANKS = [1, 2, 3, 4, 5, 7, 8]
@@ -249,10 +249,6 @@ def test_alltoall_selected_is_an_algorithm():
     for topo, n in [(None, 2), ("2x2", 4), ("2x4", 8)]:
         for names in run_ranks(job, n, topology=topo):
             assert all(a in shmcoll.algorithms("alltoall") for a in names), names
-
-
-def _cma(comm):
-    return comm._c.cma
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 5])

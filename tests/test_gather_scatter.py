@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import shmcoll
-from conftest import (DTYPES, SMALL, assert_killed_mid, attempt, counts_for, pattern, poison, run_cases,
-                      run_ranks)
+from conftest import (DTYPES, SMALL, assert_killed_mid, attempt, cma as _cma, counts_for, pattern, poison,
+                      run_cases, run_ranks)
 
 ALGS = ["flat", "binomial", None]
 CHUNK = SMALL["chunk_bytes"]
@@ -58,10 +58,6 @@ def test_gather_scatter_dtypes(dtype, topo, n):
 @pytest.mark.parametrize("n", [2, 3])
 def test_gather_scatter_big_blocks(n):
     run_cases(_job, n, table(n, [(1 << 20) + 3]))
-
-
-def _cma(comm):
-    return comm._c.cma
 
 
 @pytest.mark.parametrize("n", [2, 3, 5])
@@ -546,9 +542,11 @@ def _gather_loop(comm, calls, nbytes):
 
 
 def test_back_to_back_pushes():
-    """A pusher may see the reader's new call before the reader has closed
-    its record's sequence lock: that record is this call's, not a torn one
-    (back-to-back Gathers raised a false MismatchError)."""
+    """Back-to-back pushes: a pusher may see the reader's new call before
+    the reader has closed its record's sequence lock, and that record is
+    this call's, not a torn one.  (The bench once raised a false
+    MismatchError there, with the reader preempted between the two stores;
+    this loop did not reproduce that here, it holds the path's data.)"""
     if not all(run_ranks(_cma, 2)):
         pytest.skip("cross-memory attach is not permitted between ranks here")
     assert run_ranks(_gather_loop, 2, 20000, 8192, options={"cma_bytes": 1}) == [True, True]

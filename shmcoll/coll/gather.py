@@ -42,8 +42,7 @@ def flat(call):
             moves += shared(r, root, 0, at, n)
         else:
             moves.append(Move(r, (root,), ((0, at, n),), via="push" if single else "auto"))
-    later = [i for i, m in enumerate(moves) if m.via == "push"]     # waited for after the root's own reads
-    order = {root: [i for i in range(len(moves)) if i not in later] + later}
+    order = {root: sorted(range(len(moves)), key=lambda i: moves[i].via == "push")}  # pushes after own reads
     return [Step(moves, copies=[Copy(root, "send", 0, "recv", cnt[root][1], cnt[root][0])], order=order)]
 
 
