@@ -225,10 +225,10 @@ uint64_t sc_mix(uint64_t h, const uint64_t *s)
     return h ^ (h >> 32);
 }
 
-static int differ_prev(sc_comm_t *c, int who, const uint64_t *mine, const uint64_t *theirs)
+static int differ_prev(sc_comm_t *c, int who, const uint64_t *mine, const uint64_t *theirs, int when)
 {
     if ((mine[1] & REFUSED) && (theirs[1] & REFUSED)) return SC_OK;
-    return differ(c, who, mine, theirs, 1);
+    return differ(c, who, mine, theirs, when);
 }
 
 static const uint64_t *unmarked(const uint64_t *s, uint64_t *out)
@@ -238,11 +238,13 @@ static const uint64_t *unmarked(const uint64_t *s, uint64_t *out)
     return out;
 }
 
-/* Compare who's arrival record with this rank's history: its call if it
- * is in ours, the previous one if one of us is a call ahead, and the hash
- * of all before.  A record that changes while read (seqlock) is skipped:
- * its writer has moved on, and a later look will catch what it hid.
- * Returns SC_EMISMATCH (not yet aborting) or SC_OK. */
+/* Compare who's arrival record with this rank's history: with our own
+ * record of its call if we kept it (the last SC_PAST calls), else with
+ * our previous call if it is one call ahead.  Signatures name what
+ * differs; the hash of all before catches calls out of step.  A record
+ * that changes while read (seqlock) is skipped: its writer has moved on,
+ * and a later look will catch what it hid.  Returns SC_EMISMATCH (not yet
+ * aborting) or SC_OK. */
 int sc_check_line(sc_comm_t *c, int who)
 {
     sc_line_t *l = post_line(c, who);
@@ -253,14 +255,15 @@ int sc_check_line(sc_comm_t *c, int who)
     if ((s1 & 1) || atomic_load_explicit(&l->seq, memory_order_relaxed) != s1) return SC_OK;
     int64_t d = (int64_t)(c1 - c->call);
     int rc = SC_OK;
-    if (d == 0) {
-        if (!(rc = differ(c, who, c->sig, sig, 0)) && !(rc = differ_prev(c, who, c->prev, prev)) && hist != c->hist)
-            rc = differ(c, who, (uint64_t[]){ 0, 0 }, (uint64_t[]){ 0, 1 }, 2);
-    } else if (d == 1) {
+    if (d == 1) {
         if (!(rc = differ(c, who, c->sig, unmarked(prev, tmp), 0)) && hist != sc_mix(c->hist, c->prev))
             rc = differ(c, who, (uint64_t[]){ 0, 0 }, (uint64_t[]){ 0, 1 }, 2);
-    } else if (d == -1) {
-        rc = differ(c, who, unmarked(c->prev, tmp), sig, 1);
+    } else if (d <= 0 && d > -SC_PAST) {
+        const uint64_t *mine = c->past[c1 % SC_PAST];
+        int when = d < -1 ? 2 : (int)-d;
+        if (!(rc = differ(c, who, mine, sig, when)) && !(rc = differ_prev(c, who, mine + 2, prev, when < 2 ? when + 1 : 2))
+            && hist != mine[4])
+            rc = differ(c, who, (uint64_t[]){ 0, 0 }, (uint64_t[]){ 0, 1 }, 2);
     }
     return rc;
 }

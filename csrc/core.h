@@ -5,6 +5,7 @@
 #define SC_LINE 128
 #define SC_INLINE 128    /* inline payload: one whole slot line */
 #define SC_SLOTS 8       /* inline slot lines per writer: a root may run this many calls ahead */
+#define SC_PAST 8        /* own records kept: a rank that waited on no one checks its neighbours within this many calls */
 #define SC_INSN 8        /* int64 words per instruction */
 #define SC_HEAD 8        /* int64 words of program header */
 
@@ -115,7 +116,10 @@ typedef struct sc_comm {
     uint64_t sig[2];         /* this call's signature (collective, algorithm, dtype, op, root; byte count) */
     uint64_t prev[2];        /* the previous call's */
     uint64_t hist;           /* a hash of every call's before the previous */
-    int64_t recheck;         /* neighbours (1 left, 2 right) to check at the next call: not waited on in this one */
+    uint64_t past[SC_PAST][5]; /* this rank's records (sig, prev, hist) of its last calls, at call % SC_PAST */
+    uint64_t due[2];         /* per ring neighbour (left, right), if pending: the last call whose record of it is unchecked */
+    uint64_t since[2];       /* ... and the first */
+    int32_t pending;         /* neighbours with unchecked calls (1 left, 2 right) */
     int32_t busy;
     int32_t owe;             /* this rank's post line went out unfenced: its sleepers are still to be checked */
     int32_t err_rank;

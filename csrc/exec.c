@@ -238,36 +238,31 @@ static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
     return rc;
 }
 
-/* A rank that waited on no one in the last call (a bcast root) checked
- * no one's signature: in its next call it checks its neighbours' records
- * of the last call, so different roots raise on the writers too, by
- * their next call.  A neighbour already there is checked before the
- * program runs; one still behind is waited for after it (a root waiting
- * first would hold its readers back a call). */
+/* A rank that waited on no one in a call (a bcast root) checked no one's
+ * record of it.  It checks its ring neighbours' records of that call or a
+ * later one (the hash covers all before) against its own, which it keeps
+ * for SC_PAST calls: whenever they are there, at the start and end of its
+ * calls, and waiting only when the oldest unchecked call would leave its
+ * records.  So a root runs up to SC_PAST - 1 calls ahead of its readers,
+ * and different roots raise on every rank within that many calls. */
 static int neighbour(sc_comm_t *c, int k)
 {
     return (c->rank + (k ? 1 : c->size - 1)) % c->size;
 }
 
-static int64_t recheck_ready(sc_comm_t *c, int64_t mask, int *rc)
+static int recheck(sc_comm_t *c, int block)
 {
     for (int k = 0; k < 2; k++) {
-        if (!(mask >> k & 1)) continue;
-        int who = neighbour(c, k);
+        if (!(c->pending >> k & 1)) continue;
+        int who = neighbour(c, k), rc;
+        if (block && (int64_t)(c->call - c->since[k]) >= SC_PAST - 1
+            && (rc = wait_line(c, post_line(c, who), who, c->since[k], 0, c->spin_ns, 1)))
+            return rc;
         uint64_t at = atomic_load_explicit(&post_line(c, who)->call, memory_order_acquire);
-        if ((int64_t)(at - (c->call - 1)) < 0) continue;
-        mask &= ~(1LL << k);
-        if ((*rc = check_post(c, who))) return 0;
-    }
-    return mask;
-}
-
-static int recheck_wait(sc_comm_t *c, int64_t mask)
-{
-    for (int k = 0; k < 2; k++) {
-        if (!(mask >> k & 1)) continue;
-        int rc = wait_post(c, neighbour(c, k), c->call - 1, 0, c->spin_ns, 1);
-        if (rc) return rc;
+        if ((int64_t)(at - c->since[k]) < 0) continue;
+        if ((rc = check_post(c, who))) return rc;
+        if ((int64_t)(at - c->due[k]) >= 0) c->pending &= ~(1 << k);
+        else c->since[k] = at + 1;
     }
     return SC_OK;
 }
@@ -280,17 +275,25 @@ int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
     int rc = aborted_at(c, c->call + 1);
     if (rc) return rc;
     for (int k = 0; k < 2; k++)               /* the recheck's lines arrive while we publish */
-        if (c->recheck >> k & 1) __builtin_prefetch(post_line(c, neighbour(c, k)));
+        if (c->pending >> k & 1) __builtin_prefetch(post_line(c, neighbour(c, k)));
     c->call++;
     c->sig[0] = (uint64_t)prog[1];
     c->sig[1] = (uint64_t)prog[2];
     arrive(c, (uint64_t)prog[3], sbuf, rbuf);
-    int64_t behind = 0;
+    uint64_t *past = c->past[c->call % SC_PAST];
+    past[0] = c->sig[0], past[1] = c->sig[1], past[2] = c->prev[0], past[3] = c->prev[1], past[4] = c->hist;
     if (c->check && c->size > 1) rc = agree(c);
-    else behind = recheck_ready(c, c->recheck, &rc);
-    c->recheck = prog[5];
+    else if (c->pending) rc = recheck(c, 0);
     if (!rc) rc = run(c, prog, sbuf, rbuf);
-    if (!rc && behind) rc = recheck_wait(c, behind);
+    if (!rc && prog[5] && !c->check) {
+        for (int k = 0; k < 2; k++) {
+            if (!(prog[5] >> k & 1)) continue;
+            if (!(c->pending >> k & 1)) c->since[k] = c->call;
+            c->due[k] = c->call;
+        }
+        c->pending |= (int32_t)prog[5];
+    }
+    if (!rc && c->pending) rc = recheck(c, 1);
     if (rc && rc != SC_EDIFFER) sc_shut(c);
     settle(c, post_line(c, c->rank));
     c->hist = sc_mix(c->hist, c->prev);
