@@ -81,9 +81,11 @@ def _derive(p, nranks, topo, slots):
     p["chunk_bytes"] = min(int(p.get("chunk_opt") or max(PAGE, min(l2 // 4, half // 2))), half)
     p["tile_bytes"] = min(int(p.get("tile_opt") or max(PAGE, min(l2 // 4, shared // (2 * nranks)))), half)
     p["nt_bytes"] = int(p["nt_bytes"] or shared)
-    # one reader at a time gains from 64 KiB (2 ranks, 256 KiB alltoall: 29 vs
-    # 35 us); with more ranks sharing the cores, only from about 1 MiB
-    p["cma_bytes"] = int(p["cma_bytes"] if p["cma_bytes"] is not None else (1 << 16 if nranks == 2 else 1 << 20))
+    # one reader at a time gains from 32 KiB (2 ranks, 32 KiB, near cores:
+    # alltoall 5.5 vs 6.5 us, gather 4.7 vs 5.4; with the cores far apart a
+    # staged copy is 2-4x slower, a single copy not: bench/README.md); with
+    # more ranks sharing the cores, only from about 1 MiB
+    p["cma_bytes"] = int(p["cma_bytes"] if p["cma_bytes"] is not None else (1 << 15 if nranks == 2 else 1 << 20))
     per_socket = max(sum(1 for s in slots if s.socket == slots[0].socket), 1)
     p["bcast_k"] = int(p["bcast_k"] or max(1, min(4, per_socket)))
     groups = -(-max(nranks - 1, 1) // p["bcast_k"])

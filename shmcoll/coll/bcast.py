@@ -5,8 +5,11 @@ readers copy chunk i.
 
   binomial  log p tree; inner ranks forward from their buffer
   original  every rank copies out of the root's ring; with one reader and
-            cross-memory attach, from 64 KiB by a single copy that both
-            make (paper 004's rendezvous; sched.shared)
+            cross-memory attach, from cma_bytes / 2 (16 KiB) by a single
+            copy that both make (paper 004's rendezvous; sched.shared): the
+            one reader copies lines the root has just written, which costs
+            4x when the host has put the cores far apart (16 KiB: staged
+            1.9 / 7.6 us near / far, shared 2.7 / 3.7, Open MPI 4.4 / 5.3)
   limited   chunks go in rounds of G segments; reader group g (k readers)
             reads segment (g + s) mod G at sub-step s, so at most k readers
             share a segment at a time
@@ -25,7 +28,7 @@ def original(call):
     n, par = call.nbytes, call.params
     if call.nranks == 1:
         return []
-    if call.nranks == 2 and call.cma and 0 < par["cma_bytes"] <= n:
+    if call.nranks == 2 and call.cma and 0 < par["cma_bytes"] <= 2 * n:
         return [Step(shared(call.root, 1 - call.root, 0, 0, n))]
     return [Step([Move(call.root, _readers(call), ((0, 0, n),), chunk=call.pipe_chunk())])]
 
