@@ -28,6 +28,7 @@ int64_t sc_layout(sc_comm_t *c)
     c->off_post = o;   o += p * SC_LINE;
     c->off_ack = o;    o += p * SC_LINE;
     c->off_slot = o;   o += p * SC_SLOTS * SC_LINE;
+    c->off_rec = o;    o += p * SC_PAST * 64;
     c->off_queue = o;  o = up(o + SC_LINE + 2 * p * 8, SC_LINE);   /* sleepers line, gather, release */
     c->off_chan = o = up(o, PAGE);
     o += p * c->chan_bytes;
@@ -231,41 +232,50 @@ static int differ_prev(sc_comm_t *c, int who, const uint64_t *mine, const uint64
     return differ(c, who, mine, theirs, when);
 }
 
-static const uint64_t *unmarked(const uint64_t *s, uint64_t *out)
-{
-    out[0] = s[0];
-    out[1] = s[1] & ~REFUSED;
-    return out;
-}
-
-/* Compare who's arrival record with this rank's history: with our own
- * record of its call if we kept it (the last SC_PAST calls), else with
- * our previous call if it is one call ahead.  Signatures name what
- * differs; the hash of all before catches calls out of step.  A record
- * that changes while read (seqlock) is skipped: its writer has moved on,
- * and a later look will catch what it hid.  Returns SC_EMISMATCH (not yet
- * aborting) or SC_OK. */
-int sc_check_line(sc_comm_t *c, int who)
+/* who's arrival record of call n into out (sig, prev, hist): from its
+ * post line if that still shows n, else from its record of n.  0 if
+ * neither is n's (not yet written, or rewritten for a later call). */
+static int record(sc_comm_t *c, int who, uint64_t n, uint64_t *out)
 {
     sc_line_t *l = post_line(c, who);
-    uint64_t s1 = atomic_load_explicit(&l->seq, memory_order_acquire);
-    uint64_t c1 = atomic_load_explicit(&l->call, memory_order_relaxed);
-    uint64_t sig[2] = { l->sig[0], l->sig[1] }, prev[2] = { l->prev[0], l->prev[1] }, hist = l->hist, tmp[2];
+    uint64_t s = atomic_load_explicit(&l->seq, memory_order_acquire);
+    uint64_t at = atomic_load_explicit(&l->call, memory_order_relaxed);
+    out[0] = l->sig[0], out[1] = l->sig[1], out[2] = l->prev[0], out[3] = l->prev[1], out[4] = l->hist;
     atomic_thread_fence(memory_order_acquire);
-    if ((s1 & 1) || atomic_load_explicit(&l->seq, memory_order_relaxed) != s1) return SC_OK;
-    int64_t d = (int64_t)(c1 - c->call);
-    int rc = SC_OK;
-    if (d == 1) {
-        if (!(rc = differ(c, who, c->sig, unmarked(prev, tmp), 0)) && hist != sc_mix(c->hist, c->prev))
-            rc = differ(c, who, (uint64_t[]){ 0, 0 }, (uint64_t[]){ 0, 1 }, 2);
-    } else if (d <= 0 && d > -SC_PAST) {
-        const uint64_t *mine = c->past[c1 % SC_PAST];
-        int when = d < -1 ? 2 : (int)-d;
-        if (!(rc = differ(c, who, mine, sig, when)) && !(rc = differ_prev(c, who, mine + 2, prev, when < 2 ? when + 1 : 2))
-            && hist != mine[4])
-            rc = differ(c, who, (uint64_t[]){ 0, 0 }, (uint64_t[]){ 0, 1 }, 2);
-    }
-    return rc;
+    if (at == n && !(s & 1) && atomic_load_explicit(&l->seq, memory_order_relaxed) == s) return 1;
+    sc_rec_t *r = rec_of(c, who, n);
+    s = atomic_load_explicit(&r->seq, memory_order_acquire);
+    memcpy(out, r->rec, sizeof r->rec);
+    atomic_thread_fence(memory_order_acquire);
+    return s == 2 * n + 2 && atomic_load_explicit(&r->seq, memory_order_relaxed) == s;
+}
+
+/* Compare who's arrival record of call n, one of our last SC_PAST, with
+ * ours: the signatures name what differs, the hash of all before catches
+ * calls out of step.  *seen = 0 if who's record of n is not there.
+ * Returns SC_EMISMATCH (not yet aborting) or SC_OK. */
+int sc_check_rec(sc_comm_t *c, int who, uint64_t n, int *seen)
+{
+    uint64_t theirs[5], back = c->call - n;
+    *seen = back < SC_PAST && record(c, who, n, theirs);
+    if (!*seen) return SC_OK;
+    const uint64_t *mine = c->past[n % SC_PAST];
+    int when = back < 2 ? (int)back : 2, rc;
+    if ((rc = differ(c, who, mine, theirs, when)) || (rc = differ_prev(c, who, mine + 2, theirs + 2, when < 2 ? when + 1 : 2)))
+        return rc;
+    if (mine[4] == theirs[4]) return SC_OK;
+    c->err_when = 3;
+    c->err_rank = who;
+    return SC_EMISMATCH;
+}
+
+/* What a wait can check: who's record of this call, or of its last if it
+ * is behind. */
+int sc_check_line(sc_comm_t *c, int who)
+{
+    uint64_t at = atomic_load_explicit(&post_line(c, who)->call, memory_order_acquire);
+    int seen;
+    return sc_check_rec(c, who, (int64_t)(at - c->call) < 0 ? at : c->call, &seen);
 }
 
 static int64_t now_ns(void)

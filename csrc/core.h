@@ -5,7 +5,7 @@
 #define SC_LINE 128
 #define SC_INLINE 128    /* inline payload: one whole slot line */
 #define SC_SLOTS 8       /* inline slot lines per writer: a root may run this many calls ahead */
-#define SC_PAST 8        /* own records kept: a rank that waited on no one checks its neighbours within this many calls */
+#define SC_PAST 8        /* arrival records kept per rank: a rank that waited on no one checks its neighbours within this many calls */
 #define SC_INSN 8        /* int64 words per instruction */
 #define SC_HEAD 8        /* int64 words of program header */
 
@@ -90,6 +90,7 @@ typedef struct sc_comm {
     int64_t off_post;
     int64_t off_ack;
     int64_t off_slot;
+    int64_t off_rec;
     int64_t off_queue;
     int64_t off_chan;
     int64_t off_stripe;
@@ -124,7 +125,7 @@ typedef struct sc_comm {
     int32_t owe;             /* this rank's post line went out unfenced: its sleepers are still to be checked */
     int32_t err_rank;
     int32_t err_code;
-    int32_t err_when;        /* mismatches: 0 this call, 1 the previous call, 2 an earlier one */
+    int32_t err_when;        /* mismatches: 0 this call, 1 the previous call, 2 an earlier one, 3 calls out of step */
     int64_t err_a;
     int64_t err_b;
 } sc_comm_t;

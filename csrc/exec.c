@@ -137,6 +137,13 @@ static int buffer_of(sc_comm_t *c, int who, int which, uint64_t *addr)
  * the new call sees its first event. */
 static void arrive(sc_comm_t *c, uint64_t first, char *sbuf, char *rbuf)
 {
+    uint64_t *past = c->past[c->call % SC_PAST];
+    past[0] = c->sig[0], past[1] = c->sig[1], past[2] = c->prev[0], past[3] = c->prev[1], past[4] = c->hist;
+    sc_rec_t *r = rec_of(c, c->rank, c->call);    /* kept: before the post line shows the call */
+    atomic_store_explicit(&r->seq, 2 * c->call + 1, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
+    memcpy(r->rec, past, sizeof r->rec);
+    atomic_store_explicit(&r->seq, 2 * c->call + 2, memory_order_release);
     sc_line_t *l = post_line(c, c->rank);
     uint64_t s = 2 * c->call - 2;     /* no load: even before and after each call's record, odd while written */
     atomic_store_explicit(&l->seq, s + 1, memory_order_relaxed);
@@ -254,15 +261,19 @@ static int recheck(sc_comm_t *c, int block)
 {
     for (int k = 0; k < 2; k++) {
         if (!(c->pending >> k & 1)) continue;
-        int who = neighbour(c, k), rc;
-        if (block && (int64_t)(c->call - c->since[k]) >= SC_PAST - 1
+        int who = neighbour(c, k), rc, seen;
+        if (block && c->call - c->since[k] >= SC_PAST - 1
             && (rc = wait_line(c, post_line(c, who), who, c->since[k], 0, c->spin_ns, 1)))
             return rc;
         uint64_t at = atomic_load_explicit(&post_line(c, who)->call, memory_order_acquire);
         if ((int64_t)(at - c->since[k]) < 0) continue;
-        if ((rc = check_post(c, who))) return rc;
-        if ((int64_t)(at - c->due[k]) >= 0) c->pending &= ~(1 << k);
-        else c->since[k] = at + 1;
+        uint64_t n = (int64_t)(at - c->call) < 0 ? at : c->call;   /* its latest record we can compare */
+        if ((rc = sc_check_rec(c, who, n, &seen))) {
+            sc_abort_call(c, 3, c->call);
+            return rc;
+        }
+        if (!seen || (int64_t)(n - c->due[k]) >= 0) c->pending &= ~(1 << k);   /* the hash covers all before; */
+        else c->since[k] = n + 1;                     /* unseen: it is SC_PAST calls ahead, past checking */
     }
     return SC_OK;
 }
@@ -280,8 +291,6 @@ int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
     c->sig[0] = (uint64_t)prog[1];
     c->sig[1] = (uint64_t)prog[2];
     arrive(c, (uint64_t)prog[3], sbuf, rbuf);
-    uint64_t *past = c->past[c->call % SC_PAST];
-    past[0] = c->sig[0], past[1] = c->sig[1], past[2] = c->prev[0], past[3] = c->prev[1], past[4] = c->hist;
     if (c->check && c->size > 1) rc = agree(c);
     else if (c->pending) rc = recheck(c, 0);
     if (!rc) rc = run(c, prog, sbuf, rbuf);

@@ -39,6 +39,17 @@ struct sc_line {                  /* first 64 bytes: what a reader checks */
 _Static_assert(sizeof(struct sc_line) == SC_LINE, "flag line size");
 _Static_assert(offsetof(struct sc_line, wq) == 64, "the checked record fills the first cache line");
 
+/* A rank's arrival record of call n, also kept for its last SC_PAST calls
+ * at n % SC_PAST (seq 2n + 1 while written, 2n + 2 after): a reader may
+ * check a writer that has run calls ahead, and a root its neighbours'
+ * records of calls it has gone past. */
+typedef struct {
+    _Atomic uint64_t seq;
+    uint64_t rec[5];              /* sig, prev, hist */
+    uint64_t pad[2];
+} sc_rec_t;
+_Static_assert(sizeof(sc_rec_t) == 64, "record size");
+
 typedef struct {
     _Atomic uint32_t abort_word;  /* (rank + 1) | code << 16, first error wins */
     uint32_t magic;
@@ -60,6 +71,9 @@ static inline sc_rank_t *rank_rec(sc_comm_t *c, int r) { return (sc_rank_t *)(c-
 static inline sc_hdr_t *hdr(sc_comm_t *c) { return (sc_hdr_t *)c->base; }
 static inline sc_line_t *post_line(sc_comm_t *c, int r) { return (sc_line_t *)(c->base + c->off_post) + r; }
 static inline sc_line_t *ack_line(sc_comm_t *c, int r) { return (sc_line_t *)(c->base + c->off_ack) + r; }
+static inline sc_rec_t *rec_of(sc_comm_t *c, int r, uint64_t n) {
+    return (sc_rec_t *)(c->base + c->off_rec) + (int64_t)r * SC_PAST + (int64_t)(n % SC_PAST);
+}
 static inline char *slot_data(sc_comm_t *c, int r, uint64_t s) {
     return c->base + c->off_slot + ((int64_t)r * SC_SLOTS + (int64_t)(s % SC_SLOTS)) * SC_LINE;
 }
@@ -95,6 +109,7 @@ int sc_wait_slow(sc_comm_t *c, const sc_wait_t *w);
 void sc_wake(sc_wq_t *wq);
 int sc_fail(sc_comm_t *c, int code, int32_t who, int64_t a, int64_t b);
 int sc_check_line(sc_comm_t *c, int who);
+int sc_check_rec(sc_comm_t *c, int who, uint64_t n, int *seen);
 uint64_t sc_mix(uint64_t h, const uint64_t *sig);
 int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf);
 int sc_vm_move(int32_t pid, char *local, uint64_t addr, int64_t n, _Atomic int32_t *shut);

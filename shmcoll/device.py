@@ -313,8 +313,8 @@ class Device:
             f = c.err_code
             name = FIELDS.get(f, "collective")
             when = {0: "", 1: " in the previous call", 2: " in an earlier call"}.get(c.err_when, "")
-            if c.err_when == 2:
-                return MismatchError(f"{what}: the ranks' calls went out of step{when}: rank {me} and rank "
+            if c.err_when == 3:
+                return MismatchError(f"{what}: the ranks' calls went out of step in an earlier call: rank {me} and rank "
                                      f"{c.err_rank} did not make the same calls")
             a, b = (names(f, v) if names else v for v in (c.err_a, c.err_b))
             return MismatchError(f"{what}: arguments differ across ranks{when} ({name}): rank {me} has {a}, "

@@ -156,6 +156,45 @@ def test_different_roots_raise_within_the_window(roots, count):
                     f"message misquotes rank {who}'s root: {first[2]} (roots {roots})"
 
 
+def _ahead_job(comm, warm, count, odd_count, mism_roots):
+    """warm Bcasts of 64 B from root 0 let the root run ahead; then call
+    `warm` differs (the last rank's byte count, or the roots), then more."""
+    me, out = comm.rank, []
+    for call in range(warm + CALLS):
+        n, root = 64, 0
+        if call == warm:
+            n = odd_count if me == comm.size - 1 and not mism_roots else count
+            root = mism_roots[me] if mism_roots else 0
+        want = pattern(n, np.int8, call, root)
+        buf = want.copy() if me == root else poison(n, np.int8)
+        try:
+            comm.Bcast(buf, root=root)
+            out.append(("ok", bool(buf.tobytes() == want.tobytes()), None))
+        except Exception as e:
+            out.append((kind_of(e), None, str(e)))
+            break
+    return out
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+@pytest.mark.parametrize("odd_count", [100, 200])
+def test_reader_raises_in_the_call_when_the_root_ran_ahead(nranks, odd_count):
+    """A reader checks the record of its own call even when the root has
+    gone calls past it (it did not: the root's line showed a later call,
+    and the reader returned garbage)."""
+    warm = 6
+    got = run_ranks(_ahead_job, nranks, warm, 64, odd_count, None, timeout=T)
+    odd = got[-1]
+    assert len(odd) == warm + 1 and odd[warm][0] == "mismatch" and "byte count" in odd[warm][2], got
+
+
+def test_different_roots_after_the_root_ran_ahead_name_the_root():
+    got = run_ranks(_ahead_job, 2, 3, 64, 64, (0, 1), timeout=T)
+    for r, calls in enumerate(got):
+        assert calls[-1][0] == "mismatch" and "(root)" in calls[-1][2], (r, got)
+        assert all(c[1] for c in calls[3:-1]), (r, got)
+
+
 # -- (d) limited / numa with a differing byte count on a late-segment reader ----
 
 # With k = 1 on 5 ranks, reader r starts each round at segment r - 1.  A
