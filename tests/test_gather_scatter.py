@@ -550,3 +550,17 @@ def test_back_to_back_pushes():
     if not all(run_ranks(_cma, 2)):
         pytest.skip("cross-memory attach is not permitted between ranks here")
     assert run_ranks(_gather_loop, 2, 20000, 8192, options={"cma_bytes": 1}) == [True, True]
+
+
+def _scatter_choice(comm, sizes):
+    return [comm.selected("scatter", s) for s in sizes]
+
+
+@pytest.mark.parametrize("topo,n,bind,tree", [(None, 2, "core", False), ("1x2", 4, "core", True),
+                                               ("1x2", 3, "core", True), ("2x2", 5, "core", True)])
+def test_scatter_automatic_choice(topo, n, bind, tree):
+    """Ranks taking turns on the cores: blocks under 1 MiB go down the
+    binomial tree, bigger ones flat; ranks with a core each: flat."""
+    sizes = [8, (1 << 20) - 1, 1 << 20]
+    want = ["binomial", "binomial", "flat"] if tree else ["flat"] * 3
+    assert run_ranks(_scatter_choice, n, sizes, topology=topo, bind=bind) == [want] * n

@@ -7,6 +7,7 @@ displs[r]) lands in rank r's recvbuf.
             subtree's blocks, packed in scratch, in one message
 """
 from ..sched import Copy, Move, Step
+from ..topology import oversubscribed
 from .gather import pieces, tree, via
 
 
@@ -49,5 +50,10 @@ def footprint(call):
 
 
 def choose(call):
-    """Flat: each rank waits on the root once and copies its block once."""
-    return "flat"
+    """Flat: each rank waits on the root once and copies its block once.
+    With ranks taking turns on the cores, blocks under 1 MiB go down the
+    tree: the root hands over two halves instead of p - 1 blocks, so it
+    yields its core less (4 ranks on 2 cores: 8 B 1.40 vs 2.77 us, 32 KiB
+    19 vs 41, 2 MiB 1264 vs 205)."""
+    small = max((n for n, _ in pieces(call)), default=0) < 1 << 20
+    return "binomial" if small and oversubscribed(call.slots) else "flat"
