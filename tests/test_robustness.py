@@ -119,25 +119,31 @@ def test_different_barrier_algorithms_raise(algs):
 CALLS = 1 + lib.SC_PAST
 
 
-def _roots_job(comm, count, roots):
-    me = comm.rank
-    out = []
-    for call in range(1, CALLS + 1):
-        root = roots[me] if call == 1 else 0
-        want = pattern(count, np.int8, call, root)
-        buf = want.copy() if me == root else poison(count, np.int8)
+def _ahead_job(comm, warm, count, odd_count, mism_roots):
+    """warm Bcasts of count bytes from root 0 (the root runs ahead); then
+    call `warm` differs (the last rank's byte count, or the roots), then
+    SC_PAST more from root 0.  Stops at the first exception."""
+    me, out = comm.rank, []
+    for call in range(warm + CALLS):
+        n, root = count, 0
+        if call == warm:
+            n = odd_count if me == comm.size - 1 and not mism_roots else count
+            root = mism_roots[me] if mism_roots else 0
+        want = pattern(n, np.int8, call, root)
+        buf = want.copy() if me == root else poison(n, np.int8)
         try:
             comm.Bcast(buf, root=root)
             out.append(("ok", bool(buf.tobytes() == want.tobytes()), None))
         except Exception as e:
             out.append((kind_of(e), None, str(e)))
+            break
     return out
 
 
 @pytest.mark.parametrize("count", [64, 65536, 4 << 20])
 @pytest.mark.parametrize("roots", [(0, 1), (0, 0, 1), (1, 1, 0)], ids=lambda r: "".join(map(str, r)))
 def test_different_roots_raise_within_the_window(roots, count):
-    got = run_ranks(_roots_job, len(roots), count, roots, timeout=T)
+    got = run_ranks(_ahead_job, len(roots), 0, count, count, roots, timeout=T)
     for r, calls in enumerate(got):
         assert any(c[0] != "ok" for c in calls), \
             f"rank {r} completed all {CALLS} calls (first delivered {'right' if calls[0][1] else 'wrong'} data): {got}"
@@ -154,26 +160,6 @@ def test_different_roots_raise_within_the_window(roots, count):
             for who, val in re.findall(r"rank (\d+) has (-?\d+)", first[2]):
                 assert int(who) < len(roots) and roots[int(who)] == int(val), \
                     f"message misquotes rank {who}'s root: {first[2]} (roots {roots})"
-
-
-def _ahead_job(comm, warm, count, odd_count, mism_roots):
-    """warm Bcasts of 64 B from root 0 let the root run ahead; then call
-    `warm` differs (the last rank's byte count, or the roots), then more."""
-    me, out = comm.rank, []
-    for call in range(warm + CALLS):
-        n, root = 64, 0
-        if call == warm:
-            n = odd_count if me == comm.size - 1 and not mism_roots else count
-            root = mism_roots[me] if mism_roots else 0
-        want = pattern(n, np.int8, call, root)
-        buf = want.copy() if me == root else poison(n, np.int8)
-        try:
-            comm.Bcast(buf, root=root)
-            out.append(("ok", bool(buf.tobytes() == want.tobytes()), None))
-        except Exception as e:
-            out.append((kind_of(e), None, str(e)))
-            break
-    return out
 
 
 @pytest.mark.parametrize("nranks", [2, 3])
