@@ -126,7 +126,7 @@ static int buffer_of(sc_comm_t *c, int who, int which, uint64_t *addr)
     uint64_t s = atomic_load_explicit(&l->seq, memory_order_relaxed);
     if (call == c->call && (int64_t)(s - 2 * c->call) <= 0) return SC_OK;
     c->err_rank = who;
-    c->err_when = 2;
+    c->err_when = 3;                          /* out of step: no field to name */
     sc_abort_call(c, 3, c->call);
     return SC_EMISMATCH;
 }

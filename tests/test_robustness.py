@@ -768,7 +768,7 @@ def _push_into_later_call(comm, flags):
                 if comm.rank == 2:
                     flags[0] = i + 1
     except Exception as e:
-        out["exc"] = type(e).__name__
+        out["exc"], out["msg"] = type(e).__name__, str(e)
     if comm.rank == 2:
         deadline = time.monotonic() + 30
         while not flags[1] and time.monotonic() < deadline:         # rank 0's Gather is over
@@ -786,6 +786,8 @@ def test_push_never_writes_into_a_later_calls_buffer():
     assert got[2]["stray"] == 0, got
     assert all("exc" in g for g in got), got
     assert got[0]["exc"] == "MismatchError", got
+    msg = got[0]["msg"]     # the check of rank 2's record, or the push's own check of its call
+    assert "rank 0 has gather, rank 2 has bcast" in msg or "out of step" in msg, msg
 
 
 def _late_push(comm, flags, n):
