@@ -259,7 +259,7 @@ int sc_check_rec(sc_comm_t *c, int who, uint64_t n, int *seen)
     uint64_t theirs[5], back = c->call - n;
     *seen = back < SC_PAST && record(c, who, n, theirs);
     if (!*seen) return SC_OK;
-    const uint64_t *mine = c->past[n % SC_PAST];
+    const uint64_t *mine = rec_of(c, c->rank, n)->rec;    /* ours, kept as long */
     int when = back < 2 ? (int)back : 2, rc;
     if ((rc = differ(c, who, mine, theirs, when)) || (rc = differ_prev(c, who, mine + 2, theirs + 2, when < 2 ? when + 1 : 2)))
         return rc;

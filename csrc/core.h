@@ -117,7 +117,6 @@ typedef struct sc_comm {
     uint64_t sig[2];         /* this call's signature (collective, algorithm, dtype, op, root; byte count) */
     uint64_t prev[2];        /* the previous call's */
     uint64_t hist;           /* a hash of every call's before the previous */
-    uint64_t past[SC_PAST][5]; /* this rank's records (sig, prev, hist) of its last calls, at call % SC_PAST */
     uint64_t due[2];         /* per ring neighbour (left, right), if pending: the last call whose record of it is unchecked */
     uint64_t since[2];       /* ... and the first */
     int32_t pending;         /* neighbours with unchecked calls (1 left, 2 right) */

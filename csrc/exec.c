@@ -137,12 +137,10 @@ static int buffer_of(sc_comm_t *c, int who, int which, uint64_t *addr)
  * the new call sees its first event. */
 static void arrive(sc_comm_t *c, uint64_t first, char *sbuf, char *rbuf)
 {
-    uint64_t *past = c->past[c->call % SC_PAST];
-    past[0] = c->sig[0], past[1] = c->sig[1], past[2] = c->prev[0], past[3] = c->prev[1], past[4] = c->hist;
     sc_rec_t *r = rec_of(c, c->rank, c->call);    /* kept: before the post line shows the call */
     atomic_store_explicit(&r->seq, 2 * c->call + 1, memory_order_relaxed);
     atomic_thread_fence(memory_order_release);
-    memcpy(r->rec, past, sizeof r->rec);
+    r->rec[0] = c->sig[0], r->rec[1] = c->sig[1], r->rec[2] = c->prev[0], r->rec[3] = c->prev[1], r->rec[4] = c->hist;
     atomic_store_explicit(&r->seq, 2 * c->call + 2, memory_order_release);
     sc_line_t *l = post_line(c, c->rank);
     uint64_t s = 2 * c->call - 2;     /* no load: even before and after each call's record, odd while written */
@@ -272,8 +270,10 @@ static int recheck(sc_comm_t *c, int block)
             sc_abort_call(c, 3, c->call);
             return rc;
         }
-        if (!seen || (int64_t)(n - c->due[k]) >= 0) c->pending &= ~(1 << k);   /* the hash covers all before; */
-        else c->since[k] = n + 1;                     /* unseen: it is SC_PAST calls ahead, past checking */
+        /* a record covers every call before it (the hash); one unseen is
+         * gone: who is SC_PAST calls past n, beyond checking */
+        if (!seen || (int64_t)(n - c->due[k]) >= 0) c->pending &= ~(1 << k);
+        else c->since[k] = n + 1;
     }
     return SC_OK;
 }
