@@ -15,6 +15,7 @@ import math
 import multiprocessing as mp
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -505,7 +506,7 @@ def parse(argv):
     p = argparse.ArgumentParser(prog="shmcoll bench", description=__doc__.splitlines()[0])
     p.add_argument("ops", nargs="+", choices=sorted(OPS))
     p.add_argument("-n", "--nprocs", default="2", help="comma-separated process counts (default 2)")
-    p.add_argument("--sizes", help="comma-separated bytes (default 8 B..16 MiB in steps of 8x)")
+    p.add_argument("--sizes", help="comma-separated bytes, K/M/G for KiB/MiB/GiB (default 8 B..16 MiB in steps of 8x)")
     p.add_argument("--order", default="up", choices=["up", "down", "both"],
                    help="sizes ascending, descending, or ascending then descending in the same job "
                         "(shows what large calls leave behind for the sizes after them)")
@@ -531,11 +532,22 @@ def parse(argv):
     p.add_argument("--max-iters", type=int, default=1_000_000)
     p.add_argument("--timeout", type=float, default=600, help="seconds allowed per launch")
     a = p.parse_args(argv)
-    a.nprocs = parse_list(a.nprocs, int)
-    a.sizes = parse_list(a.sizes, int) if a.sizes else QUICK_SIZES if a.quick else DEFAULT_SIZES
+    try:
+        a.nprocs = parse_list(a.nprocs, int)
+        a.sizes = parse_list(a.sizes, nbytes) if a.sizes else QUICK_SIZES if a.quick else DEFAULT_SIZES
+    except ValueError as e:
+        p.error(str(e))
     a.min_time = a.min_time or (0.02 if a.quick else 0.2)
     a.peers = {"auto": ["mpich", "ompi", "mp", "gloo", "floor"], "none": []}.get(a.peers) or parse_list(a.peers)
     return a
+
+
+def nbytes(text):
+    """'4096', '4K', '2M', '1G' (binary multiples) -> bytes."""
+    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", text, re.I)
+    if not m:
+        raise ValueError(f"--sizes: {text!r} is not a byte count (like 4096, 4K or 2M)")
+    return int(m[1]) << {"": 0, "K": 10, "M": 20, "G": 30}[m[2].upper()]
 
 
 def main(argv=None):

@@ -202,3 +202,10 @@ def test_broken_ref_is_an_error_column_not_a_failure(tmp_path, capsys):
     assert refs and all(r["error"] and r["us"] is None for r in refs)
     assert doc["ref"]["error"]
     assert "ERROR" in capsys.readouterr().out
+
+
+def test_sizes_take_binary_suffixes_and_refuse_the_rest(capsys):
+    assert bench.parse(["bcast", "--sizes", "8,4K,2MiB,1g"]).sizes == [8, 4096, 2 << 20, 1 << 30]
+    with pytest.raises(SystemExit):
+        bench.parse(["bcast", "--sizes", "8,4Q"])
+    assert "'4Q' is not a byte count" in capsys.readouterr().err
