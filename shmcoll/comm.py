@@ -21,6 +21,10 @@ import numpy as np
 from . import buffers, ops
 from ._core import ffi, lib
 from .buffers import IN_PLACE
+
+#: In a reduction's signature, the op of a rank that passed IN_PLACE: a
+#: rank in place plans its inputs' moves differently, so ranks must agree.
+INPLACE_OP = 0x80
 from .coll import select
 from .device import fingerprint, learn_dtype
 from .errors import PeerFailure, ShmcollError
@@ -140,7 +144,8 @@ class Comm:
         if field == 3 and (what.endswith("v") or what == "Reduce_scatter"):
             return f"counts and displacements #{value:x}"
         if field == 5:
-            return next((o.name for o in BUILTINS.values() if o.code == value), f"op {value}")
+            name = next((o.name for o in BUILTINS.values() if o.code == value & ~INPLACE_OP), f"op {value}")
+            return name + " with IN_PLACE" * bool(value & INPLACE_OP)
         if field == 6 and self._c.err_when == 0:     # this call's collective names the ids
             names = select.NAMES[what.lower()]
             return names[value] if 0 <= value < len(names) else value
@@ -213,6 +218,8 @@ class Comm:
         if red is not None:
             opcode, call.kernel, call.inplace = red[0].code, red[1], red[2]
             call.item = red[1].item
+            if call.inplace and op != "reduce":     # IN_PLACE on every rank or none (MPI): ranks plan alike
+                opcode |= INPLACE_OP
         name = select.pick(op, call, algorithm, self._forced[op])
         cid, what = select.TABLE[op][0], _what(op)
         sigbytes = None if counts is None else hash(counts) & ((1 << 62) - 1)

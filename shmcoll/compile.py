@@ -108,8 +108,23 @@ class _Compiler:
         self.owed = [{} for _ in range(p)]      # writer -> {(set, reader): ack} recorded as debts
         self.stripe_owed = {}
         self.direct_owed = [{} for _ in range(p)]
-        self.acc = 0                            # float32 accumulator bytes (half-type reductions)
-        self.acc_at = -(-sched.tmp // 64) * 64  # ... placed in scratch after the schedule's own
+        # scratch after the schedule's own: chunks of folded direct inputs,
+        # copied in to be folded from cache, then the float32 accumulator
+        # of half-type reductions
+        self.stage_at = -(-sched.tmp // 64) * 64
+        self.acc = 0
+        self.acc_at = self.stage_at + -(-max(map(self.staged_in, sched.steps, self.protos), default=0) // 64) * 64
+
+    def staged_in(self, st, protocols):
+        """Scratch bytes the folded direct inputs of st take on one rank
+        at most: a chunk each (chunks are at most the move's own)."""
+        per = [0] * self.p
+        for red in st.reduces:
+            for i in red.inputs:
+                if isinstance(i, int) and protocols[i][0] == "direct":
+                    m = st.moves[i]
+                    per[red.rank] += -(-min(m.chunk or self.params["chunk_bytes"], m.nbytes) // 64) * 64
+        return max(per)
 
     def emit(self, rank, *words):
         self.prog[rank].append(words + (0,) * (8 - len(words)))
@@ -141,16 +156,19 @@ class _Compiler:
             nstaged[m.src] += pr == "staged"
         folded = {(red.rank, i) for red in st.reduces for i in red.inputs if isinstance(i, int)}
         chunks = []
-        for m, pr in zip(moves, protos):
+        for i, (m, pr) in enumerate(zip(moves, protos)):
             if pr == "staged":
                 cap = max(par["chan_bytes"] // (2 * nstaged[m.src]) & ~63, 64)
                 c = min(m.chunk or par["chunk_bytes"], cap)
             elif pr == "stripe":
                 c = min(m.chunk or par["chunk_bytes"], self.stripe.align)
+            elif pr == "direct" and any((d, i) in folded for d in m.dst):
+                c = min(m.chunk or par["chunk_bytes"], max(m.nbytes, 1))
             else:
                 c = max(m.nbytes, 1)
             chunks.append(c)
-        fed = [i for i, pr in enumerate(protos) if pr == "staged" and any((d, i) in folded for d in moves[i].dst)]
+        fed = [i for i, pr in enumerate(protos)
+               if pr in ("staged", "direct") and any((d, i) in folded for d in moves[i].dst)]
         if fed:                 # a fold's inputs are cut alike, whichever writer's ring is tighter, in whole items
             c = min(chunks[i] for i in fed)
             c -= c % self.sched.kernel.item
@@ -189,17 +207,18 @@ class _Compiler:
 
         def read(k):
             for r in range(p):
-                held = []
+                held, landed = [], {}
                 for i in ins[r]:
                     if k < nch[i]:
                         far_w, first = moves[i].src in far.get(r, ()), k == 0
                         if (r, i) in folded:
                             self.wait(r, moves[i].src, pieces[i][k], far_w, first)
                             held.append(i)
+                            landed[i] = self.land(r, moves[i], protos[i], pieces[i][k], chunks[i], landed)
                         else:
                             self.read(r, moves[i], protos[i], slot_j[i], pieces[i][k], far_w, first)
                 for red, c in reduces[r]:
-                    self.fold_round(red, k, c, moves, pieces)
+                    self.fold_round(red, k, c, moves, protos, landed)
                 if held:
                     self.acks[r] += 1
                     self.emit(r, ACK, self.acks[r])
@@ -318,11 +337,22 @@ class _Compiler:
         mine = [i for i in red.inputs if isinstance(i, int)]
         c = {min(chunks[i], red.n) for i in mine}
         if len({moves[i].nbytes for i in mine} | {red.n}) != 1 or len(c) != 1 \
-                or any(protos[i] not in ("inline", "staged") for i in mine):
-            raise AssertionError("a reduce folds moves of its own size, inline or staged, cut alike")
+                or any(protos[i] not in ("inline", "staged", "direct") for i in mine):
+            raise AssertionError("a reduce folds moves of its own size, inline, staged or direct, cut alike")
         return c.pop()
 
-    def fold_round(self, red, k, c, moves, pieces):
+    def land(self, r, m, proto, piece, chunk, landed):
+        """Where reader r folds piece of m from: where it was written (slot
+        line or ring), or, read directly, the copy r makes of it into the
+        next chunk of its scratch stage area, folded from cache."""
+        if proto != "direct":
+            return piece["space"], piece["off"]
+        at = self.stage_at + chunk * sum(s == space(BUF["tmp"]) for s, _ in landed.values())
+        for so, _, ln, pos in piece["segs"]:
+            self.emit(r, CMA, space(BUF["tmp"]), at + pos, m.src, BUF[m.sbuf], so, ln)
+        return space(BUF["tmp"]), at
+
+    def fold_round(self, red, k, c, moves, protos, landed):
         """Round k of red: its inputs' chunk k (of c bytes), folded where they landed."""
         lo = k * c
         if lo >= red.n:
@@ -330,9 +360,8 @@ class _Compiler:
         n, srcs = min(c, red.n - lo), []
         for i in red.inputs:
             if isinstance(i, int):
-                piece = pieces[i][k]
-                srcs.append((piece["space"], piece["off"]))
-                if self.params.get("record_traffic"):
+                srcs.append(landed[i])
+                if self.params.get("record_traffic") and protos[i] != "direct":   # a CMA counts its own
                     self.emit(red.rank, COUNT, moves[i].src, n)
             else:
                 srcs.append((space(BUF[i[0]]), i[1] + lo))
@@ -386,7 +415,7 @@ class _Compiler:
                 if nb != w and (w, nb) not in self.checked and not (bit == 2 and mask and nb == (w - 1) % self.p):
                     mask |= bit
             a = np.zeros((1 + len(ins)) * 8, np.int64)
-            a[:6] = (len(ins), sig[0], sig[1], first, self.acc_at + self.acc if self.acc else tmp, mask)
+            a[:6] = (len(ins), sig[0], sig[1], first, max(tmp, self.acc_at + self.acc), mask)
             if ins:
                 a[8:] = np.array(ins, dtype=np.int64).ravel()
             out.append(a)

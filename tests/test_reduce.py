@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import shmcoll
-from conftest import SMALL, assert_killed_mid, run_cases, run_ranks
+from conftest import SMALL, assert_killed_mid, cma, run_cases, run_ranks
 from shmcoll import ops
 
 try:
@@ -308,20 +308,45 @@ def test_numa_not_chosen_for_ranks_alternating_nodes():
                                                                      "reduce_scatter_gather")
 
 
-def _numa_traffic(comm, count):
+def _traffic(comm, count, alg):
     send = data(5, comm.rank, count, np.dtype(np.float32))
     recv = np.empty_like(send)
-    want = comm.schedule("allreduce", send.nbytes, algorithm="numa").traffic()
+    want = comm.schedule("allreduce", send.nbytes, algorithm=alg).traffic()
     before = comm.traffic()
-    comm.Allreduce(send, recv, algorithm="numa")
+    comm.Allreduce(send, recv, algorithm=alg)
     return comm.traffic() - before, want
 
 
 def test_numa_traffic_is_the_schedules():
     """What the executor moved between ranks (column per reader) is what
     the numa schedule says, on a virtual 2 x 2 node."""
-    got = run_ranks(_numa_traffic, 4, 3000, topology="2x2",
+    got = run_ranks(_traffic, 4, 3000, "numa", topology="2x2",
                     options=dict(SMALL, record_traffic=1, reduce_block_bytes=4096, reduce_small_bytes=0))
+    measured = np.stack([g[0] for g in got], axis=1)
+    np.fill_diagonal(measured, 0)
+    assert (measured == got[0][1]).all(), (measured, got[0][1])
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_single_copy_folds(n):
+    """From cma_bytes up, a reader copies each input in sendbuf by single
+    copy into its scratch, a chunk at a time (4 KiB here), and folds it
+    from there.  Forced down to one byte: every reduction and algorithm,
+    sizes around the chunk, in place and not, roots rotating."""
+    if not all(run_ranks(cma, n)):
+        pytest.skip("cross-memory attach is not permitted between ranks here")
+    sizes = ITEMS + [1023, 1024, 1025, 2049, 5000]
+    run_cases(_job, n, table(KINDS, sizes, roots=(0, n - 1, n // 2)), options=dict(SMALL, cma_bytes=1), timeout=300)
+
+
+@pytest.mark.parametrize("alg", ["all_at_once", "reduce_scatter_allgather"])
+def test_single_copy_fold_traffic_is_the_schedules(alg):
+    """A single-copy input is counted once, by the copy that reads it."""
+    if not all(run_ranks(cma, 3)):
+        pytest.skip("cross-memory attach is not permitted between ranks here")
+    got = run_ranks(_traffic, 3, 5000, alg, options=dict(SMALL, record_traffic=1, cma_bytes=1))
+    assert any(m.via == "direct" for st in shmcoll.schedule("allreduce", alg, 3, 20000, options={"cma_bytes": 1},
+                                                             cma=True, dtype="float32").steps for m in st.moves)
     measured = np.stack([g[0] for g in got], axis=1)
     np.fill_diagonal(measured, 0)
     assert (measured == got[0][1]).all(), (measured, got[0][1])
@@ -516,6 +541,8 @@ def _bad(comm, case):
             comm.Allreduce(np.ones(8, np.float32), np.zeros(4, np.float64))
         elif case == "not_an_op":
             comm.Allreduce(x, r, np.add)
+        elif case == "inplace_on_one_rank":
+            comm.Allreduce(shmcoll.IN_PLACE if me == 1 else x, r)
         comm.Barrier()
     except Exception as e:
         return type(e).__name__, str(e), getattr(e, "rank", None)
@@ -526,7 +553,8 @@ BAD = {"op_for_dtype": ("TypeError", "BAND"), "op_on_one_rank": ("MismatchError"
        "dtype_on_one_rank": ("MismatchError", "dtype"), "count_on_one_rank": ("MismatchError", "byte"),
        "recvcounts_sum": ("ValueError", "recvcounts"), "root": ("ValueError", "root"),
        "inplace_off_root": ("ValueError", "IN_PLACE"), "inplace_recvbuf": ("ValueError", "IN_PLACE"),
-       "dtypes_differ": ("TypeError", "dtype"), "not_an_op": ("TypeError", "shmcoll.Op")}
+       "dtypes_differ": ("TypeError", "dtype"), "not_an_op": ("TypeError", "shmcoll.Op"),
+       "inplace_on_one_rank": ("MismatchError", "SUM with IN_PLACE")}
 
 
 @pytest.mark.parametrize("case", list(BAD))

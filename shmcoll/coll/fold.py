@@ -12,11 +12,13 @@ from math import gcd
 from ..sched import Copy, Move, Reduce, Step
 
 
-def chunk(call):
+def chunk(call, piped=True):
     """Fold chunks: small enough that a chunk of every input and the
-    result stay in the L2 (a quarter of it is chunk_bytes), and a message
-    of a few chunks still pipelines; whole elements."""
-    c = min(call.pipe_chunk(), max(2 * call.params["chunk_bytes"] // (call.nranks + 1), 4096))
+    result stay in the L2 (a quarter of it is chunk_bytes), and, piped
+    (staged through the writer's ring), that a message of a few chunks
+    still pipelines; whole elements."""
+    c = max(2 * call.params["chunk_bytes"] // (call.nranks + 1), 4096)
+    c = min(call.pipe_chunk(), c) if piped else c
     return max(c // call.item, 1) * call.item
 
 
@@ -43,8 +45,15 @@ def source(call, n):
 
 
 def deposit(call, src, readers, off, n, sbuf, via="auto"):
-    """Move: src's bytes [off, off + n) of sbuf, for readers to fold."""
-    return Move(src, tuple(readers), ((off, 0, n),), sbuf=sbuf, via=via, chunk=chunk(call))
+    """Move: src's bytes [off, off + n) of sbuf, for readers to fold.
+    "auto": big inputs in sendbuf are read by single copy, chunk by chunk
+    into the reader's cache, as the other big blocks are (gather.via):
+    the writer copies nothing, and the reader reads memory the writer has
+    not just rewritten, which a staged ring's lines always are (slow when
+    the two cores are far apart)."""
+    if via == "auto" and sbuf == "send" and call.cma and 0 < call.params["cma_bytes"] <= n:
+        via = "direct"
+    return Move(src, tuple(readers), ((off, 0, n),), sbuf=sbuf, via=via, chunk=chunk(call, via != "direct"))
 
 
 def fold(rank, ranks, moves, own, dbuf, doff, n):
