@@ -24,7 +24,9 @@ typedef struct { _Atomic uint32_t sleepers, posts; } sc_wq_t;
  * C.  Post lines also carry the writer's arrival record for the call: its
  * signature, the previous call's, a hash of all before, and its buffers'
  * addresses for single-copy readers, under a sequence lock (seq odd while
- * the writer rewrites record and call). */
+ * the writer rewrites record and call).  The record is also in the ring
+ * below; this copy shares the flag's cache line, so a reader's first wait
+ * finds the call and checks it in one line. */
 struct sc_line {                  /* first 64 bytes: what a reader checks */
     _Atomic uint64_t call;
     _Atomic uint64_t event;
