@@ -102,11 +102,11 @@ static int cma(sc_comm_t *c, int who, char *local, uint64_t addr, int64_t n, int
     int err = sc_vm_move(rank_rec(c, who)->pid, local, addr, n, write ? &rank_rec(c, who)->shut : NULL);
     if (write) atomic_store_explicit(mine, 0, memory_order_release);
     if (!err) return SC_OK;
-    if (err == ECANCELED) {                   /* who's call failed: it aborted the job first */
-        int rc = aborted_at(c, c->call);
+    if (err == ECANCELED || err == ESRCH) {   /* who's call failed (it aborted the job first), or who */
+        int rc = aborted_at(c, c->call);      /* is gone: after raising, or dead */
         return rc ? rc : sc_fail(c, SC_EDEAD, who, 2, 0);
     }
-    return err == ESRCH ? sc_fail(c, SC_EDEAD, who, 2, 0) : sc_fail(c, SC_ECMA, who, write, err);
+    return sc_fail(c, SC_ECMA, who, write, err);
 }
 
 /* Where rank who's buffer `which` (1 send, 2 recv) is in this call.  A

@@ -163,7 +163,7 @@ class _Compiler:
             elif pr == "stripe":
                 c = min(m.chunk or par["chunk_bytes"], self.stripe.align)
             elif pr == "direct" and any((d, i) in folded for d in m.dst):
-                c = min(m.chunk or par["chunk_bytes"], max(m.nbytes, 1))
+                c = m.chunk or par["chunk_bytes"]       # not cut to its size: the step's smallest would cut all
             else:
                 c = max(m.nbytes, 1)
             chunks.append(c)
@@ -207,14 +207,14 @@ class _Compiler:
 
         def read(k):
             for r in range(p):
-                held, landed = [], {}
+                held, landed, stage = [], {}, [self.stage_at]
                 for i in ins[r]:
                     if k < nch[i]:
                         far_w, first = moves[i].src in far.get(r, ()), k == 0
                         if (r, i) in folded:
                             self.wait(r, moves[i].src, pieces[i][k], far_w, first)
                             held.append(i)
-                            landed[i] = self.land(r, moves[i], protos[i], pieces[i][k], chunks[i], landed)
+                            landed[i] = self.land(r, moves[i], protos[i], pieces[i][k], stage)
                         else:
                             self.read(r, moves[i], protos[i], slot_j[i], pieces[i][k], far_w, first)
                 for red, c in reduces[r]:
@@ -341,15 +341,16 @@ class _Compiler:
             raise AssertionError("a reduce folds moves of its own size, inline, staged or direct, cut alike")
         return c.pop()
 
-    def land(self, r, m, proto, piece, chunk, landed):
+    def land(self, r, m, proto, piece, stage):
         """Where reader r folds piece of m from: where it was written (slot
-        line or ring), or, read directly, the copy r makes of it into the
-        next chunk of its scratch stage area, folded from cache."""
+        line or ring), or, read directly, the copy r makes of it at stage[0]
+        in its scratch (moved past it), folded from cache."""
         if proto != "direct":
             return piece["space"], piece["off"]
-        at = self.stage_at + chunk * sum(s == space(BUF["tmp"]) for s, _ in landed.values())
+        at = stage[0]
         for so, _, ln, pos in piece["segs"]:
             self.emit(r, CMA, space(BUF["tmp"]), at + pos, m.src, BUF[m.sbuf], so, ln)
+        stage[0] += -(-sum(ln for _, _, ln, _ in piece["segs"]) // 64) * 64
         return space(BUF["tmp"]), at
 
     def fold_round(self, red, k, c, moves, protos, landed):

@@ -624,3 +624,47 @@ def test_user_op_arity_and_objects():
     got = run_ranks(job, 3)
     for rank, (r, obj, kind, ex) in enumerate(got):
         assert r == [6, 6, 6] and obj == 6.0 and kind == "float" and ex == [None, 1.0, 3.0][rank], got
+
+
+def _program_length(counts, rank):
+    from shmcoll.coll import select
+    from shmcoll.compile import compile_schedule
+    from shmcoll.device import make_plan
+    from shmcoll.sched import Call
+    from shmcoll.topology import topology
+    topo = topology(None)
+    plan = make_plan(2, topo, topo.placement(2, "core", "compact"), {"cma_bytes": 1})
+    call = select.typed("reduce_scatter", Call(2, 8 * sum(counts), 0, plan.params, plan.slots, 1, True), "float64")
+    call.counts = ((8 * counts[0], 0), (8 * counts[1], 8 * counts[0]))
+    return int(compile_schedule(select.plan("reduce_scatter", "all_at_once", call), plan.params, (0, 0))[rank][0])
+
+
+def test_single_copy_fold_chunk_not_cut_by_a_small_input():
+    """Review of ca17ea4: Reduce_scatter with recvcounts [1, 10**6] cut
+    rank 1's 8 MB fold into 8-byte rounds (the small slice's size capped
+    the step's common chunk): 4,000,001 instructions, 0.7 s a call.  Rank
+    1 folds what it folds with [10**6, 10**6], in as many instructions."""
+    assert _program_length((1, 10 ** 6), 1) <= _program_length((10 ** 6, 10 ** 6), 1)
+
+
+def _mismatch_big(comm):
+    x = np.arange(1 << 18, dtype=np.float64)
+    try:
+        comm.Allreduce(x, np.zeros_like(x), shmcoll.MAX if comm.rank == comm.size - 1 else shmcoll.SUM,
+                       algorithm="all_at_once")
+        return None
+    except shmcoll.ShmcollError as e:
+        return type(e).__name__
+
+
+def test_single_copy_reader_of_a_rank_that_raised_and_left_says_aborted():
+    """Review of ca17ea4: a rank reading a peer by single copy while that
+    peer raised MismatchError and exited found the process gone (ESRCH)
+    and said PeerDied (about 1 result in 6 at 4 ranks); the job was
+    aborted first, so the reader says so."""
+    if not all(run_ranks(cma, 4)):
+        pytest.skip("cross-memory attach is not permitted between ranks here")
+    seen = set()
+    for _ in range(12):
+        seen.update(run_ranks(_mismatch_big, 4, timeout=60))
+    assert seen <= {"MismatchError", "PeerAborted"}, seen
