@@ -21,15 +21,15 @@ import numpy as np
 from . import buffers, ops
 from ._core import ffi, lib
 from .buffers import IN_PLACE
-
-#: In a reduction's signature, the op of a rank that passed IN_PLACE: a
-#: rank in place plans its inputs' moves differently, so ranks must agree.
-INPLACE_OP = 0x80
 from .coll import select
 from .device import fingerprint, learn_dtype
 from .errors import PeerFailure, ShmcollError
 from .ops import BUILTINS, SUM
 from .sched import Call
+
+#: In a reduction's signature, the op of a rank that passed IN_PLACE: a
+#: rank in place plans its inputs' moves differently, so ranks must agree.
+INPLACE_OP = 0x80
 
 
 def collective(fn):

@@ -27,6 +27,11 @@ RING, STRIPE, SLOT = lib.SC_SET_RING, lib.SC_SET_STRIPE, lib.SC_SET_SLOT
 CHECK, FAR, FIRST = 1, 2, 4     # WAIT flags: check the record, spin long, a message's first piece
 
 
+def _up(n, a=64):
+    """n rounded up to a multiple of a."""
+    return -(-n // a) * a
+
+
 def space(kind, rank=0, j=0):
     return kind | rank << 8 | j << 32
 
@@ -42,8 +47,8 @@ class _Ring:
     def alloc(self, slot, readers):
         """A slot of `slot` bytes (a step's largest chunk: equal slots,
         so a ring of two rounds never loses room to wrapping)."""
-        n = max(-(-slot // self.align) * self.align, self.align)
-        self.pos = -(-self.pos // n) * n
+        n = max(_up(slot, self.align), self.align)
+        self.pos = _up(self.pos, n)
         if self.pos + n > self.cap:
             self.pos = 0
         off, end = self.pos, self.pos + n
@@ -111,9 +116,9 @@ class _Compiler:
         # scratch after the schedule's own: chunks of folded direct inputs,
         # copied in to be folded from cache, then the float32 accumulator
         # of half-type reductions
-        self.stage_at = -(-sched.tmp // 64) * 64
+        self.stage_at = _up(sched.tmp)
         self.acc = 0
-        self.acc_at = self.stage_at + -(-max(map(self.staged_in, sched.steps, self.protos), default=0) // 64) * 64
+        self.acc_at = self.stage_at + max(map(self.staged_in, sched.steps, self.protos), default=0)
 
     def staged_in(self, st, protocols):
         """Scratch bytes the folded direct inputs of st take on one rank
@@ -123,7 +128,7 @@ class _Compiler:
             for i in red.inputs:
                 if isinstance(i, int) and protocols[i][0] == "direct":
                     m = st.moves[i]
-                    per[red.rank] += -(-min(m.chunk or self.params["chunk_bytes"], m.nbytes) // 64) * 64
+                    per[red.rank] += _up(min(m.chunk or self.params["chunk_bytes"], m.nbytes))
         return max(per)
 
     def emit(self, rank, *words):
@@ -155,6 +160,8 @@ class _Compiler:
         for m, pr in zip(moves, protos):
             nstaged[m.src] += pr == "staged"
         folded = {(red.rank, i) for red in st.reduces for i in red.inputs if isinstance(i, int)}
+        fed = {i for i, pr in enumerate(protos)
+               if pr in ("staged", "direct") and any((d, i) in folded for d in moves[i].dst)}
         chunks = []
         for i, (m, pr) in enumerate(zip(moves, protos)):
             if pr == "staged":
@@ -162,13 +169,11 @@ class _Compiler:
                 c = min(m.chunk or par["chunk_bytes"], cap)
             elif pr == "stripe":
                 c = min(m.chunk or par["chunk_bytes"], self.stripe.align)
-            elif pr == "direct" and any((d, i) in folded for d in m.dst):
+            elif pr == "direct" and i in fed:
                 c = m.chunk or par["chunk_bytes"]       # not cut to its size: the step's smallest would cut all
             else:
                 c = max(m.nbytes, 1)
             chunks.append(c)
-        fed = [i for i, pr in enumerate(protos)
-               if pr in ("staged", "direct") and any((d, i) in folded for d in moves[i].dst)]
         if fed:                 # a fold's inputs are cut alike, whichever writer's ring is tighter, in whole items
             c = min(chunks[i] for i in fed)
             c -= c % self.sched.kernel.item
@@ -350,7 +355,7 @@ class _Compiler:
         at = stage[0]
         for so, _, ln, pos in piece["segs"]:
             self.emit(r, CMA, space(BUF["tmp"]), at + pos, m.src, BUF[m.sbuf], so, ln)
-        stage[0] += -(-sum(ln for _, _, ln, _ in piece["segs"]) // 64) * 64
+        stage[0] += _up(sum(ln for _, _, ln, _ in piece["segs"]))
         return space(BUF["tmp"]), at
 
     def fold_round(self, red, k, c, moves, protos, landed):

@@ -10,6 +10,7 @@ copied out first."""
 from math import gcd
 
 from ..sched import Copy, Move, Reduce, Step
+from . import gather
 
 
 def chunk(call, piped=True):
@@ -51,8 +52,8 @@ def deposit(call, src, readers, off, n, sbuf, via="auto"):
     the writer copies nothing, and the reader reads memory the writer has
     not just rewritten, which a staged ring's lines always are (slow when
     the two cores are far apart)."""
-    if via == "auto" and sbuf == "send" and call.cma and 0 < call.params["cma_bytes"] <= n:
-        via = "direct"
+    if via == "auto" and sbuf == "send":
+        via = gather.via(call, n)
     return Move(src, tuple(readers), ((off, 0, n),), sbuf=sbuf, via=via, chunk=chunk(call, via != "direct"))
 
 
