@@ -11,13 +11,15 @@
  *    single copies (reads and writes) go through a bounce buffer at the
  *    peer's page offset (measured: 256 KiB alltoall 236 -> 53 us, fresh layout 44). */
 #include "sc_internal.h"
-#include <immintrin.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <sys/uio.h>
 
 #define PAGE 4096
 #define BOUNCE (64 << 10)
+
+#if defined(__x86_64__)
+#include <immintrin.h>
 
 static int has_avx2(void)
 {
@@ -47,15 +49,25 @@ __attribute__((target("avx2"))) static void vec_avx2(char *d, const char *s, int
 static void vec_sse2(char *d, const char *s, int64_t n)
 { VEC_LOOP(__m128i, 16, _mm_loadu_si128, _mm_storeu_si128) }
 
+static void copy_vec(char *dst, const char *src, int64_t n)
+{
+    (has_avx2() ? vec_avx2 : vec_sse2)(dst, src, n);
+}
+
+static void copy_nt(char *dst, const char *src, int64_t n)
+{
+    (has_avx2() ? nt_avx2 : nt_sse2)(dst, src, n);
+    _mm_sfence();                               /* streamed stores before the flag */
+}
+#else                                           /* elsewhere: plain copies (neither the aliasing nor the streaming applies) */
+#define copy_vec memcpy
+#define copy_nt memcpy
+#endif
+
 static int aliased(const char *dst, const char *src)
 {
     uint64_t d = ((uintptr_t)dst - (uintptr_t)src) & (PAGE - 1);
     return d && d < 64;
-}
-
-static void copy_vec(char *dst, const char *src, int64_t n)
-{
-    (has_avx2() ? vec_avx2 : vec_sse2)(dst, src, n);
 }
 
 void sc_copy(char *dst, const char *src, int64_t n, int nt)
@@ -67,8 +79,7 @@ void sc_copy(char *dst, const char *src, int64_t n, int nt)
     }
     int64_t head = (-(intptr_t)dst) & 31;      /* align the streamed stores */
     memcpy(dst, src, head);
-    (has_avx2() ? nt_avx2 : nt_sse2)(dst + head, src + head, n - head);
-    _mm_sfence();                               /* streamed stores before the flag */
+    copy_nt(dst + head, src + head, n - head);
 }
 
 #define PIECE (4 << 20)
