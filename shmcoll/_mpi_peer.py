@@ -191,14 +191,12 @@ def reduce_scatter(comm, nbytes, algorithm=None):
     return reduction(comm, nbytes, "Reduce_scatter_block", np.float64, algorithm, block=True)
 
 
-def measure(run, sync, share, min_time, max_iters, reps):
-    """This rank's per-call seconds for each repetition (the caller takes the max over ranks).
-
-    Calibration doubles N until a batch lasts a quarter of ``min_time`` on rank 0,
-    then scales N to last ``min_time``; ``share(x)`` returns rank 0's ``x`` on every
-    rank, so all ranks run the same N (a mismatch would deadlock).  ``sync()`` is a
-    barrier.  A warm-up of N/10 calls precedes the timed repetitions.
-    """
+def calibrate(run, sync, share, min_time, max_iters):
+    """Calls per repetition: N doubles until a batch lasts a quarter of
+    ``min_time`` on rank 0, then scales to last ``min_time``; ``share(x)``
+    returns rank 0's ``x`` on every rank, so all ranks run the same N (a
+    mismatch would deadlock).  ``sync()`` is a barrier.  A warm-up of N/10
+    calls follows."""
     n = 1
     while True:
         sync()
@@ -212,14 +210,22 @@ def measure(run, sync, share, min_time, max_iters, reps):
         n = min(max_iters, n * 2)
     for _ in range(max(1, n // 10)):
         run()
-    times = []
-    for _ in range(reps):
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            run()
-        times.append((time.perf_counter() - t0) / n)
-    return times
+    return n
+
+
+def timed(run, sync, n):
+    """Per-call seconds of one repetition of n calls."""
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        run()
+    return (time.perf_counter() - t0) / n
+
+
+def measure(run, sync, share, min_time, max_iters, reps):
+    """This rank's per-call seconds for each repetition (the caller takes the max over ranks)."""
+    n = calibrate(run, sync, share, min_time, max_iters)
+    return [timed(run, sync, n) for _ in range(reps)]
 
 
 class Gloo:

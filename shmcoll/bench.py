@@ -25,7 +25,7 @@ import numpy as np
 
 import shmcoll
 from shmcoll import _mpi_peer
-from shmcoll._mpi_peer import OPS, measure, parse_list
+from shmcoll._mpi_peer import OPS, calibrate, measure, parse_list, timed
 
 #: 8 B .. 16 MiB in steps of 8x (whole buffer for bcast, per-rank block for the others).
 DEFAULT_SIZES = [8 * 8 ** i for i in range(8)]
@@ -80,8 +80,9 @@ def record(op, n, size, impl, algorithm, per_rank_times=None, valid=None, error=
 
 # --- shmcoll -----------------------------------------------------------------
 
-def _shmcoll_rank(comm, op, sizes, algorithm, cfg):
-    """Runs in every rank: validate, then time each size; returns (size, ok, times, selected)."""
+def _shmcoll_rank(comm, op, sizes, algorithm, cfg, floor):
+    """Runs in every rank: validate, then time each size; returns (size, ok,
+    times, selected, copy times or None)."""
     cell = np.zeros(1)
 
     def share(x):  # rank 0's calibration decides N for everyone
@@ -93,25 +94,52 @@ def _shmcoll_rank(comm, op, sizes, algorithm, cfg):
     for size in sizes:
         run, check = OPS[op](comm, size, algorithm=algorithm)
         ok = check()
-        times = measure(run, comm.Barrier, share, cfg.min_time, cfg.max_iters, cfg.reps)
-        out.append((size, ok, times, comm.selected(COLLECTIVE.get(op, op), size) if algorithm is None else None))
+        copies = None
+        if floor:
+            src, dst = np.ones(max(size, 1), np.uint8), np.zeros(max(size, 1), np.uint8)
+            times, copies = measure_beside(run, lambda: np.copyto(dst, src), comm.Barrier, share, cfg)
+        else:
+            times = measure(run, comm.Barrier, share, cfg.min_time, cfg.max_iters, cfg.reps)
+        out.append((size, ok, times, comm.selected(COLLECTIVE.get(op, op), size) if algorithm is None else None,
+                    copies))
     return out
 
 
+def measure_beside(run, other, sync, share, cfg):
+    """Per-call seconds of run and of other, their repetitions alternating,
+    so that both see the host in the same state (it drifts 2-5x within
+    minutes: a floor measured a minute apart says little)."""
+    n = calibrate(run, sync, share, cfg.min_time, cfg.max_iters)
+    m = calibrate(other, sync, share, cfg.min_time, cfg.max_iters)
+    pairs = [(timed(run, sync, n), timed(other, sync, m)) for _ in range(cfg.reps)]
+    return [a for a, _ in pairs], [b for _, b in pairs]
+
+
 def run_shmcoll(op, n, algorithm, cfg):
-    """One launch per algorithm, so a failing algorithm costs only its own column."""
+    """One launch per algorithm, so a failing algorithm costs only its own
+    column.  The automatic choice's launch also measures allreduce's
+    memory-bandwidth floor, beside it: every rank copies N bytes (read N,
+    write N: the machine's bandwidth for n ranks placed as shmcoll places
+    them), scaled to what a rank of a reduce-scatter + allgather must move
+    at least: read its N of input and the (n - 1) / n * N others folded,
+    write N, i.e. (3 - 1/n) / 2 copies."""
     seq = sequence(op, cfg)
     sizes = [s for s, _ in seq]
     bind = cfg.bind if cfg.bind != "auto" else "core"   # pinned even when oversubscribed: shmcoll's best
     name = algorithm or "auto"
+    floor = algorithm is None and op in FLOOR_OPS and "floor" in cfg.peers
     try:
-        ranks = shmcoll.launch(_shmcoll_rank, n, args=(op, sizes, algorithm, cfg), bind=bind,
+        ranks = shmcoll.launch(_shmcoll_rank, n, args=(op, sizes, algorithm, cfg, floor), bind=bind,
                                topology=cfg.topology, timeout=cfg.timeout)
     except Exception as e:  # a rank raised or hung: report it in the table, keep going
-        return [record(op, n, s, "shmcoll", name, error=f"{type(e).__name__}: {e}", order=o) for s, o in seq]
-    return [record(op, n, size, "shmcoll", name, [r[i][2] for r in ranks],
+        return [record(op, n, s, impl, name if impl == "shmcoll" else None, error=f"{type(e).__name__}: {e}",
+                       order=o) for impl in ("shmcoll", "floor")[:1 + floor] for s, o in seq]
+    rows = [record(op, n, size, "shmcoll", name, [r[i][2] for r in ranks],
                    valid=all(r[i][1] for r in ranks), selected=selected, order=seq[i][1])
-            for i, (size, _, _, selected) in enumerate(ranks[0])]
+            for i, (size, _, _, selected, _) in enumerate(ranks[0])]
+    scale = (3 - 1 / n) / 2
+    return rows + [record(op, n, size, "floor", None, [[t * scale for t in r[i][4]] for r in ranks], valid=True,
+                          order=seq[i][1]) for i, (size, *_) in enumerate(ranks[0]) if floor]
 
 
 # --- ref: another installation of shmcoll ----------------------------------
@@ -336,37 +364,6 @@ def run_gloo(op, n, cfg, libraries):
             record(op, n, s, "gloo", None, error="not supported by gloo", order=o) for s, o in sequence(op, cfg)]
 
 
-def _floor_rank(rank, n, sizes, bar, cell, queue, cfg, pin):
-    share = _mp_share(rank, bar, cell, pin)
-    out = []
-    for size in sizes:
-        src, dst = np.ones(max(size, 1), np.uint8), np.zeros(max(size, 1), np.uint8)
-        out.append(measure(lambda: np.copyto(dst, src), bar.wait, share, cfg.min_time, cfg.max_iters, cfg.reps))
-    queue.put((rank, out))
-
-
-def run_floor(op, n, cfg):
-    """Allreduce's memory-bandwidth floor, measured now: every rank copies
-    N bytes at once (read N, write N: the machine's bandwidth for n cores),
-    scaled to what a rank of a reduce-scatter + allgather must move at
-    least: read its N of input and the (n - 1) / n * N others folded, write
-    N, i.e. (3 - 1/n) / 2 copies."""
-    ctx = mp.get_context("fork")
-    seq = sequence(op, cfg)
-    bar, cell, queue = ctx.Barrier(n), ctx.Value("d", lock=False), ctx.Queue()
-    pin = n <= len(CPUS) and cfg.bind != "none"
-    procs = [ctx.Process(target=_floor_rank, args=(r, n, [s for s, _ in seq], bar, cell, queue, cfg, pin))
-             for r in range(n)]
-    for p in procs:
-        p.start()
-    times = dict(queue.get(timeout=cfg.timeout) for _ in procs)
-    for p in procs:
-        p.join()
-    scale = (3 - 1 / n) / 2
-    return [record(op, n, size, "floor", None, [[t * scale for t in times[r][i]] for r in range(n)], valid=True,
-                   order=o) for i, (size, o) in enumerate(seq)]
-
-
 # --- output ------------------------------------------------------------------
 
 def column(row):
@@ -586,8 +583,7 @@ def main(argv=None):
                     rows += run_mp(op, n, cfg)
                 if "gloo" in peers:
                     rows += run_gloo(op, n, cfg, libraries)
-                if op in FLOOR_OPS and "floor" in cfg.peers:
-                    rows += run_floor(op, n, cfg)
+                rows.sort(key=lambda r: r["impl"] == "floor")     # measured with auto, shown last
                 rounds.append([dict(r, round=k) for r in rows])
             table(op, n, rounds, peers)
             results += [r for rows in rounds for r in rows]

@@ -209,3 +209,41 @@ def test_sizes_take_binary_suffixes_and_refuse_the_rest(capsys):
     with pytest.raises(SystemExit):
         bench.parse(["bcast", "--sizes", "8,4Q"])
     assert "'4Q' is not a byte count" in capsys.readouterr().err
+
+
+# --- the floor -------------------------------------------------------------
+
+def test_floor_is_measured_beside_auto_and_scaled(tmp_path, monkeypatch, capsys):
+    """The floor column comes from the automatic choice's own launch: each
+    rank's copy times, scaled to (3 - 1/n) / 2 copies, max over ranks; only
+    for allreduce, shown after the peers, with auto/floor."""
+    rank, real = [None], bench._shmcoll_rank
+
+    def rank_known(comm, *args):                 # the ranks inherit these through fork
+        rank[0] = comm.rank
+        return real(comm, *args)
+
+    def fake(run, other, sync, share, cfg):
+        run(), other()
+        return [1e-6] * cfg.reps, [2e-6 * (1 + (rank[0] == 1))] * cfg.reps
+    monkeypatch.setattr(bench, "_shmcoll_rank", rank_known)
+    monkeypatch.setattr(bench, "measure_beside", fake)
+    out = tmp_path / "b.json"
+    assert bench.main(["allreduce", "bcast", *TINY, "-n", "3", "--rounds", "1", "--algorithms", "none",
+                       "--peers", "floor", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["results"]
+    floor = [r for r in rows if r["impl"] == "floor"]
+    assert [(r["op"], r["size"]) for r in floor] == [("allreduce", 8), ("allreduce", 4096)]
+    assert all(r["us"] == pytest.approx(4 * (3 - 1 / 3) / 2) for r in floor)       # rank 1's 4 us, scaled
+    assert [r["us"] for r in rows if r["op"] == "allreduce" and r["impl"] == "shmcoll"] == [1, 1]
+    assert rows.index(floor[0]) > max(i for i, r in enumerate(rows) if r["impl"] == "shmcoll" and r["op"] == "allreduce")
+    assert "auto/floor" in capsys.readouterr().out
+
+
+def test_measure_beside_alternates_repetitions():
+    seen = []
+    cfg = bench.parse(["allreduce", "--min-time", "0.001", "--max-iters", "2", "--reps", "4"])
+    a, b = bench.measure_beside(lambda: seen.append("a"), lambda: seen.append("b"), lambda: None, lambda x: x, cfg)
+    assert len(a) == len(b) == 4
+    timed_part = "".join(seen)[-16:]            # after calibration and warm-up: 4 x (2 a's, 2 b's)
+    assert timed_part == "aabb" * 4
