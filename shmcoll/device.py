@@ -84,7 +84,7 @@ def _derive(p, nranks, topo, slots):
     # one reader at a time gains from 32 KiB (2 ranks, 32 KiB, near cores:
     # alltoall 5.5 vs 6.5 us, gather 4.7 vs 5.4; with the cores far apart a
     # staged copy is 2-4x slower, a single copy not: bench/README.md); with
-    # more ranks sharing the cores, only from about 1 MiB
+    # more ranks, from about 1 MiB (of a rank's blocks together, gather.via)
     p["cma_bytes"] = int(p["cma_bytes"] if p["cma_bytes"] is not None else (1 << 15 if nranks == 2 else 1 << 20))
     per_socket = max(sum(1 for s in slots if s.socket == slots[0].socket), 1)
     p["bcast_k"] = int(p["bcast_k"] or max(1, min(4, per_socket)))

@@ -92,6 +92,19 @@ def shared_array(shape, dtype=np.int64, fill=0):
     return a
 
 
+def planned(n, cpus, nbytes, root=0, counts=None):
+    """The Call a collective plans for n ranks placed on `cpus` CPUs (rank r
+    on CPU r % cpus, whatever this machine has), ranks able to read each
+    other's memory: to test choices that depend on oversubscription."""
+    import dataclasses
+    from shmcoll.device import make_plan
+    from shmcoll.sched import Call
+    topo = shmcoll.topology(f"1x{n}")
+    slots = [dataclasses.replace(s, cpus=frozenset({s.rank % cpus})) for s in topo.placement(n, "core", "compact")]
+    plan = make_plan(n, topo, slots)
+    return Call(n, nbytes, root, plan.params, plan.slots, 1, True, counts)
+
+
 def pattern(count, dtype, *salt):
     """Closed-form data: element j of the array named by salt (call index,
     root, source rank, ...) — distinct per salt so stale data is caught."""

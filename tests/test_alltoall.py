@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import shmcoll
-from conftest import DTYPES, SMALL, attempt, cma as _cma, counts_for, pattern, poison, run_cases, run_ranks
+from conftest import DTYPES, SMALL, attempt, cma as _cma, counts_for, pattern, planned, poison, run_cases, run_ranks
 
 ALGS = ["bruck", "all_at_once", "pairwise", "tiled", None]
 RANKS = [1, 2, 3, 4, 5, 7, 8]
@@ -260,6 +260,22 @@ def test_alltoall_rendezvous(n):
         pytest.skip("cross-memory attach is not permitted between ranks here")
     check(n, table(["pairwise"], SMALL_SIZES + [1 << 16]), options=dict(SMALL, cma_bytes=1))
     check(n, table(["pairwise"], [1 << 16]), options=dict(SMALL, cma_bytes=0))
+
+
+def test_single_copy_counts_every_block_when_each_rank_has_a_cpu():
+    """A rank's p - 1 blocks count together against cma_bytes (1 MiB) when
+    each rank has a CPU of its own: 16 ranks of 128 KiB blocks go pairwise
+    by single copy, of 64 KiB staged; 16 ranks on 2 CPUs stage 128 KiB."""
+    from shmcoll.coll import alltoall
+
+    def plan(nbytes, cpus):
+        call = planned(16, cpus, nbytes)
+        return alltoall.choose(call), {m.via for st in alltoall.pairwise(call) for m in st.moves}
+
+    least = -(-(1 << 20) // 15)
+    assert plan(128 << 10, 16) == plan(least, 16) == ("pairwise", {"direct"})
+    assert plan(least - 1, 16)[1] == plan(128 << 10, 2)[1] == {"auto"}
+    assert plan(1 << 20, 2) == ("pairwise", {"direct"})
 
 
 def test_tile_larger_than_channel_is_clamped():

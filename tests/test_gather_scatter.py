@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import shmcoll
-from conftest import (DTYPES, SMALL, assert_killed_mid, attempt, cma as _cma, counts_for, pattern, poison,
-                      run_cases, run_ranks)
+from conftest import (DTYPES, SMALL, assert_killed_mid, attempt, cma as _cma, counts_for, pattern, planned,
+                      poison, run_cases, run_ranks)
 
 ALGS = ["flat", "binomial", None]
 CHUNK = SMALL["chunk_bytes"]
@@ -102,6 +102,29 @@ def test_gather_single_copy_traffic_is_the_schedules(n):
         assert all(got[d][root][2] for d in range(n)), f"root {root}: wrong data"
         assert np.array_equal(measured, want), f"root {root}: recorded\n{measured}\nschedule\n{want}"
         assert want[:, root].sum() == (n - 1) * 300001
+
+
+@pytest.mark.parametrize("op", ["gather", "scatter"])
+def test_single_copy_counts_every_block_when_each_rank_has_a_cpu(op):
+    """The root copies its blocks one after another when they are staged,
+    so with a CPU per rank they count together against cma_bytes (1 MiB):
+    16 ranks of 128 KiB go direct, of 64 KiB not; with 16 ranks on 2 CPUs
+    only a block of 1 MiB does.  A Gatherv counts each block as if all
+    were its size, never above what the root moves."""
+    def vias(nbytes, cpus, counts=None):
+        from shmcoll.coll import gather, scatter
+        plan = (gather if op == "gather" else scatter).flat(planned(16, cpus, nbytes, 3, counts))
+        return {m.via for st in plan for m in st.moves}
+    single = "push" if op == "gather" else "direct"
+    least = -(-(1 << 20) // 15)         # the smallest block of which 15 reach 1 MiB
+    assert vias(128 << 10, 16) == vias(least, 16) == {single}
+    assert vias(least - 1, 16) == vias(64 << 10, 16) == {"auto"}
+    assert vias(128 << 10, 2) == {"auto"}
+    assert vias(1 << 20, 2) == {single}
+    skew = tuple((n, at) for n, at in zip([8] * 8 + [1 << 18] * 8, range(0, 1 << 30, 1 << 20)))
+    assert vias(0, 16, skew) == {"auto", single}
+    lone = tuple((n, r << 20) for r, n in enumerate([0] * 15 + [1 << 19]))
+    assert vias(0, 16, lone) == {"auto"}
 
 
 @pytest.mark.parametrize("op,alg", [("bcast", "original"), ("gather", "flat")])

@@ -13,6 +13,7 @@ r's sendbuf goes to block r of rank i's recvbuf; one block stays local.
                rotate back (small blocks, many ranks)
 """
 from ..sched import Copy, Move, Step
+from . import gather
 
 
 def _own(call):
@@ -32,10 +33,13 @@ def _pairs(call, via, chunk):
     return steps or [Step(copies=_own(call))]
 
 
+def _via(call):
+    """Every block has one reader: direct as gather.via says for p - 1 of them."""
+    return gather.via(call, call.nbytes, (call.nranks - 1) * call.nbytes)
+
+
 def pairwise(call):
-    par = call.params
-    direct = call.cma and 0 < par["cma_bytes"] <= call.nbytes
-    return _pairs(call, "direct" if direct else "auto", par["chan_bytes"] // 2)
+    return _pairs(call, _via(call), call.params["chan_bytes"] // 2)
 
 
 def tiled(call):
@@ -75,12 +79,13 @@ def footprint(call):
 def choose(call):
     """MPICH's rule (Bruck for <= 256 B blocks at p >= 8, all-at-once up to
     32 KiB, pairwise above).  Large blocks go direct when the ranks may
-    read each other; without that, tiled keeps staged tiles in cache."""
-    p, b, par = call.nranks, call.nbytes, call.params
+    read each other (gather.via); without that, tiled keeps staged tiles
+    in cache."""
+    p, b = call.nranks, call.nbytes
     if b <= 256 and p >= 8:
         return "bruck"
     if b <= 32768 and p > 2:
         return "all_at_once"
-    if call.cma and 0 < par["cma_bytes"] <= b:
+    if _via(call) == "direct":
         return "pairwise"
-    return "tiled" if b > par["tile_bytes"] else "pairwise"
+    return "tiled" if b > call.params["tile_bytes"] else "pairwise"
