@@ -6,6 +6,8 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdio.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 #include <linux/futex.h>
@@ -321,13 +323,56 @@ void sc_wake(sc_wq_t *wq)
     syscall(SYS_futex, (uint32_t *)&wq->posts, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
+/* Is the process stopped (SIGSTOP, a debugger)?  Only asked once a wait
+ * has timed out. */
+static int stopped(int pid)
+{
+    char path[32], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *end = strrchr(buf, ')');          /* the name may hold spaces and parentheses */
+    return end && end[1] == ' ' && (end[2] == 'T' || end[2] == 't');
+}
+
+/* The rank a stall is on: from the rank we waited on, follow whom each
+ * waits on to one that waits on no one, or is stopped.  Ranks waiting on
+ * a stalled rank are not to blame: with 2 waiting for 0's release while
+ * 0 waits for stopped 1, whichever timer runs out first names 1.  A cycle
+ * of waits (ranks in different calls) names the rank we waited on. */
+static int stalled_rank(sc_comm_t *c, int who)
+{
+    int r = who;
+    if (who < 0 || who >= c->size) return who;
+    for (int hops = 0; hops < c->size; hops++) {
+        int next = atomic_load(&state(c, r)->waiting) - 1;
+        if (next < 0 || next >= c->size || next == c->rank || stopped(state(c, r)->pid)) return next == c->rank ? who : r;
+        r = next;
+    }
+    return who;
+}
+
 /* Spin with pause while the peer is likely running, then yield the core
  * (cheap hand-off when ranks outnumber cores), then sleep on the futex with
  * a timeout so that health is still checked while asleep.  Once slow, the
  * awaited rank's arrival record is compared with ours (a rank in another
  * collective, or with other arguments, never arrives where we wait),
  * signals are polled (Ctrl-C) and the stall timeout runs. */
+static int wait_slow(sc_comm_t *c, const sc_wait_t *w);
+
 int sc_wait_slow(sc_comm_t *c, const sc_wait_t *w)
+{
+    _Atomic int32_t *waiting = &state(c, c->rank)->waiting;
+    atomic_store_explicit(waiting, w->who + 1, memory_order_relaxed);
+    int rc = wait_slow(c, w);
+    atomic_store_explicit(waiting, 0, memory_order_relaxed);
+    return rc;
+}
+
+static int wait_slow(sc_comm_t *c, const sc_wait_t *w)
 {
     settle(c, post_line(c, c->rank));        /* no one may sleep on us while we wait */
     int64_t t0 = now_ns(), next_live = t0 + c->liveness_ns, next_poll = t0 + POLL_NS, next_check = t0 + CHECK_NS;
@@ -356,7 +401,10 @@ int sc_wait_slow(sc_comm_t *c, const sc_wait_t *w)
             next_poll = t + POLL_NS;
             if (((int (*)(sc_comm_t *))c->poll)(c)) return sc_fail(c, SC_EINTR, c->rank, 0, 0);
         }
-        if (c->timeout_ns > 0 && t - t0 > c->timeout_ns) return sc_fail(c, SC_ETIMEOUT, w->who, (t - t0) / 1000000, 0);
+        if (c->timeout_ns > 0 && t - t0 > c->timeout_ns) {
+            int r = stalled_rank(c, w->who);
+            return sc_fail(c, SC_ETIMEOUT, r, (t - t0) / 1000000, r == w->who ? -1 : w->who);
+        }
         if (t - t0 < w->spin_ns) continue;
         if (t - t0 < w->spin_ns + c->yield_ns) {
             sched_yield();

@@ -63,10 +63,11 @@ enum { ST_NONE = 0, ST_ALIVE = 1, ST_DONE = 2, ST_DEAD = 3 };
  * calls before it still complete: the aborting rank finished them. */
 /* pushing: rank + 1 of the rank whose memory this one is writing into
  * (process_vm_writev, a push), else 0; shut: this rank's call failed, no
- * one may write into its buffers any more (sc_shut). */
+ * one may write into its buffers any more (sc_shut); waiting: rank + 1 of
+ * the rank this one's slow wait waits on, else 0 (whom a stall blames). */
 typedef struct {
     _Atomic int32_t state; int32_t pid; uint64_t magic_addr; uint64_t abort_call; int32_t abort_at, pad;
-    _Atomic int32_t pushing, shut;
+    _Atomic int32_t pushing, shut, waiting, pad2;
 } sc_rank_t;
 static inline sc_rank_t *rank_rec(sc_comm_t *c, int r) { return (sc_rank_t *)(c->base + c->off_state) + r; }
 

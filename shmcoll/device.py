@@ -295,7 +295,8 @@ class Device:
             return PeerDied(c.err_rank, f"{'exited' if c.err_code == 4 else 'died'} while rank {me} waited on "
                                         f"it in {what}")
         if rc == lib.SC_ETIMEOUT:
-            return PeerTimeout(c.err_rank, f"did not arrive for {c.err_a / 1000:.3g} s while rank {me} waited on it "
+            on = "it" if c.err_b < 0 else f"rank {c.err_b}, which waits on it,"
+            return PeerTimeout(c.err_rank, f"did not arrive for {c.err_a / 1000:.3g} s while rank {me} waited on {on} "
                                            f"in {what} (stopped, stalled, or in another call?); the job is aborted "
                                            f"(timeout option / SHMCOLL_TIMEOUT)")
         if rc == lib.SC_ECMA:

@@ -432,15 +432,17 @@ def _alive(pid):
         return False
 
 
-def _stop_job(comm, out, msgs, pids, victim):
+def _stop_job(comm, out, msgs, pids, victim, alg=None, patient=-1):
     me = comm.rank
     pids[me] = os.getpid()
+    if me == patient:
+        comm._c.timeout_ns = 60 * 10**9              # its stall timer runs out last
     comm.Barrier()                                   # everybody is up
     if me == victim:
         os.kill(os.getpid(), signal.SIGSTOP)
     t = time.monotonic()
     try:
-        comm.Barrier()
+        comm.Barrier(alg)
         out[me] = (1, -1, time.monotonic() - t)
         return None
     except Exception as e:
@@ -484,6 +486,23 @@ def test_stopped_rank_times_out(how, monkeypatch):
     while any(_alive(p) for p in pids.tolist()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(_alive(p) for p in pids.tolist()), "a rank outlived launch()"
+
+
+def test_stall_is_blamed_on_the_stopped_rank_not_on_one_waiting_for_it():
+    """Padded barrier, 3 ranks: 2 waits for 0's release while 0 waits for
+    stopped 1.  Rank 2's timer runs out first (rank 0's is made longer);
+    it names 1, which stalls, not 0, which waits like it (on 16 cores the
+    two timers ran out together and rank 2 blamed 0)."""
+    n, victim = 3, 1
+    out = shared_array((n, 3), np.float64, fill=-9)
+    msgs = shared_array((n, 256), np.uint8)
+    pids = shared_array(n, np.int64)
+    with pytest.raises(Exception):
+        run_ranks(_stop_job, n, out, msgs, pids, victim, "padded", 0, timeout=40, options={"timeout": 2})
+    text = [bytes(m).rstrip(b"\0").decode(errors="replace") for m in msgs]
+    assert out[2].tolist()[:2] == [2, victim], f"{out.tolist()} {text}"
+    assert "rank 1 did not arrive" in text[2] and "waited on rank 0, which waits on it, in Barrier" in text[2], text[2]
+    assert out[0].tolist()[:2] == [3, 2], f"rank 0 should see rank 2's abort: {out.tolist()} {text}"
 
 
 # -- (k) SIGINT to a rank blocked in a collective ------------------------------------------
