@@ -127,6 +127,18 @@ def test_single_copy_counts_every_block_when_each_rank_has_a_cpu(op):
     assert vias(0, 16, lone) == {"auto"}
 
 
+def test_gather_of_small_blocks_goes_up_a_tree_with_many_ranks_on_their_own_cpus():
+    """Over 8 ranks with a CPU each, blocks up to 4 KiB: binomial (the
+    root's p - 1 waits in turn cost more than log p levels); flat for
+    bigger blocks, fewer ranks, or ranks sharing CPUs."""
+    from shmcoll.coll import gather
+    assert gather.choose(planned(16, 16, 8)) == gather.choose(planned(9, 9, 4096)) == "binomial"
+    assert gather.choose(planned(16, 16, 4097)) == gather.choose(planned(8, 8, 8)) == "flat"
+    assert gather.choose(planned(16, 2, 8)) == "flat"
+    lone = tuple((n, r << 20) for r, n in enumerate([8] * 15 + [1 << 19]))
+    assert gather.choose(planned(16, 16, 0, counts=lone)) == "flat"
+
+
 @pytest.mark.parametrize("op,alg", [("bcast", "original"), ("gather", "flat")])
 @pytest.mark.parametrize("nbytes", [65536, 65537, 300001, 1 << 22])
 def test_two_rank_single_copy_is_shared(op, alg, nbytes):
