@@ -345,11 +345,11 @@ static int stopped(int pid)
  * of waits (ranks in different calls) names the rank we waited on. */
 static int stalled_rank(sc_comm_t *c, int who)
 {
-    int r = who;
     if (who < 0 || who >= c->size) return who;
-    for (int hops = 0; hops < c->size; hops++) {
+    for (int r = who, hops = 0; hops < c->size; hops++) {
         int next = atomic_load(&state(c, r)->waiting) - 1;
-        if (next < 0 || next >= c->size || next == c->rank || stopped(state(c, r)->pid)) return next == c->rank ? who : r;
+        if (next == c->rank) return who;                                  /* a cycle through us */
+        if (next < 0 || next >= c->size || stopped(state(c, r)->pid)) return r;
         r = next;
     }
     return who;
@@ -361,17 +361,6 @@ static int stalled_rank(sc_comm_t *c, int who)
  * awaited rank's arrival record is compared with ours (a rank in another
  * collective, or with other arguments, never arrives where we wait),
  * signals are polled (Ctrl-C) and the stall timeout runs. */
-static int wait_slow(sc_comm_t *c, const sc_wait_t *w);
-
-int sc_wait_slow(sc_comm_t *c, const sc_wait_t *w)
-{
-    _Atomic int32_t *waiting = &state(c, c->rank)->waiting;
-    atomic_store_explicit(waiting, w->who + 1, memory_order_relaxed);
-    int rc = wait_slow(c, w);
-    atomic_store_explicit(waiting, 0, memory_order_relaxed);
-    return rc;
-}
-
 static int wait_slow(sc_comm_t *c, const sc_wait_t *w)
 {
     settle(c, post_line(c, c->rank));        /* no one may sleep on us while we wait */
@@ -415,6 +404,17 @@ static int wait_slow(sc_comm_t *c, const sc_wait_t *w)
         if (!reached(w)) futex_wait(&w->wq->posts, seen, c->sleep_ns < POLL_NS ? c->sleep_ns : POLL_NS);
         atomic_fetch_sub(&w->wq->sleepers, 1);
     }
+}
+
+/* The slow wait, published: whom it waits on is what a stall timeout
+ * follows (stalled_rank). */
+int sc_wait_slow(sc_comm_t *c, const sc_wait_t *w)
+{
+    _Atomic int32_t *waiting = &state(c, c->rank)->waiting;
+    atomic_store_explicit(waiting, w->who + 1, memory_order_relaxed);
+    int rc = wait_slow(c, w);
+    atomic_store_explicit(waiting, 0, memory_order_relaxed);
+    return rc;
 }
 
 /* This rank's call failed: shut the door on pushes (no peer starts a

@@ -20,6 +20,11 @@ def pieces(call):
     return tuple((call.nbytes, r * call.nbytes) for r in range(call.nranks))
 
 
+def largest(call):
+    """The biggest block of the call (v-variants: of any rank)."""
+    return max((n for n, _ in pieces(call)), default=0)
+
+
 def via(call, n, total=None):
     """How a block of n bytes travels: by single copy (direct) once ranks
     may reach each other's memory and cma_bytes are at stake.  A block that
@@ -110,5 +115,4 @@ def choose(call):
     the root's p - 1 waits in turn cost more than log p levels (16 ranks
     on 16 cores, binomial vs flat: 8 B 2.0 vs 4.3 us, 4 KiB 9.1 vs 10.5;
     taking turns on 2 CPUs, flat stays ahead: 8 B 5.1 vs 8.7)."""
-    small = max((n for n, _ in pieces(call)), default=0) <= 4096
-    return "binomial" if small and call.nranks > 8 and not oversubscribed(call.slots) else "flat"
+    return "binomial" if largest(call) <= 4096 and call.nranks > 8 and not oversubscribed(call.slots) else "flat"

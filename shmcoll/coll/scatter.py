@@ -8,7 +8,7 @@ displs[r]) lands in rank r's recvbuf.
 """
 from ..sched import Copy, Move, Step
 from ..topology import oversubscribed
-from .gather import pieces, root_bytes, tree, via
+from .gather import largest, pieces, root_bytes, tree, via
 
 
 def flat(call):
@@ -56,5 +56,4 @@ def choose(call):
     tree: the root hands over two halves instead of p - 1 blocks, so it
     yields its core less (4 ranks on 2 cores: 8 B 1.40 vs 2.77 us, 32 KiB
     19 vs 41, 2 MiB 1264 vs 205)."""
-    small = max((n for n, _ in pieces(call)), default=0) < 1 << 20
-    return "binomial" if small and oversubscribed(call.slots) else "flat"
+    return "binomial" if largest(call) < 1 << 20 and oversubscribed(call.slots) else "flat"
