@@ -93,6 +93,25 @@ def _protocol(m, slot_used):
     return "staged", None
 
 
+def _touches(st, r):
+    """(start, end) of the user memory (sendbuf and recvbuf alike: they are
+    one buffer in place) that rank r reads or writes in step st, or that
+    others read from it or write into it."""
+    user = ("send", "recv")
+    for m in st.moves:
+        if m.src == r and m.sbuf in user:
+            yield from ((so, so + ln) for so, _, ln in m.parts)
+        if r in m.dst and m.dbuf in user:
+            yield from ((do, do + ln) for _, do, ln in m.parts)
+    for cp in st.copies:
+        if cp.rank == r:
+            yield from [(o, o + cp.n) for b, o in ((cp.sbuf, cp.soff), (cp.dbuf, cp.doff)) if b in user]
+    for red in st.reduces:
+        if red.rank == r:
+            yield from [(i[1], i[1] + red.n) for i in red.inputs + ((red.dbuf, red.doff),)
+                        if isinstance(i, tuple) and i[0] in user]
+
+
 class _Compiler:
     def __init__(self, sched, params):
         p = self.p = sched.nranks
@@ -113,6 +132,8 @@ class _Compiler:
         self.owed = [{} for _ in range(p)]      # writer -> {(set, reader): ack} recorded as debts
         self.stripe_owed = {}
         self.direct_owed = [{} for _ in range(p)]
+        self.late = [{} for _ in range(p)]     # reader -> {writer: its last push piece}, not yet waited for
+        self.landing = [[] for _ in range(p)]  # reader -> ranges of its recvbuf those pushes write
         # scratch after the schedule's own: chunks of folded direct inputs,
         # copied in to be folded from cache, then the float32 accumulator
         # of half-type reductions
@@ -139,6 +160,17 @@ class _Compiler:
             self.drained.add((w, s))
             self.emit(w, DRAIN, s)
 
+    def settle(self, r, st=None):
+        """Reader r waits for the pushes into its recvbuf (the last one from
+        each writer: events only grow) once it is about to touch what they
+        write (st: the next step), or at the end of the call: until then
+        it works on, as pushes need nothing from it."""
+        if st is not None and not any(lo < b and a < hi for a, b in _touches(st, r) for lo, hi in self.landing[r]):
+            return
+        for w, (piece, far, first) in sorted(self.late[r].items()):
+            self.wait(r, w, piece, far, first)
+        self.late[r], self.landing[r] = {}, []
+
     def post(self, w):
         if self.pending[w]:
             self.event[w] += 1
@@ -154,6 +186,9 @@ class _Compiler:
 
     def step(self, st, protocols):
         p, par = self.p, self.params
+        for r in range(p):
+            if self.late[r]:
+                self.settle(r, st)
         moves = st.moves
         protos, slot_j = zip(*protocols) if moves else ((), ())
         nstaged = [0] * p
@@ -304,12 +339,14 @@ class _Compiler:
             q = QUEUES[m.sbuf]
             self.emit(r, QWAIT, q, w if q == 0 else r, w)
             return
-        self.wait(r, w, piece, far, first)
-        if proto == "signal":
-            return
-        if proto == "push":             # landed: nothing to copy, nothing to free
+        if proto == "push":             # lands by itself: waited for late, nothing to copy or free
+            self.late[r][w] = (piece, far, first)
+            self.landing[r] += [(do, do + ln) for _, do, ln, _ in piece["segs"]]
             if self.params.get("record_traffic"):
                 self.emit(r, COUNT, w, sum(ln for _, _, ln, _ in piece["segs"]))
+            return
+        self.wait(r, w, piece, far, first)
+        if proto == "signal":
             return
         nt = self.streamed(m.dbuf)
         if proto == "direct":
@@ -405,6 +442,8 @@ class _Compiler:
     def finish(self, sig, tmp):
         """Each rank's program: header, then instructions (see core.h)."""
         out = []
+        for r in range(self.p):
+            self.settle(r)
         for w in range(self.p):
             for r, a in sorted(self.direct_owed[w].items()):
                 self.emit(w, WAITACK, r, a, 0)

@@ -7,6 +7,7 @@ Each multi-rank case runs under a short launch timeout (the fixed engine
 raises within milliseconds, so a hang fails the test as TimeoutError well
 before pytest-timeout's outer limit).  Outcomes are classified inside the
 ranks with isinstance, so subclasses the engine may add still count."""
+import contextlib
 import os
 import re
 import select
@@ -750,6 +751,24 @@ def test_push_moves_write_only_the_recvbuf():
         compile_schedule(sched, params, (0, 0))
 
 
+@pytest.mark.parametrize("touched,first", [((0, 64), True), ((64, 128), False), ((32, 96), True)])
+def test_a_push_is_waited_for_before_its_reader_touches_what_it_wrote(touched, first):
+    """The reader of a push waits for it only at the end of the call (it
+    works on meanwhile), unless a later step touches the bytes it writes:
+    then before that step.  Here rank 0 sends on recvbuf[touched] after
+    rank 1 pushed recvbuf[0:64]."""
+    from shmcoll.compile import COPY, WAIT, compile_schedule
+    from shmcoll.sched import Move, Schedule, Step
+    lo, hi = touched
+    sched = Schedule("gather", "custom", 2, 128, 0, [Step([Move(1, (0,), ((0, 0, 64),), via="push")]),
+                                                     Step([Move(0, (1,), ((lo, lo, hi - lo),), sbuf="recv")])])
+    params = {"chan_bytes": 8192, "chunk_bytes": 1024, "stripe_bytes": 8192, "stripe_slots": 2}
+    ins = compile_schedule(sched, params, (0, 0))[0][8:].reshape(-1, 8)
+    wait = next(i for i, row in enumerate(ins) if row[0] == WAIT and row[1] == 1 and row[2] > 0)
+    copy = next(i for i, row in enumerate(ins) if row[0] == COPY)
+    assert (wait < copy) == first, ins
+
+
 @pytest.mark.parametrize("write", [0, 1])
 def test_failed_single_copy_names_its_direction_and_errno(write):
     """SC_ECMA becomes CMAError naming the peer, the direction (readv or
@@ -812,7 +831,9 @@ def test_push_never_writes_into_a_later_calls_buffer():
 def _late_push(comm, flags, n):
     """Rank 1 pushes an n-byte block into root 0 through the bounce buffer
     and is stopped mid-push; the root times out, zeroes its recvbuf and
-    lets rank 1 go on: nothing may land after the root's call raised."""
+    lets rank 1 go on: nothing may land after the root's call raised.
+    Gatherv, the root's own piece one byte: it waits for the pushes at
+    once, not after copying a block of its own."""
     pids = comm.allgather(os.getpid())
     out = {}
     if comm.rank != 0:
@@ -824,7 +845,7 @@ def _late_push(comm, flags, n):
             send = base[o:o + n]
         comm.Barrier()
         try:
-            comm.Gather(send, None, root=0)
+            comm.Gatherv(send, None, root=0)
         except Exception as e:
             out["exc"] = type(e).__name__
         flags[comm.rank] = 1
@@ -841,11 +862,12 @@ def _late_push(comm, flags, n):
         out["stopped"] = True
     threading.Thread(target=stop_rank_1, daemon=True).start()
     try:
-        comm.Gather(np.zeros(n, np.uint8), recv, root=0)
+        comm.Gatherv(np.zeros(1, np.uint8), [recv, (1, n, n), (0, n, 2 * n), np.uint8], root=0)
     except Exception as e:
         out["exc"] = type(e).__name__
     recv[:] = 0
-    os.kill(pids[1], signal.SIGCONT)
+    with contextlib.suppress(ProcessLookupError):   # the push ended before the stop: rank 1 may have left
+        os.kill(pids[1], signal.SIGCONT)
     deadline = time.monotonic() + 30
     while not flags[1] and time.monotonic() < deadline:            # rank 1 has left its Gather
         time.sleep(0.001)

@@ -23,14 +23,19 @@ def chunk(call, piped=True):
     return max(c // call.item, 1) * call.item
 
 
-def slices(call, n=None, p=None):
+def slices(call, n=None, p=None, weights=None):
     """(offset, bytes) of each of p slices (one per rank) of n bytes
-    (call.nbytes): whole elements, 64-byte multiples but for the last."""
+    (call.nbytes): whole elements, 64-byte multiples but for the last,
+    in proportion to weights (integers; default equal)."""
     n = call.nbytes if n is None else n
     p, unit = p or call.nranks, call.item * 64 // gcd(call.item, 64)
-    units, at, out = n // unit, 0, []
+    weights = weights or (1,) * p
+    units, total = n // unit, sum(weights)
+    share = [units * w // total for w in weights]
+    left = units - sum(share)
+    at, out = 0, []
     for r in range(p):
-        k = (units // p + (r < units % p)) * unit + (n - units * unit if r == p - 1 else 0)
+        k = (share[r] + (r < left)) * unit + (n - units * unit if r == p - 1 else 0)
         out.append((at, k))
         at += k
     return out
@@ -94,15 +99,16 @@ def by_node(call):
         len({call.slots[g[0]].node for g in groups}) == len(groups) <= call.nodes
 
 
-def blocks(call, width):
-    """The slices ((offset, bytes), one per owner of `width`) of each
-    block: reduce_block_bytes in whole 64-byte slices of whole items, so a
-    block is folded and shared while in cache.  The first block's slices
-    are the largest."""
+def blocks(call, width, weights=None):
+    """The slices ((offset, bytes), one per owner of `width`, in proportion
+    to weights) of each block: reduce_block_bytes in whole 64-byte slices
+    of whole items, so a block is folded and shared while in cache.  The
+    first block's slices are the largest."""
     unit = 64 * width * call.item
     size = max(call.params["reduce_block_bytes"] // unit, 1) * unit
     n = call.nbytes
-    return [[(lo + off, k) for off, k in slices(call, min(size, n - lo), width)] for lo in range(0, n, size)]
+    return [[(lo + off, k) for off, k in slices(call, min(size, n - lo), width, weights)]
+            for lo in range(0, n, size)]
 
 
 def owner(groups, g, s):
