@@ -13,6 +13,8 @@ writes round k + 1 before it reads round k (its readers copy chunk k while
 it fills chunk k + 1), then runs the step's local copies.  A writer's ring
 holds two rounds of its chunks, so a write waits only for reads of an
 earlier round: no rank waits on an event that a later one produces."""
+import bisect
+
 import numpy as np
 
 from ._core import lib
@@ -93,10 +95,32 @@ def _protocol(m, slot_used):
     return "staged", None
 
 
+class _Ranges:
+    """Disjoint [start, end) byte ranges, sorted: what a rank's pending
+    pushes write, asked for overlaps once per step (blocks × ranks of them
+    in a big Reduce)."""
+
+    def __init__(self):
+        self.starts, self.ends = [], []
+
+    def add(self, a, b):
+        i = bisect.bisect_left(self.ends, a)            # the first range ending at or after a
+        j = bisect.bisect_right(self.starts, b)         # past the last range starting at or before b
+        if i < j:
+            a, b = min(a, self.starts[i]), max(b, self.ends[j - 1])
+        self.starts[i:j], self.ends[i:j] = [a], [b]
+
+    def meets(self, a, b):
+        i = bisect.bisect_right(self.ends, a)           # the first range ending past a
+        return a < b and i < len(self.starts) and self.starts[i] < b
+
+
 def _touches(st, r):
-    """(start, end) of the user memory (sendbuf and recvbuf alike: they are
-    one buffer in place) that rank r reads or writes in step st, or that
-    others read from it or write into it."""
+    """(start, end) of the user memory that rank r reads or writes in step
+    st, or that others read from it or write into it.  sendbuf and recvbuf
+    count as one buffer at the same offsets, as a reduction's are in place
+    (a Gather root's sendbuf in place sits at its displacement instead:
+    flat Gather pushes in its one and only step, so it never asks)."""
     user = ("send", "recv")
     for m in st.moves:
         if m.src == r and m.sbuf in user:
@@ -132,8 +156,8 @@ class _Compiler:
         self.owed = [{} for _ in range(p)]      # writer -> {(set, reader): ack} recorded as debts
         self.stripe_owed = {}
         self.direct_owed = [{} for _ in range(p)]
-        self.late = [{} for _ in range(p)]     # reader -> {writer: its last push piece}, not yet waited for
-        self.landing = [[] for _ in range(p)]  # reader -> ranges of its recvbuf those pushes write
+        self.late = [[] for _ in range(p)]             # reader -> push pieces it has not waited for yet
+        self.landing = [_Ranges() for _ in range(p)]    # reader -> the bytes of its recvbuf they write
         # scratch after the schedule's own: chunks of folded direct inputs,
         # copied in to be folded from cache, then the float32 accumulator
         # of half-type reductions
@@ -161,15 +185,14 @@ class _Compiler:
             self.emit(w, DRAIN, s)
 
     def settle(self, r, st=None):
-        """Reader r waits for the pushes into its recvbuf (the last one from
-        each writer: events only grow) once it is about to touch what they
-        write (st: the next step), or at the end of the call: until then
-        it works on, as pushes need nothing from it."""
-        if st is not None and not any(lo < b and a < hi for a, b in _touches(st, r) for lo, hi in self.landing[r]):
+        """Reader r waits for the pushes into its recvbuf once it is about
+        to touch what they write (st: the next step), or at the end of the
+        call: until then it works on, as pushes need nothing from it."""
+        if st is not None and not any(self.landing[r].meets(a, b) for a, b in _touches(st, r)):
             return
-        for w, (piece, far, first) in sorted(self.late[r].items()):
+        for w, piece, far, first in self.late[r]:
             self.wait(r, w, piece, far, first)
-        self.late[r], self.landing[r] = {}, []
+        self.late[r], self.landing[r] = [], _Ranges()
 
     def post(self, w):
         if self.pending[w]:
@@ -340,8 +363,9 @@ class _Compiler:
             self.emit(r, QWAIT, q, w if q == 0 else r, w)
             return
         if proto == "push":             # lands by itself: waited for late, nothing to copy or free
-            self.late[r][w] = (piece, far, first)
-            self.landing[r] += [(do, do + ln) for _, do, ln, _ in piece["segs"]]
+            self.late[r].append((w, piece, far, first))
+            for _, do, ln, _ in piece["segs"]:
+                self.landing[r].add(do, do + ln)
             if self.params.get("record_traffic"):
                 self.emit(r, COUNT, w, sum(ln for _, _, ln, _ in piece["segs"]))
             return

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 import shmcoll
-from conftest import SMALL, assert_killed_mid, cma, run_cases, run_ranks
+from conftest import SMALL, assert_killed_mid, cma, planned, run_cases, run_ranks
 from shmcoll import ops
+from shmcoll.coll import select
 
 try:
     import ml_dtypes
@@ -380,16 +381,48 @@ def test_reduce_scatter_gather_blocks(n, single):
               options=opts, timeout=240)
 
 
+def _push_counts(comm, count):
+    send = data(5, comm.rank, count, np.dtype(np.float32))
+    recv = np.empty_like(send)
+    sched = comm.schedule("reduce", send.nbytes, algorithm="reduce_scatter_gather", dtype=send.dtype)
+    before = comm.traffic(), comm.messages()
+    comm.Reduce(send, recv, algorithm="reduce_scatter_gather")
+    return comm.traffic() - before[0], comm.messages() - before[1], sched
+
+
 def test_reduce_push_traffic_is_the_schedules():
-    """A folded slice pushed to the root is counted once, as the schedule
-    says."""
+    """Every folded slice pushed to the root is counted, bytes and
+    messages, as the schedule says (review of ea3baaa: the root's late
+    waits kept one push per writer, and messages() counted 7 of 12)."""
     if not all(run_ranks(cma, 3)):
         pytest.skip("cross-memory attach is not permitted between ranks here")
-    got = run_ranks(_traffic, 3, 5000, "reduce_scatter_gather", "reduce",
-                    options=dict(SMALL, record_traffic=1, cma_bytes=1, reduce_block_bytes=4096))
-    measured = np.stack([g[0] for g in got], axis=1)
-    np.fill_diagonal(measured, 0)
-    assert (measured == got[0][1]).all(), (measured, got[0][1])
+    got = run_ranks(_push_counts, 3, 5000, options=dict(SMALL, record_traffic=1, cma_bytes=1, reduce_block_bytes=4096))
+    sched = got[0][2]
+    assert sum(m.via == "push" for st in sched.steps for m in st.moves) == 12
+    count = np.zeros((3, 3), np.int64)
+    for src, dst, _ in sched.messages():
+        count[src, dst] += 1
+    for k, want in ((0, sched.traffic()), (1, count)):
+        measured = np.stack([g[k] for g in got], axis=1)
+        np.fill_diagonal(measured, 0)
+        assert (measured == want).all(), (k, measured, want)
+
+
+def test_reduce_pushes_only_from_cma_bytes():
+    """Slices go by single copy (push) only where cma_bytes says, as every
+    other block with one reader (gather.via: the root's inputs together,
+    with a CPU per rank; review of ea3baaa: cma_bytes=0 still pushed, and
+    8 ranks pushed 8 KiB slices under the 1 MiB default)."""
+    def vias(p, cpus, n, **opts):
+        call = select.typed("reduce", planned(p, cpus, n), "float64")
+        call.params.update(opts)
+        return {m.via for st in select.plan("reduce", "reduce_scatter_gather", call).steps for m in st.moves
+                if m.sbuf == "tmp"}
+    assert vias(3, 3, 3 << 20) == {"push"}
+    assert vias(3, 3, 3 << 20, cma_bytes=0) == {"auto"}
+    assert vias(8, 8, 64 << 10) == {"auto"}
+    assert vias(3, 2, 3 << 20) == {"auto"}      # 3 ranks on 2 CPUs: only slices of 1 MiB and more
+    assert vias(2, 2, 3 << 20) == {"push"}      # 2 ranks: from 32 KiB
 
 
 def _nan_minmax(comm, tnames):

@@ -12,6 +12,7 @@ into the root's recvbuf.
 """
 from ..sched import Copy, Move, Step
 from .fold import blocks, by_node, chain, chained, deposit, fold, owner, place, scatter_fold
+from .gather import via
 
 
 def flat(call):
@@ -34,18 +35,22 @@ def reduce_scatter_gather(call):
     from where each writes it into the root's recvbuf itself (push) at the
     start of the next block's step, while it is still in its cache: the
     root copies nothing and no folded slice goes through memory twice.
-    Pushing, a non-root does more than the root, which folds a larger
-    slice (ROOT_SHARE).  The root waits for the pushes only at the end
+    Pushing (where the root's inputs, one reader's blocks, go by single
+    copy: gather.via), a
+    non-root does more than the root, which folds a larger slice
+    (ROOT_SHARE).  The root waits for the pushes only at the end
     (compile.py), so it folds on.  Without single copies the slices are
     staged from alternate halves of scratch, leaving chunk by chunk while
     the next block is folded.  In place (the root only), the root's own
     slice goes to scratch first; only the root's own instructions depend
     on it, which the other ranks do not know."""
     root, p = call.root, call.nranks
-    weights = tuple(ROOT_SHARE[0] if s == root else ROOT_SHARE[1] for s in range(p)) if call.cma else None
-    cut = blocks(call, p, weights)
+    cut = blocks(call, p)
     if not cut:
         return []
+    push = via(call, max(k for _, k in cut[0]), call.nbytes - sum(sl[root][1] for sl in cut)) == "direct"
+    if push:
+        cut = blocks(call, p, tuple(ROOT_SHARE[0] if s == root else ROOT_SHARE[1] for s in range(p)))
     big = max(k for _, k in cut[0])
     steps, last = [], []
     for b, sl in enumerate(cut):
@@ -59,7 +64,7 @@ def reduce_scatter_gather(call):
         step = scatter_fold(call, sl, "send", dbufs, own)
         step.moves += last
         steps.append(step)
-        last = [Move(s, (root,), ((at, off, n),), sbuf="tmp", via="push" if call.cma else "auto")
+        last = [Move(s, (root,), ((at, off, n),), sbuf="tmp", via="push" if push else "auto")
                 for s, (off, n) in enumerate(sl) if s != root and n]
     if last:
         steps.append(Step(last))
