@@ -408,6 +408,16 @@ def test_reduce_push_traffic_is_the_schedules():
         assert (measured == want).all(), (k, measured, want)
 
 
+def test_reduce_spreads_the_folds_sooner_where_slices_are_pushed():
+    """Two ranks on CPUs of their own fold slices from 64 KiB (pushed, by
+    single copy) where the root alone folded up to 256 KiB; ranks sharing
+    CPUs, smaller calls and more ranks keep flat."""
+    def alg(p, cpus, n):
+        return select.pick("reduce", select.typed("reduce", planned(p, cpus, n), "float64"), None, None)
+    assert alg(2, 2, 64 << 10) == alg(2, 2, 256 << 10) == "reduce_scatter_gather"
+    assert alg(2, 2, 48 << 10) == alg(2, 1, 64 << 10) == alg(3, 3, 64 << 10) == "flat"
+
+
 def test_reduce_pushes_only_from_cma_bytes():
     """Slices go by single copy (push) only where cma_bytes says, as every
     other block with one reader (gather.via: the root's inputs together,

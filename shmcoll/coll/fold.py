@@ -153,7 +153,7 @@ def chain(call, groups, sl, src, own, dst):
     return steps
 
 
-def scatter_fold(call, sl, src, dbufs, own=None):
+def scatter_fold(call, sl, src, dbufs, own=None, via="auto"):
     """Step: every rank deposits slice s of its input (sl[s] = (offset,
     bytes)) for rank s, which folds all p into dbufs[s] = (buf, offset),
     its own slice read at own[s] (default: in src).  The reduce-scatter
@@ -164,6 +164,6 @@ def scatter_fold(call, sl, src, dbufs, own=None):
         for s in range(p):
             if s != r and sl[s][1]:
                 index[r, s] = len(moves)
-                moves.append(deposit(call, r, (s,), sl[s][0], sl[s][1], src))
+                moves.append(deposit(call, r, (s,), sl[s][0], sl[s][1], src, via))
     reduces = [fold(s, range(p), index, own[s], *dbufs[s], sl[s][1]) for s in range(p) if sl[s][1]]
     return Step(moves, reduces=reduces)
