@@ -156,6 +156,25 @@ void sc_abort_call(sc_comm_t *c, int32_t code, uint64_t call)
         r->abort_at = 0;
 }
 
+/* A mismatch this rank found (c->err_*) aborts the job from `call` on,
+ * code 8, with what differs left in its record: every rank raises
+ * MismatchError naming it, not only those that compared the records. */
+void sc_abort_mismatch(sc_comm_t *c, uint64_t call)
+{
+    sc_rank_t *r = rank_rec(c, c->rank);
+    if (atomic_load(&hdr(c)->abort_word)) return;
+    r->mis_code = c->err_code, r->mis_when = c->err_when, r->mis_rank = c->err_rank;
+    r->mis_a = c->err_a, r->mis_b = c->err_b;
+    sc_abort_call(c, 8, call);          /* its CAS publishes the fields */
+}
+
+/* What rank's code-8 abort found: (field, when, other rank, its value, theirs). */
+void sc_mismatch_of(sc_comm_t *c, int32_t rank, int64_t *out)
+{
+    sc_rank_t *r = rank_rec(c, rank);
+    out[0] = r->mis_code, out[1] = r->mis_when, out[2] = r->mis_rank, out[3] = r->mis_a, out[4] = r->mis_b;
+}
+
 /* Python's abort of this rank, between calls: it counts from the call
  * the rank did not make. */
 void sc_abort_self(sc_comm_t *c, int32_t code)
@@ -381,7 +400,7 @@ static int wait_slow(sc_comm_t *c, const sc_wait_t *w)
         if (rc) {
             if (reached(w)) return SC_OK;
             if (rc == SC_EMISMATCH) {
-                sc_abort_call(c, 3, c->call);
+                sc_abort_mismatch(c, c->call);
                 return rc;
             }
             return rc == SC_EABORT ? rc : sc_fail(c, SC_EDEAD, r, rc, 0);

@@ -137,6 +137,7 @@ void sc_deregister(sc_comm_t *c);
 int sc_rank_state(sc_comm_t *c, int32_t rank);
 void sc_set_abort(sc_comm_t *c, int32_t rank, int32_t code);
 void sc_abort_self(sc_comm_t *c, int32_t code);
+void sc_mismatch_of(sc_comm_t *c, int32_t rank, int64_t *out);
 uint32_t sc_abort_word(sc_comm_t *c);
 int sc_probe_cma(sc_comm_t *c);
 

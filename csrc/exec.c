@@ -58,7 +58,7 @@ static int wait_ack(sc_comm_t *c, int who, uint64_t call, uint64_t count, int64_
 static int check_post(sc_comm_t *c, int who)
 {
     int rc = sc_check_line(c, who);
-    if (rc) sc_abort_call(c, 3, c->call);
+    if (rc) sc_abort_mismatch(c, c->call);
     return rc;
 }
 
@@ -127,7 +127,7 @@ static int buffer_of(sc_comm_t *c, int who, int which, uint64_t *addr)
     if (call == c->call && (int64_t)(s - 2 * c->call) <= 0) return SC_OK;
     c->err_rank = who;
     c->err_when = 3;                          /* out of step: no field to name */
-    sc_abort_call(c, 3, c->call);
+    sc_abort_mismatch(c, c->call);
     return SC_EMISMATCH;
 }
 
@@ -267,7 +267,7 @@ static int recheck(sc_comm_t *c, int block)
         if ((int64_t)(at - c->since[k]) < 0) continue;
         uint64_t n = (int64_t)(at - c->call) < 0 ? at : c->call;   /* its latest record we can compare */
         if ((rc = sc_check_rec(c, who, n, &seen))) {
-            sc_abort_call(c, 3, c->call);
+            sc_abort_mismatch(c, c->call);
             return rc;
         }
         /* a record covers every call before it (the hash); one unseen is

@@ -61,13 +61,17 @@ typedef struct {
 enum { ST_NONE = 0, ST_ALIVE = 1, ST_DONE = 2, ST_DEAD = 3 };
 /* abort_call: the call from which this rank's abort counts (abort_at set);
  * calls before it still complete: the aborting rank finished them. */
-/* pushing: rank + 1 of the rank whose memory this one is writing into
+/* mis_*: what differs, as the rank found it (err_code, err_when, err_rank,
+ * err_a, err_b), when its abort is code 8 (a mismatch), for the others'
+ * messages.
+ * pushing: rank + 1 of the rank whose memory this one is writing into
  * (process_vm_writev, a push), else 0; shut: this rank's call failed, no
  * one may write into its buffers any more (sc_shut); waiting: rank + 1 of
  * the rank this one's slow wait waits on, else 0 (whom a stall blames). */
 typedef struct {
     _Atomic int32_t state; int32_t pid; uint64_t magic_addr; uint64_t abort_call; int32_t abort_at, pad;
     _Atomic int32_t pushing, shut, waiting, pad2;
+    int32_t mis_code, mis_when, mis_rank, pad3; int64_t mis_a, mis_b;
 } sc_rank_t;
 static inline sc_rank_t *rank_rec(sc_comm_t *c, int r) { return (sc_rank_t *)(c->base + c->off_state) + r; }
 
@@ -136,6 +140,7 @@ static inline int aborted_at(sc_comm_t *c, uint64_t call)
 }
 static inline int aborted(sc_comm_t *c) { return aborted_at(c, c->call); }
 void sc_abort_call(sc_comm_t *c, int32_t code, uint64_t call);
+void sc_abort_mismatch(sc_comm_t *c, uint64_t call);
 
 static inline int wait_for(sc_comm_t *c, const sc_wait_t *w) {
     return reached(w) ? SC_OK : sc_wait_slow(c, w);

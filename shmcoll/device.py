@@ -25,7 +25,8 @@ MAX_RANKS = 1024
 MIN_CHAN = 2 * PAGE
 ABORT_REASONS = {1: "raised an exception", 2: "died", 3: "passed bad or mismatched arguments", 4: "exited",
                  5: "timed out waiting for a peer", 6: "was interrupted (KeyboardInterrupt)",
-                 7: "could not read or write a peer's memory (single copy)"}
+                 7: "could not read or write a peer's memory (single copy)",
+                 8: "found that the ranks' calls differ"}
 FIELDS = {1: "collective", 2: "root", 3: "byte count", 4: "dtype", 5: "op", 6: "algorithm"}
 
 
@@ -289,6 +290,11 @@ class Device:
         c, me = self.c, self.rank
         if rc == lib.SC_EABORT:
             who, code = c.err_rank, c.err_a
+            if code == 8 and 0 <= who < self.plan.nranks:
+                found = ffi.new("int64_t[5]")
+                lib.sc_mismatch_of(c, who, found)
+                c.err_when = found[1]           # names() reads it: whose call names algorithm ids
+                return self.mismatch(what, who, *found, names, f"; found by rank {who}, seen on rank {me}")
             cls = PeerDied if code == 2 else PeerAborted
             return cls(who, f"{ABORT_REASONS.get(code, 'aborted')} (seen in {what} on rank {me})")
         if rc == lib.SC_EDEAD:
@@ -311,13 +317,18 @@ class Device:
             return RuntimeError(f"{what}: another thread of rank {me} is inside a collective on this "
                                 f"communicator; one communicator serves one thread at a time")
         if rc in (lib.SC_EMISMATCH, lib.SC_EDIFFER):
-            f = c.err_code
-            name = FIELDS.get(f, "collective")
-            when = {0: "", 1: " in the previous call", 2: " in an earlier call"}.get(c.err_when, "")
-            if c.err_when == 3:
-                return MismatchError(f"{what}: the ranks' calls went out of step in an earlier call: rank {me} and rank "
-                                     f"{c.err_rank} did not make the same calls")
-            a, b = (names(f, v) if names else v for v in (c.err_a, c.err_b))
-            return MismatchError(f"{what}: arguments differ across ranks{when} ({name}): rank {me} has {a}, "
-                                 f"rank {c.err_rank} has {b}")
+            return self.mismatch(what, me, c.err_code, c.err_when, c.err_rank, c.err_a, c.err_b, names)
         return RuntimeError(f"{what}: engine error {rc}")
+
+    @staticmethod
+    def mismatch(what, me, f, when, other, a, b, names, tail=""):
+        """MismatchError for rank me's finding: field f (device.FIELDS)
+        differs, me has a and rank other has b, `when` calls ago (3: the
+        calls went out of step)."""
+        if when == 3:
+            return MismatchError(f"{what}: the ranks' calls went out of step in an earlier call: rank {me} and rank "
+                                 f"{other} did not make the same calls{tail}")
+        ago = {0: "", 1: " in the previous call", 2: " in an earlier call"}.get(when, "")
+        a, b = (names(f, v) if names else v for v in (a, b))
+        return MismatchError(f"{what}: arguments differ across ranks{ago} ({FIELDS.get(f, 'collective')}): rank {me} "
+                             f"has {a}, rank {other} has {b}{tail}")

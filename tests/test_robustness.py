@@ -100,6 +100,33 @@ def test_different_collectives_raise_everywhere(ops, check):
     assert_all_raise(got, "collective")
 
 
+def _one_differs(comm, bad, kind):
+    """Rank bad's call differs (kind); how this rank's call failed, or if
+    it returned, how its next Barrier did."""
+    n = 40 + 3 * (comm.rank == bad)
+    x = np.ones(40, np.float64)
+    calls = {"alltoall": ("Alltoall", lambda: comm.Alltoall(np.ones(n * comm.size, np.int32),
+                                                           np.empty(n * comm.size, np.int32))),
+             "reduce": ("Reduce", lambda: comm.Reduce(np.ones(n), np.empty(n), root=0)),
+             "root": ("Bcast", lambda: comm.Bcast(x, root=int(comm.rank == bad))),
+             "collective": ("Bcast", lambda: comm.Bcast(x) if comm.rank == bad else comm.Allreduce(x, x * 0))}
+    name, call = calls[kind]
+    return attempt_kind(comm, name, call) or attempt_kind(comm, "Barrier", comm.Barrier)
+
+
+@pytest.mark.parametrize("kind,field", [("alltoall", "byte count"), ("reduce", "byte count"), ("root", "root"),
+                                        ("collective", "collective")])
+@pytest.mark.parametrize("n,bad", [(2, 1), (5, 2), (5, 4)])
+def test_every_rank_raises_the_mismatch_naming_the_field(kind, field, n, bad):
+    """The ranks that never compare records with the one whose call
+    differs learn of it through the abort; they raised PeerAborted ("passed
+    bad or mismatched arguments") and now raise the finder's MismatchError,
+    naming the field and both ranks, in the call or at their next."""
+    got = run_ranks(_one_differs, n, bad, kind, timeout=T)
+    assert all(g is not None and g[1] == "mismatch" and field in g[2] for g in got), got
+    assert all(re.search(r"rank \d+ has .*, rank \d+ has ", g[2]) for g in got), got
+
+
 # -- (b) different Barrier algorithms -----------------------------------------------
 
 @pytest.mark.parametrize("algs", [("original", "padded", "hierarchical"), ("padded", "padded", "all_to_all"),
