@@ -138,7 +138,7 @@ class Comm:
             self._break(exc)
         raise exc
 
-    def _words(self, what, field, value):
+    def _words(self, what, field, value, when):
         if field == 1:
             return select.OPS.get(value, value)
         if field == 3 and (what.endswith("v") or what == "Reduce_scatter"):
@@ -146,7 +146,7 @@ class Comm:
         if field == 5:
             name = next((o.name for o in BUILTINS.values() if o.code == value & ~INPLACE_OP), f"op {value}")
             return name + " with IN_PLACE" * bool(value & INPLACE_OP)
-        if field == 6 and self._c.err_when == 0:     # this call's collective names the ids
+        if field == 6 and when == 0:                 # this call's collective names the ids
             names = select.NAMES[what.lower()]
             return names[value] if 0 <= value < len(names) else value
         return f"algorithm id {value}" if field == 6 else value

@@ -285,7 +285,7 @@ class Device:
             lib.sc_set_abort(self.c, rank, code)
 
     def failure(self, rc, what, names=None):
-        """The exception for a failed C call (rc < 0).  names(field, value)
+        """The exception for a failed C call (rc < 0).  names(field, value, when)
         turns a signature field's value into words."""
         c, me = self.c, self.rank
         if rc == lib.SC_EABORT:
@@ -293,7 +293,6 @@ class Device:
             if code == 8 and 0 <= who < self.plan.nranks:
                 found = ffi.new("int64_t[5]")
                 lib.sc_mismatch_of(c, who, found)
-                c.err_when = found[1]           # names() reads it: whose call names algorithm ids
                 return self.mismatch(what, who, *found, names, f"; found by rank {who}, seen on rank {me}")
             cls = PeerDied if code == 2 else PeerAborted
             return cls(who, f"{ABORT_REASONS.get(code, 'aborted')} (seen in {what} on rank {me})")
@@ -329,6 +328,6 @@ class Device:
             return MismatchError(f"{what}: the ranks' calls went out of step in an earlier call: rank {me} and rank "
                                  f"{other} did not make the same calls{tail}")
         ago = {0: "", 1: " in the previous call", 2: " in an earlier call"}.get(when, "")
-        a, b = (names(f, v) if names else v for v in (a, b))
+        a, b = (names(f, v, when) if names else v for v in (a, b))
         return MismatchError(f"{what}: arguments differ across ranks{ago} ({FIELDS.get(f, 'collective')}): rank {me} "
                              f"has {a}, rank {other} has {b}{tail}")

@@ -309,12 +309,12 @@ def test_numa_not_chosen_for_ranks_alternating_nodes():
                                                                      "reduce_scatter_gather")
 
 
-def _traffic(comm, count, alg, kind="allreduce"):
+def _traffic(comm, count, alg):
     send = data(5, comm.rank, count, np.dtype(np.float32))
     recv = np.empty_like(send)
-    want = comm.schedule(kind, send.nbytes, algorithm=alg, dtype=send.dtype).traffic()
+    want = comm.schedule("allreduce", send.nbytes, algorithm=alg, dtype=send.dtype).traffic()
     before = comm.traffic()
-    (comm.Allreduce if kind == "allreduce" else comm.Reduce)(send, recv, algorithm=alg)
+    comm.Allreduce(send, recv, algorithm=alg)
     return comm.traffic() - before, want
 
 

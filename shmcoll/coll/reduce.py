@@ -37,21 +37,18 @@ def reduce_scatter_gather(call):
     start of the next block's step, while it is still in its cache: the
     root copies nothing and no folded slice goes through memory twice.
     Pushing (where the root's inputs, one reader's blocks, go by single
-    copy: gather.via), a
-    non-root does more than the root, which folds a larger slice
-    (ROOT_SHARE).  The root waits for the pushes only at the end
-    (compile.py), so it folds on.  Without single copies the slices are
+    copy: gather.via), a non-root does more than the root, which folds a
+    larger slice (ROOT_SHARE).  The root waits for the pushes only at the
+    end (compile.settle), so it folds on.  Without single copies the slices are
     staged from alternate halves of scratch, leaving chunk by chunk while
     the next block is folded.  In place (the root only), the root's own
     slice goes to scratch first; only the root's own instructions depend
     on it, which the other ranks do not know."""
     root, p = call.root, call.nranks
-    cut = blocks(call, p)
+    push = _pushes(call)
+    cut = blocks(call, p, tuple(ROOT_SHARE[0] if s == root else ROOT_SHARE[1] for s in range(p)) if push else None)
     if not cut:
         return []
-    push = _pushes(call, cut)
-    if push:
-        cut = blocks(call, p, tuple(ROOT_SHARE[0] if s == root else ROOT_SHARE[1] for s in range(p)))
     big = max(k for _, k in cut[0])
     steps, last = [], []
     for b, sl in enumerate(cut):
@@ -72,10 +69,12 @@ def reduce_scatter_gather(call):
     return steps, 2 * big
 
 
-def _pushes(call, cut):
-    """Whether reduce_scatter_gather's slices (cut: equal ones) go by
-    single copy: where the root's inputs, one reader's blocks, would."""
-    return via(call, max(k for _, k in cut[0]), call.nbytes - sum(sl[call.root][1] for sl in cut)) == "direct"
+def _pushes(call):
+    """Whether reduce_scatter_gather's slices go by single copy: where the
+    root's inputs, one reader's blocks (its equal slices' worth), would."""
+    cut = blocks(call, call.nranks)
+    return bool(cut) and via(call, max(k for _, k in cut[0]),
+                             call.nbytes - sum(sl[call.root][1] for sl in cut)) == "direct"
 
 
 # The root's slice against another rank's, 3 : 2, where the others push
@@ -137,6 +136,6 @@ def choose(call):
     reduce_scatter_gather: 64 KiB 8.54 / 8.51 us, 96 KiB 11.8 / 10.8,
     128 KiB 15.0 / 12.8)."""
     small = call.nbytes * (call.nranks - 1) <= call.params["reduce_small_bytes"]
-    if small and (oversubscribed(call.slots) or not call.nbytes or not _pushes(call, blocks(call, call.nranks))):
+    if small and (oversubscribed(call.slots) or not _pushes(call)):
         return "flat"
     return "numa" if by_node(call) else "reduce_scatter_gather"
