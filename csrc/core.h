@@ -8,6 +8,12 @@
 #define SC_PAST 8        /* arrival records kept per rank: a rank that waited on no one checks its neighbours within this many calls */
 #define SC_INSN 8        /* int64 words per instruction */
 #define SC_HEAD 8        /* int64 words of program header */
+/* Twins: one call's two programs (the automatic choice by single copy and
+ * its staged alternative), header word 7 of both pointing at this block of
+ * int64 words, one per rank (Python-owned): rank 0 picks a program per
+ * call from the times it measured, publishes its pick in its arrival
+ * record, and every rank runs it (csrc/exec.c). */
+enum { SC_TW_PROG = 0, SC_TW_LAST = 2, SC_TW_PREV = 4, SC_TW_RUNS = 6, SC_TW_CUR = 8, SC_TW_SINCE = 9, SC_TW_WORDS = 10 };
 
 #define SC_OK 0
 #define SC_EABORT -1     /* the job was aborted: abort word says who and why */
@@ -119,6 +125,12 @@ typedef struct sc_comm {
     uint64_t hist;           /* a hash of every call's before the previous */
     uint64_t due[2];         /* per ring neighbour (left, right), if pending: the last call whose record of it is unchecked */
     uint64_t since[2];       /* ... and the first */
+    uint64_t twin_call;      /* rank 0: its last twin call, if twin_due: not yet known to be past every rank */
+    int32_t twin_due;
+    int32_t next_variant;    /* rank 0: the pick it promised for call twin_call + 1 (next_call) */
+    int32_t pend_variant;    /* rank 0: a twin call whose ranks' times are still to be read: program */
+    uint64_t pend_call;      /* ... call */
+    int64_t *pend_twin;      /* ... and twin block (NULL: none; Python clears it with the programs) */
     int32_t pending;         /* neighbours with unchecked calls (1 left, 2 right) */
     int32_t busy;
     int32_t owe;             /* this rank's post line went out unfenced: its sleepers are still to be checked */
@@ -148,6 +160,9 @@ void sc_disown(sc_comm_t *c);
 void sc_copy(char *dst, const char *src, int64_t n, int nt);
 int sc_reduce(int64_t word, char *d, const char *a, const char *b, int64_t n);
 const char *sc_reduce_isa(void);
+
+int sc_twin_pick(int64_t *t);
+void sc_twin_learn(int64_t *t, int v, int64_t ns);
 
 int sc_cache_slot(const int64_t *key);
 void *sc_py_entry(int i);

@@ -11,6 +11,7 @@
  * slots or the stripe (lazily: only when it writes the same memory again). */
 #include "sc_internal.h"
 #include <errno.h>
+#include <time.h>
 
 /* A writer using w inline slots a call (w a power of two) gives call C
  * the lines C * w .. C * w + w - 1 (mod SC_SLOTS): a line comes back
@@ -133,14 +134,16 @@ static int buffer_of(sc_comm_t *c, int who, int which, uint64_t *addr)
 
 /* Publish this call's arrival record and first event (a sequence lock:
  * sc_check_line trusts a record only if seq was even and unchanged
- * around its reads).  The event goes before the call: a waiter that sees
+ * around its reads); variant: rank 0's pick of a twin, 0 otherwise.  The event goes before the call: a waiter that sees
  * the new call sees its first event. */
-static void arrive(sc_comm_t *c, uint64_t first, char *sbuf, char *rbuf)
+static void arrive(sc_comm_t *c, uint64_t first, char *sbuf, char *rbuf, uint64_t variant)
 {
     sc_rec_t *r = rec_of(c, c->rank, c->call);    /* kept: before the post line shows the call */
     atomic_store_explicit(&r->seq, 2 * c->call + 1, memory_order_relaxed);
     atomic_thread_fence(memory_order_release);
     r->rec[0] = c->sig[0], r->rec[1] = c->sig[1], r->rec[2] = c->prev[0], r->rec[3] = c->prev[1], r->rec[4] = c->hist;
+    r->variant = variant;
+    atomic_store_explicit(&r->took, 0, memory_order_relaxed);
     atomic_store_explicit(&r->seq, 2 * c->call + 2, memory_order_release);
     sc_line_t *l = post_line(c, c->rank);
     uint64_t s = 2 * c->call - 2;     /* no load: even before and after each call's record, odd while written */
@@ -278,9 +281,148 @@ static int recheck(sc_comm_t *c, int block)
     return SC_OK;
 }
 
+/* Twins (core.h): the same call as two programs, the automatic choice by
+ * single copy and staged through shared memory.  Which is faster depends
+ * on where the host put the CPUs: on a 2-vCPU Zen 4 guest, 2 MiB Allreduce
+ * took 218 us by single copy and 154 staged with the vCPUs near, while
+ * staged copies ran 2-4x slower with them far apart (bench/README.md), and
+ * the guest sees neither.  So rank 0 times each (the longest any rank
+ * took), picks per call, and every rank runs its pick.
+ *
+ * Rank 0's pick: each program twice (a first call pays first touches),
+ * then the current one, which gives way when the other's estimate is 1/8
+ * below its own.  The other is tried again once the calls since its last
+ * trial took 64 times what a trial would cost over the current one: at
+ * most 1/64 of the time goes to trials, and a program that loses by 20%
+ * is retried every 13 calls, one 3x slower every 128.  The current one's
+ * estimate is the lower of its last two times (one stall does not
+ * condemn it, two slower calls in a row, as when the host moves the
+ * CPUs apart, do); a trial's is its time. */
+static int64_t estimate(const int64_t *t, int v)
+{
+    int64_t a = t[SC_TW_LAST + v], b = t[SC_TW_PREV + v];
+    return b && b < a ? b : a;
+}
+
+static int warming(const int64_t *t) { return !t[SC_TW_PREV] || !t[SC_TW_PREV + 1]; }
+
+int sc_twin_pick(int64_t *t)
+{
+    if (warming(t)) return t[SC_TW_LAST] && (!t[SC_TW_LAST + 1] || t[SC_TW_PREV]);   /* 0, 1, 0, 1 */
+    int cur = (int)t[SC_TW_CUR] & 1;
+    int64_t a = estimate(t, cur), b = estimate(t, !cur);
+    if (b < a - a / 8) {
+        t[SC_TW_CUR] = cur = !cur;
+        t[SC_TW_SINCE] = 0;
+        int64_t x = a; a = b; b = x;
+    }
+    if (++t[SC_TW_SINCE] >= 8 && t[SC_TW_SINCE] * (a / 64) >= b - a) {
+        t[SC_TW_SINCE] = 0;
+        return !cur;
+    }
+    return cur;
+}
+
+/* Rank 0's time (ns) of program v, after sc_twin_pick chose it. */
+void sc_twin_learn(int64_t *t, int v, int64_t ns)
+{
+    ns = ns > 0 ? ns : 1;
+    t[SC_TW_PREV + v] = warming(t) || v == (t[SC_TW_CUR] & 1) ? t[SC_TW_LAST + v] : ns;
+    t[SC_TW_LAST + v] = ns;
+}
+
+static int64_t clock_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* A follower's program of a twin: rank 0's pick, promised at the end of
+ * its last call when that was the same twin (a loop: the followers need
+ * not wait for rank 0 to arrive, as a gather's senders, which stage
+ * their blocks while the root still copies the last call's out), else in
+ * its record of this call (it arrived: it may have gone on, never
+ * SC_PAST calls, see twin_bound). */
+static int twin_follow(sc_comm_t *c, int *v)
+{
+    sc_line_t *l = post_line(c, 0);
+    if (atomic_load_explicit(&l->next_call, memory_order_acquire) == c->call) {
+        uint64_t s0 = l->next_sig[0], s1 = l->next_sig[1], got = l->next_variant;
+        atomic_thread_fence(memory_order_acquire);
+        if (atomic_load_explicit(&l->next_call, memory_order_relaxed) == c->call && s0 == c->sig[0] && s1 == c->sig[1]) {
+            *v = (int)(got & 1);
+            return SC_OK;
+        }
+    }
+    int rc = wait_line(c, l, 0, c->call, 0, c->spin_ns, 0);
+    if (rc) return rc;
+    sc_rec_t *r = rec_of(c, 0, c->call);
+    uint64_t s = atomic_load_explicit(&r->seq, memory_order_acquire), got = r->variant;
+    atomic_thread_fence(memory_order_acquire);
+    if (s == 2 * c->call + 2 && atomic_load_explicit(&r->seq, memory_order_relaxed) == s) {
+        *v = (int)(got & 1);
+        return SC_OK;
+    }
+    c->err_rank = 0;
+    c->err_when = 3;                          /* rank 0 is SC_PAST calls on: out of step */
+    sc_abort_mismatch(c, c->call);
+    return SC_EMISMATCH;
+}
+
+/* Rank 0, after a twin call: its pick for the next call, should that be
+ * the same twin (seq-locked by next_call: 0 while rewritten). */
+static void promise(sc_comm_t *c, int64_t *twin)
+{
+    sc_line_t *l = post_line(c, 0);
+    c->next_variant = sc_twin_pick(twin);
+    atomic_store_explicit(&l->next_call, 0, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
+    l->next_sig[0] = c->sig[0];
+    l->next_sig[1] = c->sig[1];
+    l->next_variant = (uint64_t)c->next_variant;
+    atomic_store_explicit(&l->next_call, c->call + 1, memory_order_release);
+}
+
+/* Rank 0's time of a twin call: the longest any rank took, read from
+ * their records once all have ended it (rank 0 alone can be early: a
+ * root that wrote everything staged and left). */
+static void collect(sc_comm_t *c)
+{
+    uint64_t m = c->pend_call, done = 2 * m + 2;
+    int64_t worst = 0;
+    for (int r = 0; r < c->size; r++) {
+        sc_rec_t *rec = rec_of(c, r, m);
+        uint64_t s = atomic_load_explicit(&rec->seq, memory_order_acquire);
+        int64_t took = atomic_load_explicit(&rec->took, memory_order_acquire);
+        if (s != done || !took) {
+            if ((int64_t)(s - done) > 0) c->pend_twin = NULL;   /* r is SC_PAST calls on: the time is lost */
+            return;
+        }
+        worst = took > worst ? took : worst;
+    }
+    sc_twin_learn(c->pend_twin, c->pend_variant, worst);
+    c->pend_twin = NULL;
+}
+
+/* Rank 0 keeps its record of a twin call until every rank has read its
+ * pick there: before a call that could overwrite it, it waits for every
+ * rank to have arrived at the next call (they have the data of every call
+ * before this one, so nothing waits on rank 0 meanwhile). */
+static int twin_bound(sc_comm_t *c)
+{
+    if (!c->twin_due || c->call - c->twin_call < SC_PAST - 1) return SC_OK;
+    for (int r = 1; r < c->size; r++) {
+        int rc = wait_line(c, post_line(c, r), r, c->twin_call + 1, 0, c->spin_ns, 0);
+        if (rc) return rc;
+    }
+    c->twin_due = 0;
+    return SC_OK;
+}
+
 /* One collective call: header words are [instructions, signature (2),
- * first event, scratch bytes, neighbours to check at the next call, 0, 0].
- * The caller owns c->busy. */
+ * first event, scratch bytes, neighbours to check at the next call,
+ * counts offset (v-variants), twin block or 0].  The caller owns c->busy. */
 int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
 {
     int rc = aborted_at(c, c->call + 1);
@@ -288,12 +430,48 @@ int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
     for (int k = 0; k < 2; k++)               /* the recheck's lines arrive while we publish */
         if (c->pending >> k & 1) __builtin_prefetch(post_line(c, neighbour(c, k)));
     c->call++;
-    c->sig[0] = (uint64_t)prog[1];
+    c->sig[0] = (uint64_t)prog[1];            /* a twin's programs share it */
     c->sig[1] = (uint64_t)prog[2];
-    arrive(c, (uint64_t)prog[3], sbuf, rbuf);
-    if (c->check && c->size > 1) rc = agree(c);
-    else if (c->pending) rc = recheck(c, 0);
+    int64_t *twin = prog[7] && c->size > 1 ? (int64_t *)prog[7] : NULL, t0 = twin ? clock_ns() : 0;
+    int v = 0;
+    if (c->rank == 0) {
+        if (c->pend_twin) collect(c);
+        rc = twin_bound(c);
+        if (twin) {
+            sc_line_t *me = post_line(c, 0);      /* a promise for this call binds, whichever twin runs it */
+            int promised = c->twin_due && c->twin_call + 1 == c->call && me->next_sig[0] == c->sig[0]
+                           && me->next_sig[1] == c->sig[1];
+            v = promised ? c->next_variant : sc_twin_pick(twin);
+        }
+    }
+    if (!rc) {
+        arrive(c, twin ? 0 : (uint64_t)prog[3], sbuf, rbuf, (uint64_t)v);   /* a twin's first post waits for the pick */
+        if (c->check && c->size > 1) rc = agree(c);
+        else if (c->pending) rc = recheck(c, 0);
+    }
+    if (!rc && twin) {
+        if (c->rank) rc = twin_follow(c, &v);
+        if (!rc) {
+            prog = (const int64_t *)twin[SC_TW_PROG + v];
+            twin[SC_TW_RUNS + v]++;
+            if (prog[3]) {
+                post_event(post_line(c, c->rank), (uint64_t)prog[3]);
+                c->owe = 0;
+            }
+        }
+    }
     if (!rc) rc = run(c, prog, sbuf, rbuf);
+    if (!rc && twin) {
+        int64_t took = clock_ns() - t0;
+        atomic_store_explicit(&rec_of(c, c->rank, c->call)->took, took > 0 ? took : 1, memory_order_release);
+        if (c->rank == 0) {
+            c->pend_call = c->twin_call = c->call;
+            c->pend_twin = twin;
+            c->pend_variant = v;
+            c->twin_due = 1;
+            promise(c, twin);
+        }
+    }
     if (!rc && prog[5] && !c->check) {
         for (int k = 0; k < 2; k++) {
             if (!(prog[5] >> k & 1)) continue;

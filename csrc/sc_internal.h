@@ -36,7 +36,10 @@ struct sc_line {                  /* first 64 bytes: what a reader checks */
     uint64_t hist;
     sc_wq_t wq;                   /* apart: sleepers counting in do not bounce the flag */
     uint64_t addr[2];             /* send, recv buffer of this call */
-    char pad[SC_LINE - 88];
+    _Atomic uint64_t next_call;   /* rank 0: its twin pick for call next_call if that call's signature is */
+    uint64_t next_sig[2];         /* next_sig, made before it arrives there (exec.c) */
+    uint64_t next_variant;
+    char pad[SC_LINE - 120];
 };
 _Static_assert(sizeof(struct sc_line) == SC_LINE, "flag line size");
 _Static_assert(offsetof(struct sc_line, wq) == 64, "the checked record fills the first cache line");
@@ -48,7 +51,8 @@ _Static_assert(offsetof(struct sc_line, wq) == 64, "the checked record fills the
 typedef struct {
     _Atomic uint64_t seq;
     uint64_t rec[5];              /* sig, prev, hist */
-    uint64_t pad[2];
+    uint64_t variant;             /* rank 0's: which of a twin's programs every rank runs (sc_twin_pick) */
+    _Atomic int64_t took;         /* a twin call's ns on this rank, once it ended (0 before) */
 } sc_rec_t;
 _Static_assert(sizeof(sc_rec_t) == 64, "record size");
 

@@ -13,6 +13,7 @@ Errors: any error inside a collective call on this rank (bad argument,
 pickling, Ctrl-C) raises here and aborts the communicator, so every other
 rank raises PeerFailure instead of waiting or pairing with the wrong call;
 a peer's death raises PeerDied.  After either, the communicator is unusable."""
+import dataclasses
 import functools
 import pickle
 
@@ -22,7 +23,7 @@ from . import buffers, ops
 from ._core import ffi, lib
 from .buffers import IN_PLACE
 from .coll import select
-from .device import fingerprint, learn_dtype
+from .device import TWIN_ALG, fingerprint, learn_dtype
 from .errors import PeerFailure, ShmcollError
 from .ops import BUILTINS, SUM
 from .sched import Call
@@ -147,8 +148,9 @@ class Comm:
             name = next((o.name for o in BUILTINS.values() if o.code == value & ~INPLACE_OP), f"op {value}")
             return name + " with IN_PLACE" * bool(value & INPLACE_OP)
         if field == 6 and when == 0:                 # this call's collective names the ids
-            names = select.NAMES[what.lower()]
-            return names[value] if 0 <= value < len(names) else value
+            names, alg = select.NAMES[what.lower()], value & ~TWIN_ALG
+            name = names[alg] if 0 <= alg < len(names) else alg
+            return f"{name} (automatic: single copy or staged, as timed)" if value & TWIN_ALG else name
         return f"algorithm id {value}" if field == 6 else value
 
     def _bad(self, exc):
@@ -190,6 +192,15 @@ class Comm:
         call = select.typed(op, self._call(nbytes, root), dtype)
         return select.plan(op, select.pick(op, call, algorithm, self._forced[op]), call)
 
+    def twins(self):
+        """Calls that the automatic choice runs as twins (single copy, or
+        staged: whichever rank 0 timed faster, the adapt option): a list
+        of {collective, bytes (of the first and second buffer), us (rank
+        0's estimates of each: single copy, staged), runs (calls this rank
+        ran each)}."""
+        return [{"collective": select.OPS[k[0] & 0xff], "bytes": (k[3], k[4]), "us": tuple(e / 1000 for e in est),
+                 "runs": runs} for k, (est, runs) in self._dev.twins().items()]
+
     def traffic(self):
         """Bytes this rank's executor has read from each rank (local copies
         not counted); needs the record_traffic option."""
@@ -221,6 +232,10 @@ class Comm:
             if call.inplace and op != "reduce":     # IN_PLACE on every rank or none (MPI): ranks plan alike
                 opcode |= INPLACE_OP
         name = select.pick(op, call, algorithm, self._forced[op])
+        alt = None
+        if algorithm is None and self._forced[op] is None and call.cma and 0 < self.plan.params["adapt"] <= nbytes:
+            staged = dataclasses.replace(call, cma=False)       # its twin: what runs without single copy
+            alt = functools.partial(select.plan, op, select.pick(op, staged), staged)
         cid, what = select.TABLE[op][0], _what(op)
         sigbytes = None if counts is None else hash(counts) & ((1 << 62) - 1)
         code = 0 if dtype is None else buffers.dtype_code(dtype)
@@ -228,7 +243,7 @@ class Comm:
             self._fail(lib.SC_EBUSY, what)
         try:
             prog = self._dev.program(key, cid, select.IDS[op][name], lambda: select.plan(op, name, call), code,
-                                     sigbytes, tail, opcode)
+                                     sigbytes, tail, opcode, alt)
         finally:
             lib.sc_disown(self._c)
         rc = self._dev.execute(prog, saddr, raddr)

@@ -27,6 +27,7 @@ ABORT_REASONS = {1: "raised an exception", 2: "died", 3: "passed bad or mismatch
                  5: "timed out waiting for a peer", 6: "was interrupted (KeyboardInterrupt)",
                  7: "could not read or write a peer's memory (single copy)",
                  8: "found that the ranks' calls differ"}
+TWIN_ALG = 0x80      # the signature's algorithm field of a twin (the automatic choice, single copy or staged)
 FIELDS = {1: "collective", 2: "root", 3: "byte count", 4: "dtype", 5: "op", 6: "algorithm"}
 
 
@@ -52,10 +53,10 @@ def make_plan(nranks, topo, slots, options=None):
     if not 0 <= float(p["timeout"]) < 1e9:
         raise ValueError(f"timeout must be a number of seconds in [0, 1e9) (0: never), not {p['timeout']}")
     for name, low in (("chunk_bytes", 64), ("tile_bytes", 64), ("stripe_slots", 1), ("bcast_k", 1),
-                      ("nt_bytes", 0), ("cma_bytes", 0)):
+                      ("nt_bytes", 0), ("cma_bytes", 0), ("adapt", 0)):
         if p[name] is not None and not low <= int(p[name]) < 1 << 50:
             raise ValueError(f"{name} must be at least {low}, not {p[name]}")
-    p["chunk_opt"], p["tile_opt"] = p["chunk_bytes"], p["tile_bytes"]
+    p["chunk_opt"], p["tile_opt"], p["cma_opt"] = p["chunk_bytes"], p["tile_bytes"], p["cma_bytes"]
     _derive(p, nranks, topo, slots)
     plan = Plan(nranks, p, list(slots), topo)
     plan.size = Device.layout(plan)
@@ -98,6 +99,7 @@ def _derive(p, nranks, topo, slots):
     p["check"] = int(p["check"])
     p["timeout_ns"] = int(float(p["timeout"]) * 1e9)
     p["call_base"] = int(p["call_base"])
+    p["adapt"] = int(p["adapt"] if p["adapt"] is not None else 0 if p.get("cma_opt") is not None else 1 << 19)
 
 
 def fingerprint(counts, displs):
@@ -139,6 +141,7 @@ class Device:
         self.c, self._keep = self._context(plan, rank)
         self._base = ffi.from_buffer(segment.mmap)
         self._programs = {}
+        self._twins = {}            # program key -> (twin block, the staged program)
         self._tmp = None
         self.traffic = None
         if plan.params["record_traffic"]:
@@ -198,7 +201,7 @@ class Device:
         return self.c.off_stripe + i * width, width
 
     # -- programs ------------------------------------------------------------
-    def program(self, key, coll, alg, make, dtype=0, sigbytes=None, tail=None, op=0):
+    def program(self, key, coll, alg, make, dtype=0, sigbytes=None, tail=None, op=0, alt=None):
         """This rank's compiled program for key, planned by make() ->
         Schedule on a miss.  A key of seven ints (collective, algorithm or
         -1, root, byte counts, item size or dtype, counts fingerprint or 0)
@@ -206,13 +209,21 @@ class Device:
         any other stays here.  The signature holds dtype (a code) and sigbytes (the
         schedule's byte count if None) and op (a reduction's operator
         code); tail, a v-variant's counts and
-        displacements, ends the program for the fast entry to compare."""
+        displacements, ends the program for the fast entry to compare.
+        alt() -> Schedule: the same call staged, made the program's twin
+        (core.h) where it compiles to other instructions."""
         here = key if tail is None else key + (tuple(tail),)     # exact counts: no fingerprint collision
         prog = self._programs.get(here)
         if prog is None:
             sched = make()
             sig = signature(coll, alg, sched.root, sched.nbytes if sigbytes is None else sigbytes, dtype, op)
-            prog = compile_schedule(sched, self.plan.params, sig)[self.rank]
+            progs = compile_schedule(sched, self.plan.params, sig)
+            prog = progs[self.rank]
+            other = None
+            if alt:     # every rank's programs compared: all ranks make the same twins
+                others = compile_schedule(alt(), self.plan.params, sig)
+                if not all(map(np.array_equal, progs, others)):
+                    other = others[self.rank]
             if tail is not None:
                 prog = np.concatenate([prog, np.asarray(tail, np.int64)])
                 prog[6] = prog.size - len(tail)
@@ -220,9 +231,29 @@ class Device:
                 self.clear_programs()
             self._programs[here] = prog
             self._scratch(int(prog[4]))
+            if other is not None:
+                self._twin(here, prog, other)
         if len(key) == lib.SC_KEY:
             self._install(key, prog)        # another key may have taken its cache slot
         return prog
+
+    def _twin(self, here, prog, other):
+        prog[1] |= TWIN_ALG << 8          # in the signature: a rank running this program alone raises
+        other[1] = prog[1]
+        t = np.zeros(lib.SC_TW_WORDS, np.int64)
+        t[lib.SC_TW_PROG:lib.SC_TW_PROG + 2] = prog.ctypes.data, other.ctypes.data
+        prog[7] = other[7] = t.ctypes.data
+        self._twins[here] = (t, other)
+        self._scratch(int(other[4]))
+
+    def twins(self):
+        """{program key: (estimated ns of the single-copy and the staged
+        program (rank 0's), calls this rank ran each)}."""
+        def estimate(t, v):         # as csrc/exec.c's
+            a, b = int(t[lib.SC_TW_LAST + v]), int(t[lib.SC_TW_PREV + v])
+            return b if 0 < b < a else a
+        return {k: ((estimate(t, 0), estimate(t, 1)), tuple(int(x) for x in t[lib.SC_TW_RUNS:lib.SC_TW_RUNS + 2]))
+                for k, (t, _) in self._twins.items()}
 
     def _install(self, key, prog):
         e = self.c.cache[lib.sc_cache_slot(ffi.new("int64_t[]", key))]
@@ -236,7 +267,9 @@ class Device:
             self.c.tmp_bytes = self._tmp.size
 
     def clear_programs(self):
+        self.c.pend_twin = ffi.NULL         # the time it waits for goes with its twin block
         self._programs.clear()
+        self._twins.clear()
         ffi.memmove(self.c.cache, b"\0" * ffi.sizeof(self.c.cache), ffi.sizeof(self.c.cache))
 
     def execute(self, prog, saddr, raddr):

@@ -1,0 +1,215 @@
+"""Twins (csrc/exec.c): the automatic choice from the adapt option's bytes
+up runs as two programs, by single copy and staged, and rank 0 picks one
+per call from the times it measured; every rank must run rank 0's pick,
+whatever the call sequence, and the data must be right either way."""
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import shmcoll
+from shmcoll._core import ffi, lib
+from conftest import SMALL, cma, pattern, run_ranks, shared_array
+
+TWINS = dict(SMALL, adapt=1)        # every call of 1 byte up may be a twin
+
+
+def _need_cma(n):
+    if not all(run_ranks(cma, n)):
+        pytest.skip("ranks may not read each other's memory here (ptrace scope)")
+
+
+def _one(comm, op, count, i):
+    """Run op once (call index i, root rotating); the failures it shows."""
+    p, r, dt = comm.size, comm.rank, np.float64
+    root = i % p
+    if op == "allreduce":
+        out = np.zeros(count, dt)
+        comm.Allreduce(pattern(count, dt, i, r), out)
+        want = sum(pattern(count, dt, i, k) for k in range(p))
+    elif op == "reduce":
+        out = np.zeros(count, dt)
+        comm.Reduce(pattern(count, dt, i, r), out if r == root else None, root=root)
+        want = sum(pattern(count, dt, i, k) for k in range(p)) if r == root else out
+    elif op == "bcast":
+        out = pattern(count, dt, i, root) if r == root else np.zeros(count, dt)
+        comm.Bcast(out, root=root)
+        want = pattern(count, dt, i, root)
+    elif op == "gather":
+        out = np.zeros(count * p, dt) if r == root else None
+        comm.Gather(pattern(count, dt, i, r), out, root=root)
+        if r != root:
+            return []
+        want = np.concatenate([pattern(count, dt, i, k) for k in range(p)])
+    elif op == "scatter":
+        out = np.zeros(count, dt)
+        comm.Scatter(np.concatenate([pattern(count, dt, i, k) for k in range(p)]) if r == root else None, out,
+                     root=root)
+        want = pattern(count, dt, i, r)
+    elif op == "allgather":
+        out = np.zeros(count * p, dt)
+        comm.Allgather(pattern(count, dt, i, r), out)
+        want = np.concatenate([pattern(count, dt, i, k) for k in range(p)])
+    else:
+        out = np.zeros(count * p, dt)
+        comm.Alltoall(np.concatenate([pattern(count, dt, i, r, k) for k in range(p)]), out)
+        want = np.concatenate([pattern(count, dt, i, k, r) for k in range(p)])
+    return [] if np.array_equal(out, want) else [f"{op} call {i} on rank {r}"]
+
+
+OPS = ["allreduce", "reduce", "bcast", "gather", "scatter", "allgather", "alltoall"]
+
+
+def _loop(comm, ops, count, calls):
+    bad = []
+    for i in range(calls):
+        for op in ops:
+            bad += _one(comm, op, count, i)
+    runs = {}           # per collective (a root's programs are keyed apart from the others')
+    for t in comm.twins():
+        a, b = runs.get(t["collective"], (0, 0))
+        runs[t["collective"]] = (a + t["runs"][0], b + t["runs"][1])
+    return bad, runs
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_every_rank_runs_rank_0s_pick_and_gets_the_data(n):
+    """Each collective 12 times in turn, roots rotating: right on every
+    call, both programs ran (each twice while rank 0 warms up), and every
+    rank ran each as often as rank 0 did (a rank running the other program
+    would hang or corrupt)."""
+    _need_cma(n)
+    count = 40000 if n == 2 else 140000         # single copy from 32 KiB at 2 ranks, about 1 MiB beyond
+    got = run_ranks(_loop, n, OPS, count, 12, options=TWINS, timeout=180)
+    assert [b for bad, _ in got for b in bad] == []
+    runs = got[0][1]
+    assert len(runs) >= 4, runs
+    for key, (single, staged) in runs.items():
+        assert single >= 2 and staged >= 2, (key, single, staged)
+    for rank, (_, theirs) in enumerate(got):
+        assert theirs == runs, (rank, theirs, runs)
+
+
+def test_one_twin_in_a_loop_follows_rank_0s_promises():
+    """The same twin back to back (followers take rank 0's pick promised at
+    its last call, without waiting for it to arrive): 60 Allgathers right,
+    and the runs agree."""
+    _need_cma(2)
+    got = run_ranks(_loop, 2, ["allgather"], 40000, 60, options=TWINS, timeout=120)
+    assert [b for bad, _ in got for b in bad] == []
+    assert got[0][1] == got[1][1] and sum(got[0][1]["allgather"]) == 60
+
+
+def _lagging(comm, rounds):
+    """Rank 0 bcasts a twin then small inline calls it can run ahead on,
+    while the last rank lags: rank 0 must keep its pick readable."""
+    bad = []
+    for i in range(rounds):
+        if comm.rank == comm.size - 1:
+            time.sleep(0.002)               # a slow rank, not a synchronisation
+        bad += _one(comm, "bcast", 5000, i * comm.size)        # root 0
+        for j in range(12):
+            x = np.full(1, i * 100 + j) if comm.rank == 0 else np.zeros(1, np.int64)
+            comm.Bcast(x, root=0)
+            if x[0] != i * 100 + j:
+                bad.append(f"small bcast {i} {j} on rank {comm.rank}")
+    return bad
+
+
+def test_a_lagging_rank_still_reads_rank_0s_pick():
+    _need_cma(4)
+    assert [b for bad in run_ranks(_lagging, 4, 8, options=TWINS, timeout=120) for b in bad] == []
+
+
+def _mixed(comm):
+    x, r = np.ones(1 << 17), np.zeros(1 << 17)
+    comm.Allreduce(x, r)
+    try:
+        comm.Allreduce(x, r, algorithm="reduce_scatter_allgather" if comm.rank else None)
+    except shmcoll.MismatchError as e:
+        return str(e)
+    return "returned"
+
+
+def test_a_twin_against_the_same_algorithm_named_raises_on_every_rank():
+    """algorithm= on one rank runs the single-copy program alone while rank
+    0 may pick the staged one: the signature tells them apart."""
+    _need_cma(2)
+    got = run_ranks(_mixed, 2, options=dict(adapt=1), timeout=60)
+    assert all("(algorithm)" in g and "automatic" in g for g in got), got
+
+
+def test_rank_0_killed_before_its_pick_fails_the_followers_within_2_s():
+    _need_cma(3)
+    took = shared_array(3, np.float64, -1.0)
+    died = shared_array(3, np.int64, 0)
+
+    def job(comm):
+        comm.Barrier()
+        if comm.rank == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+        t = time.monotonic()
+        try:
+            comm.Allreduce(np.ones(1 << 17), np.zeros(1 << 17))
+        except shmcoll.PeerFailure as e:
+            took[comm.rank] = time.monotonic() - t
+            died[comm.rank] = e.rank == 0
+            raise
+    with pytest.raises(Exception):
+        run_ranks(job, 3, options=dict(adapt=1), timeout=30)
+    assert list(died[1:]) == [1, 1] and 0 <= took[1:].max() < 2.0, (list(died), list(took))
+
+
+def _adapt_off(comm):
+    x, r = np.ones(1 << 17), np.zeros(1 << 17)
+    comm.Allreduce(x, r)
+    return comm.twins()
+
+
+@pytest.mark.parametrize("opts", [dict(adapt=0), dict(cma_bytes=1), dict(adapt=1 << 21)])
+def test_no_twins_when_adapt_is_off_or_the_transport_is_set_or_below_adapt(opts):
+    assert run_ranks(_adapt_off, 2, options=opts) == [[], []]
+
+
+class Policy:
+    """Rank 0's pick and learn (csrc/exec.c) on a twin block of its own."""
+
+    def __init__(self):
+        self.t = np.zeros(lib.SC_TW_WORDS, np.int64)
+        self.p = ffi.cast("int64_t *", self.t.ctypes.data)
+
+    def run(self, times, calls):
+        """Pick and learn calls times; times(call, program) -> ns."""
+        picks = []
+        for i in range(calls):
+            v = lib.sc_twin_pick(self.p)
+            lib.sc_twin_learn(self.p, v, times(i, v))
+            picks.append(v)
+        return picks
+
+
+def test_policy_warms_up_then_keeps_the_faster_and_tries_the_other_rarely():
+    pol = Policy()
+    picks = pol.run(lambda i, v: (1000, 3000)[v], 1000)
+    assert picks[:4] == [0, 1, 0, 1]
+    trials = [i for i, v in enumerate(picks[4:], 4) if v]
+    assert 5 <= len(trials) <= 10, trials                   # every 64 x 2000 / 1000 = 128 calls
+    extra = 2000 * len(trials)
+    assert extra <= 1000 * 1000 / 64 * 1.2
+
+
+def test_policy_moves_within_two_calls_when_the_current_slows_and_not_for_one_stall():
+    pol = Policy()
+    pol.run(lambda i, v: (1000, 1500)[v], 200)
+    assert pol.run(lambda i, v: (1000 if i else 50_000, 1500)[v], 20).count(1) <= 1     # one stall: stays
+    after = pol.run(lambda i, v: (4000, 1500)[v], 10)       # the host moved: 0 is now slow
+    assert after[2:] == [1] * 8, after
+
+
+def test_policy_finds_the_other_once_it_became_faster():
+    pol = Policy()
+    pol.run(lambda i, v: (1000, 1200)[v], 100)
+    later = pol.run(lambda i, v: (1000, 500)[v], 40)
+    assert later[-10:].count(1) >= 9, later
