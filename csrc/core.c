@@ -299,7 +299,7 @@ int sc_check_line(sc_comm_t *c, int who)
     return sc_check_rec(c, who, (int64_t)(at - c->call) < 0 ? at : c->call, &seen);
 }
 
-static int64_t now_ns(void)
+int64_t sc_now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -383,7 +383,7 @@ static int stalled_rank(sc_comm_t *c, int who)
 static int wait_slow(sc_comm_t *c, const sc_wait_t *w)
 {
     settle(c, post_line(c, c->rank));        /* no one may sleep on us while we wait */
-    int64_t t0 = now_ns(), next_live = t0 + c->liveness_ns, next_poll = t0 + POLL_NS, next_check = t0 + CHECK_NS;
+    int64_t t0 = sc_now_ns(), next_live = t0 + c->liveness_ns, next_poll = t0 + POLL_NS, next_check = t0 + CHECK_NS;
     if (c->gil_release && !c->gil_saved) c->gil_saved = ((void *(*)(void))c->gil_release)();
     int batch = w->spin_ns ? 32 : 1;          /* oversubscribed: yield at once, the peer needs this core */
     for (;;) {
@@ -391,7 +391,7 @@ static int wait_slow(sc_comm_t *c, const sc_wait_t *w)
             cpu_relax();
             if (reached(w)) return SC_OK;
         }
-        int64_t t = now_ns();
+        int64_t t = sc_now_ns();
         int r = -1, rc = health(c, w->who, t, &next_live, &r);
         if (!rc && !w->nocheck && t >= next_check) {
             next_check = t + CHECK_NS;
@@ -444,10 +444,10 @@ int sc_wait_slow(sc_comm_t *c, const sc_wait_t *w)
 void sc_shut(sc_comm_t *c)
 {
     atomic_store_explicit(&state(c, c->rank)->shut, 1, memory_order_seq_cst);
-    int64_t t0 = now_ns();
+    int64_t t0 = sc_now_ns();
     for (int r = 0; r < c->size; r++)
         while (atomic_load_explicit(&state(c, r)->pushing, memory_order_seq_cst) == c->rank + 1 && !gone(c, r)) {
-            if (c->timeout_ns > 0 && now_ns() - t0 > c->timeout_ns) return;
+            if (c->timeout_ns > 0 && sc_now_ns() - t0 > c->timeout_ns) return;
             sched_yield();
         }
 }

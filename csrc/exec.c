@@ -11,7 +11,6 @@
  * slots or the stripe (lazily: only when it writes the same memory again). */
 #include "sc_internal.h"
 #include <errno.h>
-#include <time.h>
 
 /* A writer using w inline slots a call (w a power of two) gives call C
  * the lines C * w .. C * w + w - 1 (mod SC_SLOTS): a line comes back
@@ -331,13 +330,6 @@ void sc_twin_learn(int64_t *t, int v, int64_t ns)
     t[SC_TW_LAST + v] = ns;
 }
 
-static int64_t clock_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
 /* A follower's program of a twin: rank 0's pick, promised at the end of
  * its last call when that was the same twin (a loop: the followers need
  * not wait for rank 0 to arrive, as a gather's senders, which stage
@@ -432,7 +424,7 @@ int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
     c->call++;
     c->sig[0] = (uint64_t)prog[1];            /* a twin's programs share it */
     c->sig[1] = (uint64_t)prog[2];
-    int64_t *twin = prog[7] && c->size > 1 ? (int64_t *)prog[7] : NULL, t0 = twin ? clock_ns() : 0;
+    int64_t *twin = prog[7] && c->size > 1 ? (int64_t *)prog[7] : NULL, t0 = twin ? sc_now_ns() : 0;
     int v = 0;
     if (c->rank == 0) {
         if (c->pend_twin) collect(c);
@@ -462,7 +454,7 @@ int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
     }
     if (!rc) rc = run(c, prog, sbuf, rbuf);
     if (!rc && twin) {
-        int64_t took = clock_ns() - t0;
+        int64_t took = sc_now_ns() - t0;
         atomic_store_explicit(&rec_of(c, c->rank, c->call)->took, took > 0 ? took : 1, memory_order_release);
         if (c->rank == 0) {
             c->pend_call = c->twin_call = c->call;

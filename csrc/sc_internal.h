@@ -122,6 +122,7 @@ int sc_fail(sc_comm_t *c, int code, int32_t who, int64_t a, int64_t b);
 int sc_check_line(sc_comm_t *c, int who);
 int sc_check_rec(sc_comm_t *c, int who, uint64_t n, int *seen);
 uint64_t sc_mix(uint64_t h, const uint64_t *sig);
+int64_t sc_now_ns(void);       /* CLOCK_MONOTONIC */
 int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf);
 int sc_vm_move(int32_t pid, char *local, uint64_t addr, int64_t n, _Atomic int32_t *shut);
 void sc_shut(sc_comm_t *c);
