@@ -125,12 +125,16 @@ typedef struct sc_comm {
     uint64_t hist;           /* a hash of every call's before the previous */
     uint64_t due[2];         /* per ring neighbour (left, right), if pending: the last call whose record of it is unchecked */
     uint64_t since[2];       /* ... and the first */
-    uint64_t twin_call;      /* rank 0: its last twin call, if twin_due: not yet known to be past every rank */
-    int32_t twin_due;
-    int32_t next_variant;    /* rank 0: the pick it promised for call twin_call + 1 (next_call) */
-    int32_t pend_variant;    /* rank 0: a twin call whose ranks' times are still to be read: program */
-    uint64_t pend_call;      /* ... call */
-    int64_t *pend_twin;      /* ... and twin block (NULL: none; Python clears it with the programs) */
+    /* rank 0's twins (exec.c): twin_first..twin_last, if twin_due, the twin
+     * calls not yet known to be past every rank; the pick promised for
+     * call twin_last + 1, if promised; the twin calls whose ranks' times
+     * are still to be read (a ring: pend_n from pend_head; Python empties
+     * it with the programs) */
+    uint64_t twin_first, twin_last;
+    int32_t twin_due, promised, next_variant, pend_head, pend_n, pend_pad;
+    uint64_t pend_call[SC_PAST];
+    int64_t *pend_twin[SC_PAST];
+    int32_t pend_variant[SC_PAST];
     int32_t pending;         /* neighbours with unchecked calls (1 left, 2 right) */
     int32_t busy;
     int32_t owe;             /* this rank's post line went out unfenced: its sleepers are still to be checked */

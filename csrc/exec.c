@@ -315,19 +315,24 @@ int sc_twin_pick(int64_t *t)
         t[SC_TW_SINCE] = 0;
         int64_t x = a; a = b; b = x;
     }
-    if (++t[SC_TW_SINCE] >= 8 && t[SC_TW_SINCE] * (a / 64) >= b - a) {
+    if (t[SC_TW_SINCE] >= 8 && t[SC_TW_SINCE] * (a / 64) >= b - a) {
         t[SC_TW_SINCE] = 0;
         return !cur;
     }
     return cur;
 }
 
-/* Rank 0's time (ns) of program v, after sc_twin_pick chose it. */
+/* Rank 0's time (ns) of a call that ran program v (learnt a few calls
+ * late, when rank 0 ran ahead: picks meanwhile go by what it knew; runs
+ * of the current program count towards the next trial, so a pick made
+ * for a call that never came costs nothing). */
 void sc_twin_learn(int64_t *t, int v, int64_t ns)
 {
     ns = ns > 0 ? ns : 1;
-    t[SC_TW_PREV + v] = warming(t) || v == (t[SC_TW_CUR] & 1) ? t[SC_TW_LAST + v] : ns;
+    int trial = !warming(t) && v != (t[SC_TW_CUR] & 1);
+    t[SC_TW_PREV + v] = trial ? ns : t[SC_TW_LAST + v];
     t[SC_TW_LAST + v] = ns;
+    if (!trial) t[SC_TW_SINCE]++;
 }
 
 /* A follower's program of a twin: rank 0's pick, promised at the end of
@@ -339,21 +344,22 @@ void sc_twin_learn(int64_t *t, int v, int64_t ns)
 static int twin_follow(sc_comm_t *c, int *v)
 {
     sc_line_t *l = post_line(c, 0);
-    if (atomic_load_explicit(&l->next_call, memory_order_acquire) == c->call) {
-        uint64_t s0 = l->next_sig[0], s1 = l->next_sig[1], got = l->next_variant;
-        atomic_thread_fence(memory_order_acquire);
-        if (atomic_load_explicit(&l->next_call, memory_order_relaxed) == c->call && s0 == c->sig[0] && s1 == c->sig[1]) {
-            *v = (int)(got & 1);
-            return SC_OK;
-        }
+    uint32_t q = atomic_load_explicit(&l->next_seq, memory_order_acquire);
+    uint64_t n = l->next_call, s0 = l->next_sig[0], s1 = l->next_sig[1];
+    uint32_t got = l->next_variant;
+    atomic_thread_fence(memory_order_acquire);
+    if (!(q & 1) && atomic_load_explicit(&l->next_seq, memory_order_relaxed) == q && n == c->call
+        && s0 == c->sig[0] && s1 == c->sig[1]) {
+        *v = (int)(got & 1);
+        return SC_OK;
     }
     int rc = wait_line(c, l, 0, c->call, 0, c->spin_ns, 0);
     if (rc) return rc;
     sc_rec_t *r = rec_of(c, 0, c->call);
-    uint64_t s = atomic_load_explicit(&r->seq, memory_order_acquire), got = r->variant;
+    uint64_t s = atomic_load_explicit(&r->seq, memory_order_acquire), pick = r->variant;
     atomic_thread_fence(memory_order_acquire);
     if (s == 2 * c->call + 2 && atomic_load_explicit(&r->seq, memory_order_relaxed) == s) {
-        *v = (int)(got & 1);
+        *v = (int)(pick & 1);
         return SC_OK;
     }
     c->err_rank = 0;
@@ -367,45 +373,66 @@ static int twin_follow(sc_comm_t *c, int *v)
 static void promise(sc_comm_t *c, int64_t *twin)
 {
     sc_line_t *l = post_line(c, 0);
+    uint32_t q = atomic_load_explicit(&l->next_seq, memory_order_relaxed);
     c->next_variant = sc_twin_pick(twin);
-    atomic_store_explicit(&l->next_call, 0, memory_order_relaxed);
+    c->promised = 1;
+    atomic_store_explicit(&l->next_seq, q + 1, memory_order_relaxed);
     atomic_thread_fence(memory_order_release);
+    l->next_call = c->call + 1;
     l->next_sig[0] = c->sig[0];
     l->next_sig[1] = c->sig[1];
-    l->next_variant = (uint64_t)c->next_variant;
-    atomic_store_explicit(&l->next_call, c->call + 1, memory_order_release);
+    l->next_variant = (uint32_t)c->next_variant;
+    atomic_store_explicit(&l->next_seq, q + 2, memory_order_release);
 }
 
 /* Rank 0's time of a twin call: the longest any rank took, read from
  * their records once all have ended it (rank 0 alone can be early: a
- * root that wrote everything staged and left). */
+ * root that wrote everything staged and left), but for ranks already
+ * SC_PAST calls on, whose records of it are gone. */
 static void collect(sc_comm_t *c)
 {
-    uint64_t m = c->pend_call, done = 2 * m + 2;
-    int64_t worst = 0;
-    for (int r = 0; r < c->size; r++) {
-        sc_rec_t *rec = rec_of(c, r, m);
-        uint64_t s = atomic_load_explicit(&rec->seq, memory_order_acquire);
-        int64_t took = atomic_load_explicit(&rec->took, memory_order_acquire);
-        if (s != done || !took) {
-            if ((int64_t)(s - done) > 0) c->pend_twin = NULL;   /* r is SC_PAST calls on: the time is lost */
-            return;
+    while (c->pend_n) {
+        int i = c->pend_head;
+        uint64_t m = c->pend_call[i], done = 2 * m + 2;
+        int64_t worst = 0;
+        for (int r = 0; r < c->size; r++) {
+            sc_rec_t *rec = rec_of(c, r, m);
+            uint64_t s = atomic_load_explicit(&rec->seq, memory_order_acquire);
+            int64_t took = atomic_load_explicit(&rec->took, memory_order_acquire);
+            if ((int64_t)(s - done) > 0) continue;             /* r is SC_PAST calls on: its time is gone */
+            if (s != done || !took) return;                    /* r is still in call m: later */
+            worst = took > worst ? took : worst;
         }
-        worst = took > worst ? took : worst;
+        if (worst > 0) sc_twin_learn(c->pend_twin[i], c->pend_variant[i], worst);
+        c->pend_head = (i + 1) % SC_PAST;
+        c->pend_n--;
     }
-    sc_twin_learn(c->pend_twin, c->pend_variant, worst);
-    c->pend_twin = NULL;
 }
 
-/* Rank 0 keeps its record of a twin call until every rank has read its
- * pick there: before a call that could overwrite it, it waits for every
- * rank to have arrived at the next call (they have the data of every call
- * before this one, so nothing waits on rank 0 meanwhile). */
+/* Rank 0 after a twin call: its time to learn, when every rank's is in
+ * (the oldest is dropped should SC_PAST wait). */
+static void pend(sc_comm_t *c, int64_t *twin, int v)
+{
+    if (c->pend_n == SC_PAST) {
+        c->pend_head = (c->pend_head + 1) % SC_PAST;
+        c->pend_n--;
+    }
+    int i = (c->pend_head + c->pend_n++) % SC_PAST;
+    c->pend_call[i] = c->call;
+    c->pend_twin[i] = twin;
+    c->pend_variant[i] = v;
+}
+
+/* Rank 0 keeps its records of twin calls until every rank has read its
+ * picks there: before a call that could overwrite the oldest one not
+ * known to be read, it waits for every rank to have arrived past the
+ * newest (they have the data of every call before this one, so nothing
+ * waits on rank 0 meanwhile). */
 static int twin_bound(sc_comm_t *c)
 {
-    if (!c->twin_due || c->call - c->twin_call < SC_PAST - 1) return SC_OK;
+    if (!c->twin_due || c->call - c->twin_first < SC_PAST - 1) return SC_OK;
     for (int r = 1; r < c->size; r++) {
-        int rc = wait_line(c, post_line(c, r), r, c->twin_call + 1, 0, c->spin_ns, 0);
+        int rc = wait_line(c, post_line(c, r), r, c->twin_last + 1, 0, c->spin_ns, 0);
         if (rc) return rc;
     }
     c->twin_due = 0;
@@ -427,13 +454,14 @@ int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
     int64_t *twin = prog[7] && c->size > 1 ? (int64_t *)prog[7] : NULL, t0 = twin ? sc_now_ns() : 0;
     int v = 0;
     if (c->rank == 0) {
-        if (c->pend_twin) collect(c);
+        if (c->pend_n) collect(c);
         rc = twin_bound(c);
+        int promised = c->promised && c->twin_last + 1 == c->call;     /* binds whichever twin runs it */
+        c->promised = 0;
         if (twin) {
-            sc_line_t *me = post_line(c, 0);      /* a promise for this call binds, whichever twin runs it */
-            int promised = c->twin_due && c->twin_call + 1 == c->call && me->next_sig[0] == c->sig[0]
-                           && me->next_sig[1] == c->sig[1];
-            v = promised ? c->next_variant : sc_twin_pick(twin);
+            sc_line_t *me = post_line(c, 0);
+            v = promised && me->next_sig[0] == c->sig[0] && me->next_sig[1] == c->sig[1] ? c->next_variant
+                                                                                          : sc_twin_pick(twin);
         }
     }
     if (!rc) {
@@ -457,10 +485,10 @@ int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
         int64_t took = sc_now_ns() - t0;
         atomic_store_explicit(&rec_of(c, c->rank, c->call)->took, took > 0 ? took : 1, memory_order_release);
         if (c->rank == 0) {
-            c->pend_call = c->twin_call = c->call;
-            c->pend_twin = twin;
-            c->pend_variant = v;
+            if (!c->twin_due) c->twin_first = c->call;
+            c->twin_last = c->call;
             c->twin_due = 1;
+            pend(c, twin, v);
             promise(c, twin);
         }
     }

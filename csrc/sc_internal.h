@@ -36,9 +36,10 @@ struct sc_line {                  /* first 64 bytes: what a reader checks */
     uint64_t hist;
     sc_wq_t wq;                   /* apart: sleepers counting in do not bounce the flag */
     uint64_t addr[2];             /* send, recv buffer of this call */
-    _Atomic uint64_t next_call;   /* rank 0: its twin pick for call next_call if that call's signature is */
-    uint64_t next_sig[2];         /* next_sig, made before it arrives there (exec.c) */
-    uint64_t next_variant;
+    uint64_t next_call;           /* rank 0: its twin pick for call next_call if that call's signature is */
+    uint64_t next_sig[2];         /* next_sig, made before it arrives there (exec.c), */
+    _Atomic uint32_t next_seq;    /* under a sequence lock (odd while rewritten) */
+    uint32_t next_variant;
     char pad[SC_LINE - 120];
 };
 _Static_assert(sizeof(struct sc_line) == SC_LINE, "flag line size");

@@ -195,11 +195,11 @@ class Comm:
     def twins(self):
         """Calls that the automatic choice runs as twins (single copy, or
         staged: whichever rank 0 timed faster, the adapt option): a list
-        of {collective, bytes (of the first and second buffer), us (rank
-        0's estimates of each: single copy, staged), runs (calls this rank
-        ran each)}."""
-        return [{"collective": select.OPS[k[0] & 0xff], "bytes": (k[3], k[4]), "us": tuple(e / 1000 for e in est),
-                 "runs": runs} for k, (est, runs) in self._dev.twins().items()]
+        of {collective, bytes (as adapt counts them), us (rank 0's
+        estimates of each: single copy, staged), runs (calls this rank ran
+        each)}, one per program this rank keeps (a root's apart)."""
+        return [{"collective": select.OPS[k[0] & 0xff], "bytes": n, "us": tuple(e / 1000 for e in est),
+                 "runs": runs} for k, (n, est, runs) in self._dev.twins().items()]
 
     def traffic(self):
         """Bytes this rank's executor has read from each rank (local copies
@@ -235,7 +235,7 @@ class Comm:
         alt = None
         if algorithm is None and self._forced[op] is None and call.cma and 0 < self.plan.params["adapt"] <= nbytes:
             staged = dataclasses.replace(call, cma=False)       # its twin: what runs without single copy
-            alt = functools.partial(select.plan, op, select.pick(op, staged), staged)
+            alt = (nbytes, functools.partial(select.plan, op, select.pick(op, staged), staged))
         cid, what = select.TABLE[op][0], _what(op)
         sigbytes = None if counts is None else hash(counts) & ((1 << 62) - 1)
         code = 0 if dtype is None else buffers.dtype_code(dtype)

@@ -210,8 +210,9 @@ class Device:
         schedule's byte count if None) and op (a reduction's operator
         code); tail, a v-variant's counts and
         displacements, ends the program for the fast entry to compare.
-        alt() -> Schedule: the same call staged, made the program's twin
-        (core.h) where it compiles to other instructions."""
+        alt = (nbytes, make): the same call staged (make() -> Schedule, of
+        nbytes), made the program's twin (core.h) where it compiles to
+        other instructions."""
         here = key if tail is None else key + (tuple(tail),)     # exact counts: no fingerprint collision
         prog = self._programs.get(here)
         if prog is None:
@@ -221,7 +222,7 @@ class Device:
             prog = progs[self.rank]
             other = None
             if alt:     # every rank's programs compared: all ranks make the same twins
-                others = compile_schedule(alt(), self.plan.params, sig)
+                others = compile_schedule(alt[1](), self.plan.params, sig)
                 if not all(map(np.array_equal, progs, others)):
                     other = others[self.rank]
             if tail is not None:
@@ -232,28 +233,28 @@ class Device:
             self._programs[here] = prog
             self._scratch(int(prog[4]))
             if other is not None:
-                self._twin(here, prog, other)
+                self._twin(here, prog, other, alt[0])
         if len(key) == lib.SC_KEY:
             self._install(key, prog)        # another key may have taken its cache slot
         return prog
 
-    def _twin(self, here, prog, other):
+    def _twin(self, here, prog, other, nbytes):
         prog[1] |= TWIN_ALG << 8          # in the signature: a rank running this program alone raises
         other[1] = prog[1]
         t = np.zeros(lib.SC_TW_WORDS, np.int64)
         t[lib.SC_TW_PROG:lib.SC_TW_PROG + 2] = prog.ctypes.data, other.ctypes.data
         prog[7] = other[7] = t.ctypes.data
-        self._twins[here] = (t, other)
+        self._twins[here] = (t, other, nbytes)
         self._scratch(int(other[4]))
 
     def twins(self):
-        """{program key: (estimated ns of the single-copy and the staged
-        program (rank 0's), calls this rank ran each)}."""
+        """{program key: (the call's bytes, estimated ns of the single-copy
+        and the staged program (rank 0's), calls this rank ran each)}."""
         def estimate(t, v):         # as csrc/exec.c's
             a, b = int(t[lib.SC_TW_LAST + v]), int(t[lib.SC_TW_PREV + v])
             return b if 0 < b < a else a
-        return {k: ((estimate(t, 0), estimate(t, 1)), tuple(int(x) for x in t[lib.SC_TW_RUNS:lib.SC_TW_RUNS + 2]))
-                for k, (t, _) in self._twins.items()}
+        return {k: (n, (estimate(t, 0), estimate(t, 1)), tuple(int(x) for x in t[lib.SC_TW_RUNS:lib.SC_TW_RUNS + 2]))
+                for k, (t, _, n) in self._twins.items()}
 
     def _install(self, key, prog):
         e = self.c.cache[lib.sc_cache_slot(ffi.new("int64_t[]", key))]
@@ -267,7 +268,7 @@ class Device:
             self.c.tmp_bytes = self._tmp.size
 
     def clear_programs(self):
-        self.c.pend_twin = ffi.NULL         # the time it waits for goes with its twin block
+        self.c.pend_n = 0                   # the times it waits for go with their twin blocks
         self._programs.clear()
         self._twins.clear()
         ffi.memmove(self.c.cache, b"\0" * ffi.sizeof(self.c.cache), ffi.sizeof(self.c.cache))
