@@ -126,12 +126,11 @@ typedef struct sc_comm {
     uint64_t due[2];         /* per ring neighbour (left, right), if pending: the last call whose record of it is unchecked */
     uint64_t since[2];       /* ... and the first */
     /* rank 0's twins (exec.c): twin_first..twin_last, if twin_due, the twin
-     * calls not yet known to be past every rank; the pick promised for
-     * call twin_last + 1, if promised; the twin calls whose ranks' times
-     * are still to be read (a ring: pend_n from pend_head; Python empties
-     * it with the programs) */
+     * calls not yet known to be past every rank; the twin calls whose
+     * ranks' times are still to be read (a ring: pend_n from pend_head;
+     * Python empties it with the programs) */
     uint64_t twin_first, twin_last;
-    int32_t twin_due, promised, next_variant, pend_head, pend_n, pend_pad;
+    int32_t twin_due, pend_head, pend_n, pend_pad;
     uint64_t pend_call[SC_PAST];
     int64_t *pend_twin[SC_PAST];
     int32_t pend_variant[SC_PAST];
@@ -166,6 +165,7 @@ int sc_reduce(int64_t word, char *d, const char *a, const char *b, int64_t n);
 const char *sc_reduce_isa(void);
 
 int sc_twin_pick(int64_t *t);
+int64_t sc_twin_estimate(const int64_t *t, int v);
 void sc_twin_learn(int64_t *t, int v, int64_t ns);
 
 int sc_cache_slot(const int64_t *key);

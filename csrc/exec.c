@@ -133,8 +133,9 @@ static int buffer_of(sc_comm_t *c, int who, int which, uint64_t *addr)
 
 /* Publish this call's arrival record and first event (a sequence lock:
  * sc_check_line trusts a record only if seq was even and unchanged
- * around its reads); variant: rank 0's pick of a twin, 0 otherwise.  The event goes before the call: a waiter that sees
- * the new call sees its first event. */
+ * around its reads); variant: rank 0's pick of a twin, 0 otherwise.
+ * The event goes before the call: a waiter that sees the new call sees
+ * its first event. */
 static void arrive(sc_comm_t *c, uint64_t first, char *sbuf, char *rbuf, uint64_t variant)
 {
     sc_rec_t *r = rec_of(c, c->rank, c->call);    /* kept: before the post line shows the call */
@@ -297,7 +298,7 @@ static int recheck(sc_comm_t *c, int block)
  * estimate is the lower of its last two times (one stall does not
  * condemn it, two slower calls in a row, as when the host moves the
  * CPUs apart, do); a trial's is its time. */
-static int64_t estimate(const int64_t *t, int v)
+int64_t sc_twin_estimate(const int64_t *t, int v)
 {
     int64_t a = t[SC_TW_LAST + v], b = t[SC_TW_PREV + v];
     return b && b < a ? b : a;
@@ -309,7 +310,7 @@ int sc_twin_pick(int64_t *t)
 {
     if (warming(t)) return t[SC_TW_LAST] && (!t[SC_TW_LAST + 1] || t[SC_TW_PREV]);   /* 0, 1, 0, 1 */
     int cur = (int)t[SC_TW_CUR] & 1;
-    int64_t a = estimate(t, cur), b = estimate(t, !cur);
+    int64_t a = sc_twin_estimate(t, cur), b = sc_twin_estimate(t, !cur);
     if (b < a - a / 8) {
         t[SC_TW_CUR] = cur = !cur;
         t[SC_TW_SINCE] = 0;
@@ -369,20 +370,28 @@ static int twin_follow(sc_comm_t *c, int *v)
 }
 
 /* Rank 0, after a twin call: its pick for the next call, should that be
- * the same twin (seq-locked by next_call: 0 while rewritten). */
+ * the same twin (under next_seq, odd while rewritten).  Rank 0 reads it
+ * back from the same line at its next call (promised). */
 static void promise(sc_comm_t *c, int64_t *twin)
 {
     sc_line_t *l = post_line(c, 0);
     uint32_t q = atomic_load_explicit(&l->next_seq, memory_order_relaxed);
-    c->next_variant = sc_twin_pick(twin);
-    c->promised = 1;
     atomic_store_explicit(&l->next_seq, q + 1, memory_order_relaxed);
     atomic_thread_fence(memory_order_release);
     l->next_call = c->call + 1;
     l->next_sig[0] = c->sig[0];
     l->next_sig[1] = c->sig[1];
-    l->next_variant = (uint32_t)c->next_variant;
+    l->next_variant = (uint32_t)sc_twin_pick(twin);
     atomic_store_explicit(&l->next_seq, q + 2, memory_order_release);
+}
+
+/* Rank 0: whether it promised a pick for this call (made at the end of
+ * the last one, whichever twin runs it now, if the signature is the one
+ * promised: the followers may already run it). */
+static int promised(sc_comm_t *c)
+{
+    sc_line_t *l = post_line(c, 0);
+    return l->next_call == c->call && l->next_sig[0] == c->sig[0] && l->next_sig[1] == c->sig[1];
 }
 
 /* Rank 0's time of a twin call: the longest any rank took, read from
@@ -456,13 +465,7 @@ int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
     if (c->rank == 0) {
         if (c->pend_n) collect(c);
         rc = twin_bound(c);
-        int promised = c->promised && c->twin_last + 1 == c->call;     /* binds whichever twin runs it */
-        c->promised = 0;
-        if (twin) {
-            sc_line_t *me = post_line(c, 0);
-            v = promised && me->next_sig[0] == c->sig[0] && me->next_sig[1] == c->sig[1] ? c->next_variant
-                                                                                          : sc_twin_pick(twin);
-        }
+        if (twin) v = promised(c) ? (int)post_line(c, 0)->next_variant : sc_twin_pick(twin);
     }
     if (!rc) {
         arrive(c, twin ? 0 : (uint64_t)prog[3], sbuf, rbuf, (uint64_t)v);   /* a twin's first post waits for the pick */

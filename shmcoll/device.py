@@ -141,7 +141,7 @@ class Device:
         self.c, self._keep = self._context(plan, rank)
         self._base = ffi.from_buffer(segment.mmap)
         self._programs = {}
-        self._twins = {}            # program key -> (twin block, the staged program)
+        self._twins = {}            # program key -> (twin block, the staged program, the call's bytes)
         self._tmp = None
         self.traffic = None
         if plan.params["record_traffic"]:
@@ -250,10 +250,10 @@ class Device:
     def twins(self):
         """{program key: (the call's bytes, estimated ns of the single-copy
         and the staged program (rank 0's), calls this rank ran each)}."""
-        def estimate(t, v):         # as csrc/exec.c's
-            a, b = int(t[lib.SC_TW_LAST + v]), int(t[lib.SC_TW_PREV + v])
-            return b if 0 < b < a else a
-        return {k: (n, (estimate(t, 0), estimate(t, 1)), tuple(int(x) for x in t[lib.SC_TW_RUNS:lib.SC_TW_RUNS + 2]))
+        def estimates(t):
+            p = ffi.cast("int64_t *", t.ctypes.data)
+            return lib.sc_twin_estimate(p, 0), lib.sc_twin_estimate(p, 1)
+        return {k: (n, estimates(t), tuple(int(x) for x in t[lib.SC_TW_RUNS:lib.SC_TW_RUNS + 2]))
                 for k, (t, _, n) in self._twins.items()}
 
     def _install(self, key, prog):
