@@ -55,6 +55,12 @@ def cma(comm):
     return comm._c.cma
 
 
+def need_cma(n):
+    """Skip the test unless n ranks may single-copy from each other here."""
+    if not all(run_ranks(cma, n)):
+        pytest.skip("cross-memory attach is not permitted between ranks here")
+
+
 def run_cases(job, n, cases, **kw):
     """Run job(comm, cases, forms) on n ranks; every rank returns its list of
     failure descriptions, and all of them must be empty."""

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import shmcoll
-from conftest import DTYPES, SMALL, attempt, counts_for, pattern, poison, run_cases, run_ranks
+from conftest import DTYPES, SMALL, attempt, counts_for, need_cma, pattern, poison, run_cases, run_ranks
 
 ALGS = ["binomial", "original", "limited", "numa", None]
 RANKS = [1, 2, 3, 4, 5, 7, 8]
@@ -329,8 +329,7 @@ def test_bcast_rendezvous_two_ranks():
     (the reader reads the first pages out of the root's buffer while the
     root writes the rest into the reader's); force it down to one byte,
     every root, sizes around the page the halves are cut at, and compare."""
-    if not all(run_ranks(lambda comm: comm._c.cma, 2)):
-        pytest.skip("cross-memory attach is not permitted between ranks here")
+    need_cma(2)
     sizes = [1, 7, 96, 97, 4095, 4096, 4097, 5000, 8193, 65536, 300001]
     check(2, all_roots(2, ["original", None], sizes), options={"cma_bytes": 1})
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import shmcoll
-from conftest import (DTYPES, SMALL, assert_killed_mid, attempt, cma as _cma, counts_for, pattern, planned,
+from conftest import (DTYPES, SMALL, assert_killed_mid, attempt, need_cma, counts_for, pattern, planned,
                       poison, run_cases, run_ranks)
 
 ALGS = ["flat", "binomial", None]
@@ -67,8 +67,7 @@ def test_gather_single_copy(n):
     push), with more every sender writes its own into the root's recvbuf
     (push).  Forced down to one byte: every size, every root, sizes around
     the page the halves are cut at, and Gatherv's zero and uneven counts."""
-    if not all(run_ranks(_cma, n)):
-        pytest.skip("cross-memory attach is not permitted between ranks here")
+    need_cma(n)
     opts = dict(SMALL, cma_bytes=1)
     sizes = SIZES + [4095, 4096, 4097, 8191, 8193, 100001]
     run_cases(_job, n, [c for c in table(n, sizes) if c[0] == "gather"], options=opts)
@@ -92,8 +91,7 @@ def _gather_traffic(comm, nbytes):
 def test_gather_single_copy_traffic_is_the_schedules(n):
     """What the executor records for pushed and shared blocks (counted by
     the root when it sees the writer's post) is what the schedule says."""
-    if not all(run_ranks(_cma, n)):
-        pytest.skip("cross-memory attach is not permitted between ranks here")
+    need_cma(n)
     got = run_ranks(_gather_traffic, n, 300001, options={"cma_bytes": 1, "record_traffic": 1})
     for root in range(n):
         measured = np.stack([got[d][root][0] for d in range(n)], axis=1)
@@ -582,8 +580,7 @@ def test_back_to_back_pushes():
     this call's, not a torn one.  (The bench once raised a false
     MismatchError there, with the reader preempted between the two stores;
     this loop did not reproduce that here, it holds the path's data.)"""
-    if not all(run_ranks(_cma, 2)):
-        pytest.skip("cross-memory attach is not permitted between ranks here")
+    need_cma(2)
     assert run_ranks(_gather_loop, 2, 20000, 8192, options={"cma_bytes": 1}) == [True, True]
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import shmcoll
-from conftest import SMALL, assert_killed_mid, cma, planned, run_cases, run_ranks
+from conftest import SMALL, assert_killed_mid, need_cma, planned, run_cases, run_ranks
 from shmcoll import ops
 from shmcoll.coll import select
 
@@ -334,8 +334,7 @@ def test_single_copy_folds(n):
     copy into its scratch, a chunk at a time (4 KiB here), and folds it
     from there.  Forced down to one byte: every reduction and algorithm,
     sizes around the chunk, in place and not, roots rotating."""
-    if not all(run_ranks(cma, n)):
-        pytest.skip("cross-memory attach is not permitted between ranks here")
+    need_cma(n)
     sizes = ITEMS + [1023, 1024, 1025, 2049, 5000]
     run_cases(_job, n, table(KINDS, sizes, roots=(0, n - 1, n // 2)), options=dict(SMALL, cma_bytes=1), timeout=300)
 
@@ -343,8 +342,7 @@ def test_single_copy_folds(n):
 @pytest.mark.parametrize("alg", ["all_at_once", "reduce_scatter_allgather"])
 def test_single_copy_fold_traffic_is_the_schedules(alg):
     """A single-copy input is counted once, by the copy that reads it."""
-    if not all(run_ranks(cma, 3)):
-        pytest.skip("cross-memory attach is not permitted between ranks here")
+    need_cma(3)
     got = run_ranks(_traffic, 3, 5000, alg, options=dict(SMALL, record_traffic=1, cma_bytes=1))
     assert any(m.via == "direct" for st in shmcoll.schedule("allreduce", alg, 3, 20000, options={"cma_bytes": 1},
                                                              cma=True, dtype="float32").steps for m in st.moves)
@@ -369,8 +367,8 @@ def test_reduce_scatter_gather_blocks(n, single):
     block b + 1 (pushed by single copy, or staged from alternate halves of
     its scratch) while it folds the next.  4 KiB blocks, so several blocks
     and a short last one; in place and not, roots rotating."""
-    if single and not all(run_ranks(cma, n)):
-        pytest.skip("cross-memory attach is not permitted between ranks here")
+    if single:
+        need_cma(n)
     opts = dict(SMALL, reduce_block_bytes=4096, reduce_small_bytes=0, cma_bytes=1)
     moves = [m for st in shmcoll.schedule("reduce", "reduce_scatter_gather", n, 36000, options=opts, cma=single,
                                           dtype="float32").steps for m in st.moves if m.sbuf == "tmp"]
@@ -394,8 +392,7 @@ def test_reduce_push_traffic_is_the_schedules():
     """Every folded slice pushed to the root is counted, bytes and
     messages, as the schedule says (review of ea3baaa: the root's late
     waits kept one push per writer, and messages() counted 7 of 12)."""
-    if not all(run_ranks(cma, 3)):
-        pytest.skip("cross-memory attach is not permitted between ranks here")
+    need_cma(3)
     got = run_ranks(_push_counts, 3, 5000, options=dict(SMALL, record_traffic=1, cma_bytes=1, reduce_block_bytes=4096))
     sched = got[0][2]
     assert sum(m.via == "push" for st in sched.steps for m in st.moves) == 12
@@ -745,8 +742,7 @@ def test_single_copy_reader_of_a_rank_that_raised_and_left_says_aborted():
     peer raised MismatchError and exited found the process gone (ESRCH)
     and said PeerDied (about 1 result in 6 at 4 ranks); the job was
     aborted first, so the reader says so."""
-    if not all(run_ranks(cma, 4)):
-        pytest.skip("cross-memory attach is not permitted between ranks here")
+    need_cma(4)
     seen = set()
     for _ in range(12):
         seen.update(run_ranks(_mismatch_big, 4, timeout=60))

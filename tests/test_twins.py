@@ -11,14 +11,9 @@ import pytest
 
 import shmcoll
 from shmcoll._core import ffi, lib
-from conftest import SMALL, cma, pattern, run_ranks, shared_array
+from conftest import SMALL, need_cma, pattern, run_ranks, shared_array
 
 TWINS = dict(SMALL, adapt=1)        # every call of 1 byte up may be a twin
-
-
-def _need_cma(n):
-    if not all(run_ranks(cma, n)):
-        pytest.skip("ranks may not read each other's memory here (ptrace scope)")
 
 
 def _one(comm, op, count, i):
@@ -80,7 +75,7 @@ def test_every_rank_runs_rank_0s_pick_and_gets_the_data(n):
     call, both programs ran (each twice while rank 0 warms up), and every
     rank ran each as often as rank 0 did (a rank running the other program
     would hang or corrupt)."""
-    _need_cma(n)
+    need_cma(n)
     count = 40000 if n == 2 else 140000         # single copy from 32 KiB at 2 ranks, about 1 MiB beyond
     got = run_ranks(_loop, n, OPS, count, 12, options=TWINS, timeout=180)
     assert [b for bad, _ in got for b in bad] == []
@@ -96,7 +91,7 @@ def test_one_twin_in_a_loop_follows_rank_0s_promises():
     """The same twin back to back (followers take rank 0's pick promised at
     its last call, without waiting for it to arrive): 60 Allgathers right,
     and the runs agree."""
-    _need_cma(2)
+    need_cma(2)
     got = run_ranks(_loop, 2, ["allgather"], 40000, 60, options=TWINS, timeout=120)
     assert [b for bad, _ in got for b in bad] == []
     assert got[0][1] == got[1][1] and sum(got[0][1]["allgather"]) == 60
@@ -119,7 +114,7 @@ def _lagging(comm, rounds):
 
 
 def test_a_lagging_rank_still_reads_rank_0s_pick():
-    _need_cma(4)
+    need_cma(4)
     assert [b for bad in run_ranks(_lagging, 4, 8, options=TWINS, timeout=120) for b in bad] == []
 
 
@@ -136,13 +131,13 @@ def _mixed(comm):
 def test_a_twin_against_the_same_algorithm_named_raises_on_every_rank():
     """algorithm= on one rank runs the single-copy program alone while rank
     0 may pick the staged one: the signature tells them apart."""
-    _need_cma(2)
+    need_cma(2)
     got = run_ranks(_mixed, 2, options=dict(adapt=1), timeout=60)
     assert all("(algorithm)" in g and "automatic" in g for g in got), got
 
 
 def test_rank_0_killed_before_its_pick_fails_the_followers_within_2_s():
-    _need_cma(3)
+    need_cma(3)
     took = shared_array(3, np.float64, -1.0)
     died = shared_array(3, np.int64, 0)
 
@@ -239,7 +234,7 @@ def _two_twins_then_inline(comm, count, rounds):
 
 
 def test_rank_0_ahead_of_a_lagging_rank_over_two_twins():
-    _need_cma(4)
+    need_cma(4)
     got = run_ranks(_two_twins_then_inline, 4, 131072, 4, options=dict(adapt=1, chan_bytes=16 << 20), timeout=120)
     assert [b for bad, _ in got for b in bad] == []
 
@@ -247,7 +242,7 @@ def test_rank_0_ahead_of_a_lagging_rank_over_two_twins():
 def test_rank_0_learns_both_times_though_it_runs_ahead():
     """Rank 0, a sender, leaves each Gather before the root: the times of
     its calls are read a few calls later, not lost."""
-    _need_cma(4)
+    need_cma(4)
     got = run_ranks(_two_twins_then_inline, 4, 131072, 12, options=dict(adapt=1, chan_bytes=16 << 20),
                     timeout=120)
     assert [b for bad, _ in got for b in bad] == []
