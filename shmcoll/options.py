@@ -38,6 +38,7 @@ DEFAULTS = {
     "scatter_algorithm": None,
     "scatterv_algorithm": None,
     "reduce_small_bytes": 256 << 10,   # allreduce: all_at_once while (ranks - 1) x bytes is at most this
+                                       # (an eighth of it when ranks share CPUs); reduce: flat
     "reduce_block_bytes": 2 << 20,     # reduce_scatter_allgather: blocks of this many bytes, folded and gathered
                                        # while in cache
     "allreduce_algorithm": None,
