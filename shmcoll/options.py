@@ -23,7 +23,7 @@ DEFAULTS = {
     "adapt": None,              # from this many bytes (bcast: the buffer, alltoall: a block, reductions: the
                                 # input), time the automatic choice by single copy against it staged and run the
                                 # faster, as rank 0 decides per call (csrc/exec.c, twins); 0: never (default:
-                                # 512 KiB, 0 when cma_bytes is set)
+                                # 32 KiB, 0 when cma_bytes is set)
     "timeout": 1800,            # seconds a rank may wait on one peer before the job is aborted (0: never)
     "call_base": 0,             # every communicator's first call number (tests run it next to 2^31, 2^64)
     "record_traffic": 0,        # count the bytes each rank reads from each other (Comm.traffic)
