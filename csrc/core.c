@@ -29,7 +29,7 @@ int64_t sc_layout(sc_comm_t *c)
     c->off_mutex = o;  o = up(o + p * 64, SC_LINE);
     c->off_post = o;   o += p * SC_LINE;
     c->off_ack = o;    o += p * SC_LINE;
-    c->off_slot = o;   o += p * SC_SLOTS * SC_LINE;
+    c->off_slot = o;   o += p * SC_SLOTS * SC_SLOT_BYTES;
     c->off_rec = o;    o += p * SC_PAST * 64;
     c->off_queue = o;  o = up(o + SC_LINE + 2 * p * 8, SC_LINE);   /* sleepers line, gather, release */
     c->off_chan = o = up(o, PAGE);
@@ -275,12 +275,10 @@ static int record(sc_comm_t *c, int who, uint64_t n, uint64_t *out)
  * ours: the signatures name what differs, the hash of all before catches
  * calls out of step.  *seen = 0 if who's record of n is not there.
  * Returns SC_EMISMATCH (not yet aborting) or SC_OK. */
-int sc_check_rec(sc_comm_t *c, int who, uint64_t n, int *seen)
+static int compare(sc_comm_t *c, int who, uint64_t n, const uint64_t *theirs)
 {
-    uint64_t theirs[5], back = c->call - n;
-    *seen = back < SC_PAST && record(c, who, n, theirs);
-    if (!*seen) return SC_OK;
     const uint64_t *mine = rec_of(c, c->rank, n)->rec;    /* ours, kept as long */
+    uint64_t back = c->call - n;
     int when = back < 2 ? (int)back : 2, rc;
     if ((rc = differ(c, who, mine, theirs, when)) || (rc = differ_prev(c, who, mine + 2, theirs + 2, when < 2 ? when + 1 : 2)))
         return rc;
@@ -288,6 +286,28 @@ int sc_check_rec(sc_comm_t *c, int who, uint64_t n, int *seen)
     c->err_when = 3;
     c->err_rank = who;
     return SC_EMISMATCH;
+}
+
+int sc_check_rec(sc_comm_t *c, int who, uint64_t n, int *seen)
+{
+    uint64_t theirs[5];
+    *seen = c->call - n < SC_PAST && record(c, who, n, theirs);
+    return *seen ? compare(c, who, n, theirs) : SC_OK;
+}
+
+/* A reader's check of a writer whose inline slot it is about to read:
+ * the writer stamped its record of the call there, in the line the
+ * payload starts in, so a writer that has run calls ahead costs no read
+ * of its record ring.  A slot not stamped for this call (the writer made
+ * another call, or is rewriting the slot for a later one: it wrote ~0
+ * first) sends the check to the post line and ring. */
+int sc_check_slot(sc_comm_t *c, int who, const sc_slot_t *h)
+{
+    uint64_t theirs[5], at = atomic_load_explicit(&h->call, memory_order_acquire);
+    memcpy(theirs, h->rec, sizeof theirs);
+    atomic_thread_fence(memory_order_acquire);
+    if (at == c->call && atomic_load_explicit(&h->call, memory_order_relaxed) == at) return compare(c, who, at, theirs);
+    return sc_check_line(c, who);
 }
 
 /* What a wait can check: who's record of this call, or of its last if it

@@ -3,7 +3,10 @@
  * fields once, C owns the shared layout and runs every collective as one
  * compiled program (sc_exec; opcodes below, built by shmcoll/compile.py). */
 #define SC_LINE 128
-#define SC_INLINE 128    /* inline payload: one whole slot line */
+#define SC_INLINE 128    /* inline payload of a slot */
+#define SC_SLOT_HEAD 48  /* a slot's header: its writer's arrival record of the call that filled it, sharing a
+                            cache line with the payload's first 16 bytes (a reader's check finds it there) */
+#define SC_SLOT_BYTES 192
 #define SC_SLOTS 8       /* inline slot lines per writer: a root may run this many calls ahead */
 #define SC_PAST 8        /* arrival records kept per rank: a rank that waited on no one checks its neighbours within this many calls */
 #define SC_INSN 8        /* int64 words per instruction */
@@ -32,10 +35,12 @@ enum { SC_TW_PROG = 0, SC_TW_LAST = 2, SC_TW_PREV = 4, SC_TW_RUNS = 6, SC_TW_CUR
 enum {
     SC_OP_END = 0,
     SC_OP_POST = 1,     /* a=event: my post line reaches (call, event) */
-    SC_OP_WAIT = 2,     /* a=who b=event c=flags(1 check signature, 2 spin long, 4 a message's first piece): who's post line */
+    SC_OP_WAIT = 2,     /* a=who b=event c=flags(1 check signature, 2 spin long, 4 a message's first piece,
+                           8 check it in the inline slot d=space that comes next): who's post line */
     SC_OP_ACK = 3,      /* a=count: my ack line reaches (call, count) */
     SC_OP_WAITACK = 4,  /* a=who b=count c=flags: who's ack line */
-    SC_OP_COPY = 5,     /* a=dst space b=dst off c=src space d=src off e=n f=flags(1 stream) g=source rank or -1 */
+    SC_OP_COPY = 5,     /* a=dst space b=dst off c=src space d=src off e=n f=flags(1 stream, 2 stamp my record
+                           in the inline slot a first) g=source rank or -1 */
     SC_OP_CMA = 6,      /* a=dst space b=dst off c=who d=who's space (1 send, 2 recv) e=src off f=n: single copy */
     SC_OP_DRAIN = 7,    /* a=set: wait for the readers recorded on it, then forget them */
     SC_OP_DEBT = 8,     /* a=set b=reader c=count: before rewriting set, wait for reader's ack of count */

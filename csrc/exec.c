@@ -21,6 +21,12 @@ static uint64_t slot_index(uint64_t call, uint64_t u)
     return call * (u >> 8) + (u & 0xff);
 }
 
+/* The header of the inline slot that space word sp names in this call. */
+static sc_slot_t *slot_of(sc_comm_t *c, int64_t sp)
+{
+    return slot_head(c, (int)(sp >> 8 & 0xffffff), slot_index(c->call, (uint64_t)(sp >> 32)));
+}
+
 static char *space(sc_comm_t *c, int64_t sp, int64_t off, char *sbuf, char *rbuf)
 {
     int r = (int)(sp >> 8 & 0xffffff);
@@ -53,20 +59,30 @@ static int wait_ack(sc_comm_t *c, int who, uint64_t call, uint64_t count, int64_
     return wait_line(c, ack_line(c, who), who, call, count, spin, 0);
 }
 
-/* Compare who's arrival record with ours; a mismatch aborts the job from
- * this call on. */
-static int check_post(sc_comm_t *c, int who)
+/* Compare who's arrival record with ours (stamped in slot, if given); a
+ * mismatch aborts the job from this call on. */
+static int check_post(sc_comm_t *c, int who, const sc_slot_t *slot)
 {
-    int rc = sc_check_line(c, who);
+    int rc = slot ? sc_check_slot(c, who, slot) : sc_check_line(c, who);
     if (rc) sc_abort_mismatch(c, c->call);
     return rc;
 }
 
 /* Wait for who's post line; with check, then check its record. */
-static int wait_post(sc_comm_t *c, int who, uint64_t call, uint64_t ev, int64_t spin, int check)
+static int wait_post(sc_comm_t *c, int who, uint64_t call, uint64_t ev, int64_t spin, int check, const sc_slot_t *slot)
 {
     int rc = wait_line(c, post_line(c, who), who, call, ev, spin, 0);
-    return !rc && check ? check_post(c, who) : rc;
+    return !rc && check ? check_post(c, who, slot) : rc;
+}
+
+/* A writer's record of this call into the header of the inline slot it
+ * fills (call ~0 while the record is rewritten: sc_check_slot). */
+static void stamp(sc_comm_t *c, sc_slot_t *h)
+{
+    atomic_store_explicit(&h->call, ~0ULL, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
+    h->rec[0] = c->sig[0], h->rec[1] = c->sig[1], h->rec[2] = c->prev[0], h->rec[3] = c->prev[1], h->rec[4] = c->hist;
+    atomic_store_explicit(&h->call, c->call, memory_order_release);
 }
 
 static int drain(sc_comm_t *c, int s)
@@ -189,7 +205,8 @@ static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
             c->owe = 0;                       /* the same line's sleepers: checked */
             break;
         case SC_OP_WAIT:
-            rc = wait_post(c, (int)in[1], call, (uint64_t)in[2], in[3] & 2 ? c->spin_far_ns : c->spin_ns, in[3] & 1);
+            rc = wait_post(c, (int)in[1], call, (uint64_t)in[2], in[3] & 2 ? c->spin_far_ns : c->spin_ns, in[3] & 1,
+                           in[3] & 8 ? slot_of(c, in[4]) : NULL);
             if (!rc && c->traffic && in[3] & 4) c->traffic[c->size + in[1]]++;    /* a message's first piece */
             break;
         case SC_OP_ACK:
@@ -200,7 +217,8 @@ static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
             rc = wait_ack(c, (int)in[1], call, (uint64_t)in[2], in[3] & 2 ? c->spin_far_ns : c->spin_ns);
             break;
         case SC_OP_COPY:
-            sc_copy(space(c, in[1], in[2], sbuf, rbuf), space(c, in[3], in[4], sbuf, rbuf), in[5], (int)in[6]);
+            if (in[6] & 2) stamp(c, slot_of(c, in[1]));
+            sc_copy(space(c, in[1], in[2], sbuf, rbuf), space(c, in[3], in[4], sbuf, rbuf), in[5], (int)(in[6] & 1));
             if (c->traffic && in[7] >= 0) c->traffic[in[7]] += in[5];
             break;
         case SC_OP_CMA:

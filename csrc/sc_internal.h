@@ -86,9 +86,16 @@ static inline sc_line_t *ack_line(sc_comm_t *c, int r) { return (sc_line_t *)(c-
 static inline sc_rec_t *rec_of(sc_comm_t *c, int r, uint64_t n) {
     return (sc_rec_t *)(c->base + c->off_rec) + (int64_t)r * SC_PAST + (int64_t)(n % SC_PAST);
 }
-static inline char *slot_data(sc_comm_t *c, int r, uint64_t s) {
-    return c->base + c->off_slot + ((int64_t)r * SC_SLOTS + (int64_t)(s % SC_SLOTS)) * SC_LINE;
+/* Inline slot s of writer r: a header (sc_slot_t), then SC_INLINE bytes of payload. */
+typedef struct {
+    _Atomic uint64_t call;        /* the call whose record follows; ~0 while rewritten */
+    uint64_t rec[5];              /* sig, prev, hist */
+} sc_slot_t;
+_Static_assert(sizeof(sc_slot_t) == SC_SLOT_HEAD, "slot header size");
+static inline sc_slot_t *slot_head(sc_comm_t *c, int r, uint64_t s) {
+    return (sc_slot_t *)(c->base + c->off_slot + ((int64_t)r * SC_SLOTS + (int64_t)(s % SC_SLOTS)) * SC_SLOT_BYTES);
 }
+static inline char *slot_data(sc_comm_t *c, int r, uint64_t s) { return (char *)(slot_head(c, r, s) + 1); }
 static inline sc_wq_t *queue_wq(sc_comm_t *c) { return (sc_wq_t *)(c->base + c->off_queue); }
 static inline _Atomic uint64_t *queue_word(sc_comm_t *c, int q, int i) {
     return (_Atomic uint64_t *)(c->base + c->off_queue + SC_LINE) + (int64_t)q * c->size + i;
@@ -122,6 +129,7 @@ void sc_wake(sc_wq_t *wq);
 int sc_fail(sc_comm_t *c, int code, int32_t who, int64_t a, int64_t b);
 int sc_check_line(sc_comm_t *c, int who);
 int sc_check_rec(sc_comm_t *c, int who, uint64_t n, int *seen);
+int sc_check_slot(sc_comm_t *c, int who, const sc_slot_t *h);
 uint64_t sc_mix(uint64_t h, const uint64_t *sig);
 int64_t sc_now_ns(void);       /* CLOCK_MONOTONIC */
 int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf);

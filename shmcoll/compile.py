@@ -26,7 +26,8 @@ POST, WAIT, ACK, WAITACK, COPY, CMA, CMAW, DRAIN, DEBT, QPOST, QWAIT, COUNT = (
     lib.SC_OP_POST, lib.SC_OP_WAIT, lib.SC_OP_ACK, lib.SC_OP_WAITACK, lib.SC_OP_COPY, lib.SC_OP_CMA, lib.SC_OP_CMAW,
     lib.SC_OP_DRAIN, lib.SC_OP_DEBT, lib.SC_OP_QPOST, lib.SC_OP_QWAIT, lib.SC_OP_COUNT)
 RING, STRIPE, SLOT = lib.SC_SET_RING, lib.SC_SET_STRIPE, lib.SC_SET_SLOT
-CHECK, FAR, FIRST = 1, 2, 4     # WAIT flags: check the record, spin long, a message's first piece
+CHECK, FAR, FIRST, INSLOT = 1, 2, 4, 8  # WAIT flags: check the record, spin long, a message's first piece, in a slot
+STAMP = 2                       # COPY flag: stamp the writer's record in the inline slot it fills
 
 
 def _up(n, a=64):
@@ -275,7 +276,8 @@ class _Compiler:
                     if k < nch[i]:
                         far_w, first = moves[i].src in far.get(r, ()), k == 0
                         if (r, i) in folded:
-                            self.wait(r, moves[i].src, pieces[i][k], far_w, first)
+                            self.wait(r, moves[i].src, pieces[i][k], far_w, first,
+                                      protos[i] == "inline" and pieces[i][k]["segs"])
                             held.append(i)
                             landed[i] = self.land(r, moves[i], protos[i], pieces[i][k], stage)
                         else:
@@ -346,15 +348,19 @@ class _Compiler:
                 self.emit(w, WAITACK, r, a, 0)
             dst = space(lib.SC_STRIPE if proto == "stripe" else lib.SC_CHAN, w)
             piece["space"], piece["off"], piece["alloc"] = dst, alloc["off"], alloc
-        for so, _, ln, at in piece["segs"]:
-            self.emit(w, COPY, dst, piece["off"] + at, space(BUF[m.sbuf]), so, ln, 0, -1)
+        for i, (so, _, ln, at) in enumerate(piece["segs"]):
+            self.emit(w, COPY, dst, piece["off"] + at, space(BUF[m.sbuf]), so, ln, STAMP if proto == "inline" and not i else 0,
+                      -1)
         self.pending[w].append(piece)
         return piece
 
-    def wait(self, r, w, piece, far, first):
+    def wait(self, r, w, piece, far, first, inslot=False):
         flags = (CHECK if (r, w) not in self.checked else 0) | (FAR if far else 0) | (FIRST if first else 0)
         self.checked.add((r, w))
-        self.emit(r, WAIT, w, piece["event"], flags)
+        if inslot and flags & CHECK:
+            self.emit(r, WAIT, w, piece["event"], flags | INSLOT, piece["space"])
+        else:
+            self.emit(r, WAIT, w, piece["event"], flags)
 
     def read(self, r, m, proto, j, piece, far, first):
         w = m.src
@@ -369,7 +375,7 @@ class _Compiler:
             if self.params.get("record_traffic"):
                 self.emit(r, COUNT, w, sum(ln for _, _, ln, _ in piece["segs"]))
             return
-        self.wait(r, w, piece, far, first)
+        self.wait(r, w, piece, far, first, proto == "inline" and piece["segs"])
         if proto == "signal":
             return
         nt = self.streamed(m.dbuf)
