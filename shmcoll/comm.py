@@ -231,11 +231,13 @@ class Comm:
             call.item = red[1].item
             if call.inplace and op != "reduce":     # IN_PLACE on every rank or none (MPI): ranks plan alike
                 opcode |= INPLACE_OP
-        name = select.pick(op, call, algorithm, self._forced[op])
-        alt = None
-        if algorithm is None and self._forced[op] is None and call.cma and 0 < self.plan.params["adapt"] <= nbytes:
+        alt, adapt = None, self.plan.params["adapt"]
+        if algorithm is None and self._forced[op] is None and call.cma and 0 < adapt <= nbytes:
+            if call.params["cma_bytes"] > adapt:    # single copy wherever it might win: the twins time it
+                call = dataclasses.replace(call, params=dict(call.params, cma_bytes=adapt))
             staged = dataclasses.replace(call, cma=False)       # its twin: what runs without single copy
             alt = (nbytes, functools.partial(select.plan, op, select.pick(op, staged), staged))
+        name = select.pick(op, call, algorithm, self._forced[op])
         cid, what = select.TABLE[op][0], _what(op)
         sigbytes = None if counts is None else hash(counts) & ((1 << 62) - 1)
         code = 0 if dtype is None else buffers.dtype_code(dtype)
