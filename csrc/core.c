@@ -67,6 +67,7 @@ int sc_init_shared(sc_comm_t *c)
         atomic_store(&post_line(c, r)->call, before);
         atomic_store(&ack_line(c, r)->call, before);
         for (int q = 0; q < 2; q++) atomic_store(queue_word(c, q, r), before);
+        for (int s = 0; s < SC_SLOTS; s++) atomic_store(&slot_head(c, r, (uint64_t)s)->call, before);
     }
     hdr(c)->size = c->size;
     hdr(c)->magic = SC_MAGIC;
@@ -156,16 +157,18 @@ void sc_abort_call(sc_comm_t *c, int32_t code, uint64_t call)
         r->abort_at = 0;
 }
 
-/* A mismatch this rank found (c->err_*) aborts the job from `call` on,
- * code 8, with what differs left in its record: every rank raises
- * MismatchError naming it, not only those that compared the records. */
-void sc_abort_mismatch(sc_comm_t *c, uint64_t call)
+/* A mismatch this rank found (c->err_*) aborts the job from the call it
+ * is in (err_call: a rank that ran ahead may find it calls later, while
+ * others still wait in that call for a rank that raised), code 8, with
+ * what differs left in its record: every rank raises MismatchError
+ * naming it, not only those that compared the records. */
+void sc_abort_mismatch(sc_comm_t *c)
 {
     sc_rank_t *r = rank_rec(c, c->rank);
     if (atomic_load(&hdr(c)->abort_word)) return;
     r->mis_code = c->err_code, r->mis_when = c->err_when, r->mis_rank = c->err_rank;
     r->mis_a = c->err_a, r->mis_b = c->err_b;
-    sc_abort_call(c, 8, call);          /* its CAS publishes the fields */
+    sc_abort_call(c, 8, c->err_call);   /* its CAS publishes the fields */
 }
 
 /* What rank's code-8 abort found: (field, when, other rank, its value, theirs). */
@@ -204,6 +207,15 @@ int sc_fail(sc_comm_t *c, int code, int32_t who, int64_t a, int64_t b)
     if (code == SC_ECMA) sc_abort_call(c, 7, c->call);
     if (code == SC_EINTR) sc_abort_call(c, 6, c->call);
     return code;
+}
+
+/* A finding of calls out of step may date from any earlier call: the
+ * abort it makes covers every call a rank may still be in. */
+void sc_out_of_step(sc_comm_t *c, int who)
+{
+    c->err_when = 3;
+    c->err_rank = who;
+    c->err_call = c->call - (1ULL << 62);
 }
 
 /* Signatures: w0 = collective | algorithm << 8 | dtype << 16 | op << 24 |
@@ -280,11 +292,14 @@ static int compare(sc_comm_t *c, int who, uint64_t n, const uint64_t *theirs)
     const uint64_t *mine = rec_of(c, c->rank, n)->rec;    /* ours, kept as long */
     uint64_t back = c->call - n;
     int when = back < 2 ? (int)back : 2, rc;
+    /* the oldest call that differs: one the hash covers, the previous, or n */
+    int early = mine[4] != theirs[4];
+    int prev = !((mine[3] & REFUSED) && (theirs[3] & REFUSED)) && (mine[2] != theirs[2] || mine[3] != theirs[3]);
+    c->err_call = early ? c->call - (1ULL << 62) : prev ? n - 1 : n;
     if ((rc = differ(c, who, mine, theirs, when)) || (rc = differ_prev(c, who, mine + 2, theirs + 2, when < 2 ? when + 1 : 2)))
         return rc;
-    if (mine[4] == theirs[4]) return SC_OK;
-    c->err_when = 3;
-    c->err_rank = who;
+    if (!early) return SC_OK;
+    sc_out_of_step(c, who);
     return SC_EMISMATCH;
 }
 
@@ -299,8 +314,8 @@ int sc_check_rec(sc_comm_t *c, int who, uint64_t n, int *seen)
  * the writer stamped its record of the call there, in the line the
  * payload starts in, so a writer that has run calls ahead costs no read
  * of its record ring.  A slot not stamped for this call (the writer made
- * another call, or is rewriting the slot for a later one: it wrote ~0
- * first) sends the check to the post line and ring. */
+ * another call, or is rewriting the slot for another) sends the check to
+ * the post line and ring. */
 int sc_check_slot(sc_comm_t *c, int who, const sc_slot_t *h)
 {
     uint64_t theirs[5], at = atomic_load_explicit(&h->call, memory_order_acquire);
@@ -420,7 +435,7 @@ static int wait_slow(sc_comm_t *c, const sc_wait_t *w)
         if (rc) {
             if (reached(w)) return SC_OK;
             if (rc == SC_EMISMATCH) {
-                sc_abort_mismatch(c, c->call);
+                sc_abort_mismatch(c);
                 return rc;
             }
             return rc == SC_EABORT ? rc : sc_fail(c, SC_EDEAD, r, rc, 0);

@@ -145,6 +145,7 @@ typedef struct sc_comm {
     int32_t err_rank;
     int32_t err_code;
     int32_t err_when;        /* mismatches: 0 this call, 1 the previous call, 2 an earlier one, 3 calls out of step */
+    uint64_t err_call;       /* ... and the oldest call it may be in: the job is aborted from there */
     int64_t err_a;
     int64_t err_b;
 } sc_comm_t;

@@ -64,7 +64,7 @@ static int wait_ack(sc_comm_t *c, int who, uint64_t call, uint64_t count, int64_
 static int check_post(sc_comm_t *c, int who, const sc_slot_t *slot)
 {
     int rc = slot ? sc_check_slot(c, who, slot) : sc_check_line(c, who);
-    if (rc) sc_abort_mismatch(c, c->call);
+    if (rc) sc_abort_mismatch(c);
     return rc;
 }
 
@@ -76,10 +76,11 @@ static int wait_post(sc_comm_t *c, int who, uint64_t call, uint64_t ev, int64_t 
 }
 
 /* A writer's record of this call into the header of the inline slot it
- * fills (call ~0 while the record is rewritten: sc_check_slot). */
+ * fills, its call number with the top bit flipped while the record is
+ * rewritten (sc_check_slot: no reader is 2^63 calls from this one). */
 static void stamp(sc_comm_t *c, sc_slot_t *h)
 {
-    atomic_store_explicit(&h->call, ~0ULL, memory_order_relaxed);
+    atomic_store_explicit(&h->call, c->call ^ 1ULL << 63, memory_order_relaxed);
     atomic_thread_fence(memory_order_release);
     h->rec[0] = c->sig[0], h->rec[1] = c->sig[1], h->rec[2] = c->prev[0], h->rec[3] = c->prev[1], h->rec[4] = c->hist;
     atomic_store_explicit(&h->call, c->call, memory_order_release);
@@ -141,9 +142,8 @@ static int buffer_of(sc_comm_t *c, int who, int which, uint64_t *addr)
     atomic_thread_fence(memory_order_acquire);
     uint64_t s = atomic_load_explicit(&l->seq, memory_order_relaxed);
     if (call == c->call && (int64_t)(s - 2 * c->call) <= 0) return SC_OK;
-    c->err_rank = who;
-    c->err_when = 3;                          /* out of step: no field to name */
-    sc_abort_mismatch(c, c->call);
+    sc_out_of_step(c, who);                   /* no field to name */
+    sc_abort_mismatch(c);
     return SC_EMISMATCH;
 }
 
@@ -288,7 +288,7 @@ static int recheck(sc_comm_t *c, int block)
         if ((int64_t)(at - c->since[k]) < 0) continue;
         uint64_t n = (int64_t)(at - c->call) < 0 ? at : c->call;   /* its latest record we can compare */
         if ((rc = sc_check_rec(c, who, n, &seen))) {
-            sc_abort_mismatch(c, c->call);
+            sc_abort_mismatch(c);
             return rc;
         }
         /* a record covers every call before it (the hash); one unseen is
@@ -381,9 +381,8 @@ static int twin_follow(sc_comm_t *c, int *v)
         *v = (int)(pick & 1);
         return SC_OK;
     }
-    c->err_rank = 0;
-    c->err_when = 3;                          /* rank 0 is SC_PAST calls on: out of step */
-    sc_abort_mismatch(c, c->call);
+    sc_out_of_step(c, 0);                     /* rank 0 is SC_PAST calls on */
+    sc_abort_mismatch(c);
     return SC_EMISMATCH;
 }
 

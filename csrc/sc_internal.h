@@ -88,7 +88,8 @@ static inline sc_rec_t *rec_of(sc_comm_t *c, int r, uint64_t n) {
 }
 /* Inline slot s of writer r: a header (sc_slot_t), then SC_INLINE bytes of payload. */
 typedef struct {
-    _Atomic uint64_t call;        /* the call whose record follows; ~0 while rewritten */
+    _Atomic uint64_t call;        /* the call whose record follows (top bit flipped while rewritten); before the
+                                     first call, the one before it */
     uint64_t rec[5];              /* sig, prev, hist */
 } sc_slot_t;
 _Static_assert(sizeof(sc_slot_t) == SC_SLOT_HEAD, "slot header size");
@@ -154,7 +155,8 @@ static inline int aborted_at(sc_comm_t *c, uint64_t call)
 }
 static inline int aborted(sc_comm_t *c) { return aborted_at(c, c->call); }
 void sc_abort_call(sc_comm_t *c, int32_t code, uint64_t call);
-void sc_abort_mismatch(sc_comm_t *c, uint64_t call);
+void sc_abort_mismatch(sc_comm_t *c);
+void sc_out_of_step(sc_comm_t *c, int who);
 
 static inline int wait_for(sc_comm_t *c, const sc_wait_t *w) {
     return reached(w) ? SC_OK : sc_wait_slow(c, w);

@@ -127,6 +127,49 @@ def test_every_rank_raises_the_mismatch_naming_the_field(kind, field, n, bad):
     assert all(re.search(r"rank \d+ has .*, rank \d+ has ", g[2]) for g in got), got
 
 
+def _first_call_zero(comm):
+    """The first call numbered 0 (call_base 2^64 - 2: the launcher's two
+    calls come first): rank 0 stages 200 B, the others expect 8 B inline."""
+    return attempt_kind(comm, "Bcast", lambda: comm.Bcast(np.zeros(200 if comm.rank == 0 else 8, np.uint8), root=0))
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_an_unwritten_slot_is_no_record_of_call_0(n):
+    """Slot headers started zeroed, so at call 0 a slot no writer had
+    stamped passed for the writer's record of that call: the reader
+    compared zeros and named the collective ("rank 0 has 0")."""
+    got = run_ranks(_first_call_zero, n, timeout=T, options=dict(call_base=2**64 - 2))
+    assert all(g is not None and g[1] == "mismatch" and "(byte count)" in g[2] for g in got), got
+
+
+def _found_late(comm, linger):
+    """Call 0: Reduce to rank 2, rank 3 with MAX, the others SUM; call 1:
+    Gather to rank 1; call 2: Bcast from rank 2.  Rank 3 sends in calls 0
+    and 1, so it reaches call 2 first and finds the mismatch of call 0 in
+    rank 2's record.  Its abort once counted from call 2 only, so rank 1,
+    in call 1 waiting on ranks that had raised and went on (here: linger),
+    waited until they exited or the stall timeout.  The late starts only
+    make that order likely; the test holds for any order."""
+    r = comm.rank
+    time.sleep({0: 0.6, 1: 0.6, 2: 0.2, 3: 0.0}[r])      # not a synchronisation: see the docstring
+    t = time.monotonic()
+    try:
+        comm.Reduce(np.ones(17), np.zeros(17) if r == 2 else None, op=shmcoll.MAX if r == 3 else shmcoll.SUM, root=2)
+        comm.Gather(np.zeros(1, np.uint8), np.zeros((4, 1), np.uint8) if r == 1 else None, root=1)
+        comm.Bcast(np.zeros(8, np.uint8), root=2)
+        return None
+    except Exception as e:
+        took = time.monotonic() - t
+        time.sleep(linger)                  # a rank that logs the error and carries on
+        return kind_of(e), took, str(e)
+
+
+def test_a_mismatch_found_calls_later_aborts_from_the_call_it_is_in():
+    got = run_ranks(_found_late, 4, 5.0, timeout=60, options=dict(timeout=30))
+    assert all(g is not None and g[0] in ("mismatch", "peer") and g[1] < 3.0 for g in got), got
+    assert any(g[0] == "mismatch" and "(op)" in g[2] for g in got), got
+
+
 # -- (b) different Barrier algorithms -----------------------------------------------
 
 @pytest.mark.parametrize("algs", [("original", "padded", "hierarchical"), ("padded", "padded", "all_to_all"),
