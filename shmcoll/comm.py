@@ -179,17 +179,31 @@ class Comm:
         return Call(self.size, nbytes, root, self.plan.params, self.slots, len(self.plan.topo.nodes),
                     bool(self._c.cma))
 
+    def _twinned(self, op, call, nbytes, algorithm=None):
+        """Whether the automatic choice runs call as twins (adapt), and the
+        call its single-copy program plans: single copy wherever it might
+        win (the default cma_bytes rule lowered to adapt; a cma_bytes the
+        user set stays)."""
+        p = self.plan.params
+        if algorithm is not None or self._forced[op] is not None or not call.cma or not 0 < p["adapt"] <= nbytes:
+            return False, call
+        if p["cma_opt"] is None and call.params["cma_bytes"] > p["adapt"]:
+            call = dataclasses.replace(call, params=dict(call.params, cma_bytes=p["adapt"]))
+        return True, call
+
     def selected(self, op, nbytes, root=0, dtype=None):
         """The algorithm that algorithm=None uses for op at nbytes (a
-        reduction's: of that dtype)."""
+        reduction's: of that dtype; twins: the single-copy program's)."""
         select.algorithms(op)
-        return select.pick(op, select.typed(op, self._call(nbytes, root), dtype), None, self._forced[op])
+        call = self._twinned(op, select.typed(op, self._call(nbytes, root), dtype), nbytes)[1]
+        return select.pick(op, call, None, self._forced[op])
 
     def schedule(self, op, nbytes=0, root=0, algorithm=None, dtype=None):
         """The schedule this communicator runs for op (nbytes: the buffer for
-        bcast, one block for alltoall; a reduction's: of that dtype)."""
+        bcast, one block for alltoall; a reduction's: of that dtype; twins:
+        the single-copy program's)."""
         select.algorithms(op)
-        call = select.typed(op, self._call(nbytes, root), dtype)
+        call = self._twinned(op, select.typed(op, self._call(nbytes, root), dtype), nbytes, algorithm)[1]
         return select.plan(op, select.pick(op, call, algorithm, self._forced[op]), call)
 
     def twins(self):
@@ -231,10 +245,9 @@ class Comm:
             call.item = red[1].item
             if call.inplace and op != "reduce":     # IN_PLACE on every rank or none (MPI): ranks plan alike
                 opcode |= INPLACE_OP
-        alt, adapt = None, self.plan.params["adapt"]
-        if algorithm is None and self._forced[op] is None and call.cma and 0 < adapt <= nbytes:
-            if call.params["cma_bytes"] > adapt:    # single copy wherever it might win: the twins time it
-                call = dataclasses.replace(call, params=dict(call.params, cma_bytes=adapt))
+        alt = None
+        twin, call = self._twinned(op, call, nbytes, algorithm)
+        if twin:
             staged = dataclasses.replace(call, cma=False)       # its twin: what runs without single copy
             alt = (nbytes, functools.partial(select.plan, op, select.pick(op, staged), staged))
         name = select.pick(op, call, algorithm, self._forced[op])

@@ -203,6 +203,35 @@ def test_twins_time_single_copy_where_the_rule_would_stage():
     assert got[0] == [("alltoall", 256 << 10)], got
 
 
+def _planned(comm):
+    return (comm.selected("alltoall", 256 << 10), comm.schedule("alltoall", 256 << 10).algorithm,
+            {m.via for st in comm.schedule("allgather", 64 << 10).steps for m in st.moves})
+
+
+def test_selected_and_schedule_say_what_the_single_copy_twin_runs():
+    """They planned by the cma_bytes rule while the twin's single-copy
+    program ran pairwise (4 ranks, 256 KiB blocks: 'tiled' said), so a
+    rank passing algorithm=comm.selected(...) raised."""
+    need_cma(4)
+    got = run_ranks(_planned, 4)
+    assert got[0][:2] == ("pairwise", "pairwise") and got[0][2] == {"direct"}, got
+
+
+def _allgather_64k(comm):
+    x = np.ones(8192)
+    comm.Allgather(x, np.zeros(8192 * comm.size))
+    return _planned(comm)[2], comm.twins()
+
+
+def test_a_cma_bytes_the_user_set_holds_in_the_twin():
+    """adapt and cma_bytes both set: the single-copy program keeps the
+    user's cma_bytes, so 64 KiB Allgather blocks, under 1 MiB, are staged
+    in both programs: no twin."""
+    need_cma(2)
+    got = run_ranks(_allgather_64k, 2, options=dict(adapt=32 << 10, cma_bytes=1 << 20))
+    assert got[0] == ({"auto"}, []), got
+
+
 class Policy:
     """Rank 0's pick and learn (csrc/exec.c) on a twin block of its own."""
 
