@@ -29,13 +29,15 @@ int64_t sc_layout(sc_comm_t *c)
     c->off_mutex = o;  o = up(o + p * 64, SC_LINE);
     c->off_post = o;   o += p * SC_LINE;
     c->off_ack = o;    o += p * SC_LINE;
-    c->off_slot = o;   o += p * SC_SLOTS * SC_SLOT_BYTES;
+    c->off_slot = o;   o += p * SC_SLOTS * SC_LINE;               /* headers: a line each, alone in its pair */
     c->off_rec = o;    o += p * SC_PAST * 64;
     c->off_queue = o;  o = up(o + SC_LINE + 2 * p * 8, SC_LINE);   /* sleepers line, gather, release */
     c->off_chan = o = up(o, PAGE);
     o += p * c->chan_bytes;
     c->off_stripe = o = up(o, PAGE);
     o += c->stripe_bytes;
+    c->off_slot_data = o = up(o, PAGE);                          /* inline payloads */
+    o += p * SC_SLOTS * SC_SLOT_BYTES;
     c->total = up(o, PAGE);
     return c->total;
 }

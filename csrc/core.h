@@ -3,10 +3,12 @@
  * fields once, C owns the shared layout and runs every collective as one
  * compiled program (sc_exec; opcodes below, built by shmcoll/compile.py). */
 #define SC_LINE 128
-#define SC_INLINE 128    /* inline payload of a slot */
-#define SC_SLOT_HEAD 48  /* a slot's header: its writer's arrival record of the call that filled it, sharing a
-                            cache line with the payload's first 16 bytes (a reader's check finds it there) */
-#define SC_SLOT_BYTES 192
+#define SC_INLINE 4096   /* inline payload of a slot: a writer's slots rotate over SC_SLOTS calls, so it runs
+                            that many calls ahead of its readers (a staged ring waits for the last call's) */
+#define SC_SLOT_TINY 16  /* a slot's header line holds its writer's arrival record of the call that filled it
+                            (a reader's check finds it there) and a payload of up to this many bytes; larger
+                            payloads go in the slot's own SC_INLINE bytes, apart */
+#define SC_SLOT_BYTES 4160 /* a slot's payload stride: SC_INLINE and a line, so slots sit at different page offsets */
 #define SC_SLOTS 8       /* inline slot lines per writer: a root may run this many calls ahead */
 #define SC_PAST 8        /* arrival records kept per rank: a rank that waited on no one checks its neighbours within this many calls */
 #define SC_INSN 8        /* int64 words per instruction */
@@ -62,7 +64,7 @@ enum { SC_T_I8 = 1, SC_T_I16, SC_T_I32, SC_T_I64, SC_T_U8, SC_T_U16, SC_T_U32, S
  * d(f32) = a op b, d(f32) op= b, then d = a(f32) rounded to nearest even. */
 enum { SC_F_SAME = 0, SC_F_INTO = 1, SC_F_WIDEN = 2, SC_F_ACC = 3, SC_F_NARROW = 4, SC_F_N = 5 };
 /* Spaces (COPY/CMA operands): kind | rank << 8 | inline index << 32. */
-enum { SC_SEND = 1, SC_RECV = 2, SC_TMP = 3, SC_CHAN = 4, SC_SLOT = 5, SC_STRIPE = 6 };
+enum { SC_SEND = 1, SC_RECV = 2, SC_TMP = 3, SC_CHAN = 4, SC_SLOT = 5, SC_STRIPE = 6, SC_TINY = 7 };
 /* Debt sets: 0 the ring (channel), 1 the stripe, 2 + j the j-th inline slot of a call. */
 enum { SC_SET_RING = 0, SC_SET_STRIPE = 1, SC_SET_SLOT = 2, SC_NSETS = 2 + SC_SLOTS };
 
@@ -100,7 +102,7 @@ typedef struct sc_comm {
     int64_t off_mutex;
     int64_t off_post;
     int64_t off_ack;
-    int64_t off_slot;
+    int64_t off_slot, off_slot_data;
     int64_t off_rec;
     int64_t off_queue;
     int64_t off_chan;

@@ -36,6 +36,7 @@ static char *space(sc_comm_t *c, int64_t sp, int64_t off, char *sbuf, char *rbuf
     case SC_TMP: return c->tmp + off;
     case SC_CHAN: return chan_buf(c, r) + off;
     case SC_SLOT: return slot_data(c, r, slot_index(c->call, (uint64_t)(sp >> 32))) + off;
+    case SC_TINY: return slot_tiny(c, r, slot_index(c->call, (uint64_t)(sp >> 32))) + off;
     default: return c->base + c->off_stripe + off;
     }
 }

@@ -86,17 +86,24 @@ static inline sc_line_t *ack_line(sc_comm_t *c, int r) { return (sc_line_t *)(c-
 static inline sc_rec_t *rec_of(sc_comm_t *c, int r, uint64_t n) {
     return (sc_rec_t *)(c->base + c->off_rec) + (int64_t)r * SC_PAST + (int64_t)(n % SC_PAST);
 }
-/* Inline slot s of writer r: a header (sc_slot_t), then SC_INLINE bytes of payload. */
+/* Inline slot s of writer r: a header line (sc_slot_t, then a tiny
+ * payload's SC_SLOT_TINY bytes), alone on its SC_LINE bytes (a reader's
+ * adjacent-line prefetch must not take the line the writer fills next),
+ * and SC_INLINE bytes of payload, apart. */
 typedef struct {
     _Atomic uint64_t call;        /* the call whose record follows (top bit flipped while rewritten); before the
                                      first call, the one before it */
     uint64_t rec[5];              /* sig, prev, hist */
 } sc_slot_t;
-_Static_assert(sizeof(sc_slot_t) == SC_SLOT_HEAD, "slot header size");
+_Static_assert(sizeof(sc_slot_t) + SC_SLOT_TINY == 64, "slot header line");
+_Static_assert(SC_SLOT_BYTES >= SC_INLINE, "slot size");
 static inline sc_slot_t *slot_head(sc_comm_t *c, int r, uint64_t s) {
-    return (sc_slot_t *)(c->base + c->off_slot + ((int64_t)r * SC_SLOTS + (int64_t)(s % SC_SLOTS)) * SC_SLOT_BYTES);
+    return (sc_slot_t *)(c->base + c->off_slot + ((int64_t)r * SC_SLOTS + (int64_t)(s % SC_SLOTS)) * SC_LINE);
 }
-static inline char *slot_data(sc_comm_t *c, int r, uint64_t s) { return (char *)(slot_head(c, r, s) + 1); }
+static inline char *slot_tiny(sc_comm_t *c, int r, uint64_t s) { return (char *)(slot_head(c, r, s) + 1); }
+static inline char *slot_data(sc_comm_t *c, int r, uint64_t s) {
+    return c->base + c->off_slot_data + ((int64_t)r * SC_SLOTS + (int64_t)(s % SC_SLOTS)) * SC_SLOT_BYTES;
+}
 static inline sc_wq_t *queue_wq(sc_comm_t *c) { return (sc_wq_t *)(c->base + c->off_queue); }
 static inline _Atomic uint64_t *queue_word(sc_comm_t *c, int q, int i) {
     return (_Atomic uint64_t *)(c->base + c->off_queue + SC_LINE) + (int64_t)q * c->size + i;

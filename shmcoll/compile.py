@@ -19,7 +19,7 @@ import numpy as np
 
 from ._core import lib
 
-INLINE, SLOTS = lib.SC_INLINE, lib.SC_SLOTS
+SLOTS, TINY = lib.SC_SLOTS, lib.SC_SLOT_TINY
 BUF = {"send": lib.SC_SEND, "recv": lib.SC_RECV, "tmp": lib.SC_TMP}
 QUEUES = {"gather": 0, "release": 1}
 POST, WAIT, ACK, WAITACK, COPY, CMA, CMAW, DRAIN, DEBT, QPOST, QWAIT, COUNT = (
@@ -82,15 +82,16 @@ def _segments(parts, a, n):
     return out
 
 
-def _protocol(m, slot_used):
-    """(how m travels, its inline slot index or None)."""
+def _protocol(m, slot_used, inline):
+    """(how m travels, its inline slot index or None); moves of up to
+    `inline` bytes go in the writer's inline slots while it has any."""
     if m.via == "queue":
         return "queue", None
     if m.nbytes == 0:
         return "signal", None
     if m.via in ("direct", "stripe", "push"):
         return m.via, None
-    if m.via in ("auto", "inline") and m.nbytes <= INLINE and slot_used[m.src] < SLOTS:
+    if m.via in ("auto", "inline") and m.nbytes <= inline and slot_used[m.src] < SLOTS:
         slot_used[m.src] += 1
         return "inline", slot_used[m.src] - 1
     return "staged", None
@@ -147,7 +148,8 @@ class _Compiler:
         slots = [0] * p               # inline slots each writer uses
         # every move's protocol up front: a writer's slot lines depend on how
         # many slots it uses in the whole call (csrc/exec.c's slot_index)
-        self.protos = [[_protocol(m, slots) for m in st.moves] for st in sched.steps]
+        inline = params.get("inline_bytes", lib.SC_INLINE)
+        self.protos = [[_protocol(m, slots, inline) for m in st.moves] for st in sched.steps]
         self.width = [1 << max(u - 1, 0).bit_length() for u in slots]
         self.pending = [[] for _ in range(p)]   # written, not yet posted
         self.rings = {}
@@ -338,7 +340,7 @@ class _Compiler:
         if proto == "inline":
             u = self.slot(w, j)
             self.drain(w, SLOT + u)
-            dst = space(lib.SC_SLOT, w, u)
+            dst = space(lib.SC_TINY if m.nbytes <= TINY else lib.SC_SLOT, w, u)    # tiny: in the header's line
             piece["space"], piece["off"] = dst, 0
         else:
             ring = self.stripe if proto == "stripe" else self.rings.setdefault(w, _Ring(self.params["chan_bytes"], 64))

@@ -7,6 +7,9 @@ import os
 DEFAULTS = {
     "chan_bytes": 2 << 20,      # per-rank channel: eager buffer and chunk ring
     "chunk_bytes": None,        # largest bcast pipeline chunk (default: a quarter of L2)
+    "inline_bytes": None,       # moves of up to this many bytes go in the writer's inline slots, which let it run
+                                # 8 calls ahead of its readers (default and most: 4096; 4 ranks on 2 CPUs, 512 B:
+                                # Bcast 6.4 -> 1.3 us against staged through the ring)
     "tile_bytes": None,         # alltoall tile (default: from the shared cache)
     "stripe_slots": None,       # numa bcast: striped segments (default: >= 8 and 2 x groups, a multiple of nodes)
     "bcast_k": None,            # limited bcast: readers per segment (default: ranks per socket, <= 4)

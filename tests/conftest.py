@@ -26,8 +26,9 @@ LAUNCH_TIMEOUT = 90
 
 DTYPES = [np.int8, np.int32, np.float32, np.float64, np.complex128]
 # The test hook: tiny channels so that multi-chunk / ring-wrap paths run
-# with small inputs.
-SMALL = {"chan_bytes": 8192, "chunk_bytes": 1024, "tile_bytes": 512}
+# with small inputs, and inline slots of up to 128 bytes (the default is
+# 4 KiB), so that staged chunks run from 129 B.
+SMALL = {"chan_bytes": 8192, "chunk_bytes": 1024, "tile_bytes": 512, "inline_bytes": 128}
 
 
 @pytest.fixture(autouse=True)

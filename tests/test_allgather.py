@@ -49,9 +49,10 @@ def test_allgather_algorithms_ranks_sizes(n):
 
 @pytest.mark.parametrize("n", [2, 3, 5])
 def test_allgather_default_options_big_blocks(n):
-    """Built-in channel sizes; 1 MiB + 3 byte blocks (single copy at 2
-    ranks, staged chunks through 2 MiB channels above)."""
-    run_cases(_job, n, table(ALGS, [8192, (1 << 20) + 3]))
+    """Built-in channel sizes; blocks around a tiny slot payload and the
+    built-in inline slot (16, 4096); 1 MiB + 3 byte blocks (single copy at
+    2 ranks, staged chunks through 2 MiB channels above)."""
+    run_cases(_job, n, table(ALGS, [16, 17, 4095, 4096, 4097, 8192, (1 << 20) + 3]))
 
 
 @pytest.mark.parametrize("topo,n", [(None, 2), (None, 3), ("2x2x2", 4), ("2x4", 7)])

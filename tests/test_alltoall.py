@@ -15,7 +15,8 @@ TILE = SMALL["tile_bytes"]
 # inline limit 96; one tile -1/0/+1; several tiles; a block larger than the 8 KiB channel
 SMALL_SIZES = [0, 1, 7, 96, 97, TILE - 1, TILE, TILE + 1, 5 * TILE + 3, 20 * TILE + 5]
 DEFAULT_TILE = 256 << 10      # a quarter of this box's 1 MiB L2 (see device.make_plan)
-DEFAULT_SIZES = [0, 96, 97, DEFAULT_TILE - 1, DEFAULT_TILE, DEFAULT_TILE + 1, (1 << 20) + 3]
+INLINE = [16, 17, 4095, 4096, 4097]      # a tiny payload in the slot header's line, the built-in inline slot
+DEFAULT_SIZES = [0, 96, 97, *INLINE, DEFAULT_TILE - 1, DEFAULT_TILE, DEFAULT_TILE + 1, (1 << 20) + 3]
 
 
 def alg_id(a):

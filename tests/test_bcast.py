@@ -19,7 +19,8 @@ CHUNK = SMALL["chunk_bytes"]
 # inline limit 96; one chunk -1/0/+1; several chunks; more than the 8 KiB ring
 SMALL_SIZES = [0, 1, 7, 96, 97, CHUNK - 1, CHUNK, CHUNK + 1, 3 * CHUNK + 5, 20 * CHUNK + 5]
 DEFAULT_CHUNK = 256 << 10     # a quarter of this box's 1 MiB L2 (see device.make_plan)
-DEFAULT_SIZES = [0, 96, 97, DEFAULT_CHUNK - 1, DEFAULT_CHUNK, DEFAULT_CHUNK + 1, (5 << 20) + 3]
+INLINE = [16, 17, 4095, 4096, 4097]      # a tiny payload in the slot header's line, the built-in inline slot
+DEFAULT_SIZES = [0, 96, 97, *INLINE, DEFAULT_CHUNK - 1, DEFAULT_CHUNK, DEFAULT_CHUNK + 1, (5 << 20) + 3]
 MIB16 = 16 << 20
 
 

@@ -55,9 +55,10 @@ def test_gather_scatter_dtypes(dtype, topo, n):
     run_cases(_job, n, table(n, [7, 129, CHUNK + 1], dtype), topology=topo, options=SMALL)
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_gather_scatter_big_blocks(n):
-    run_cases(_job, n, table(n, [(1 << 20) + 3]))
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_gather_scatter_default_options(n):
+    """Around a tiny slot payload and the built-in inline slot; 1 MiB + 3."""
+    run_cases(_job, n, table(n, [16, 17, 4095, 4096, 4097] + [(1 << 20) + 3] * (n < 5)))
 
 
 @pytest.mark.parametrize("n", [2, 3, 5])

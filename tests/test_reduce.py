@@ -188,6 +188,13 @@ def test_every_op_and_dtype(n):
     run_cases(_job, n, cases, options=SMALL, timeout=300)
 
 
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_default_inline_slots(n):
+    """Built-in options: inputs around a tiny slot payload (16 B) and the
+    built-in inline slot (4 KiB), folded where they land."""
+    run_cases(_job, n, table(KINDS, [3, 4, 5, 1023, 1024, 1025], roots=(0, n - 1)), timeout=300)
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_16_mib_default_options(n):
     """16 MiB with the built-in channel and chunk sizes."""

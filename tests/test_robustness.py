@@ -854,21 +854,21 @@ def test_a_reader_checks_a_writer_in_the_inline_slot_it_reads_first(op, alg, n):
     def reads(x, w):
         """The space of writer w's shared memory that instruction x reads, else None."""
         srcs = {COPY: (3,), lib.SC_OP_REDUCE: (3, 5)}.get(x[0] & 0xff, ())
-        return next((x[k] for k in srcs if x[k] & 0xff in (lib.SC_SLOT, lib.SC_CHAN) and x[k] >> 8 & 0xffffff == w),
+        return next((x[k] for k in srcs if x[k] & 0xff in (lib.SC_SLOT, lib.SC_TINY, lib.SC_CHAN) and x[k] >> 8 & 0xffffff == w),
                     None)
 
     sched = shmcoll.schedule(op, alg, n, 8, dtype=np.float64 if op == "reduce" else None)
     params = shmcoll.device.make_plan(n, shmcoll.topology(), shmcoll.topology().placement(n, "core", "compact")).params
     progs = [a[8:].reshape(-1, 8) for a in compile_schedule(sched, params, (0, 0))]
     stamped = {(w, row[1]) for w, ins in enumerate(progs) for row in ins
-               if row[0] == COPY and row[1] & 0xff == lib.SC_SLOT and row[6] & STAMP}
+               if row[0] == COPY and row[1] & 0xff in (lib.SC_SLOT, lib.SC_TINY) and row[6] & STAMP}
     checked = 0
     for r, ins in enumerate(progs):
         for i, row in enumerate(ins):
             if row[0] != WAIT or not row[3] & CHECK:
                 continue
             sp = next((reads(x, row[1]) for x in ins[i + 1:] if reads(x, row[1]) is not None), None)
-            sp = sp if sp is not None and sp & 0xff == lib.SC_SLOT else None
+            sp = sp if sp is not None and sp & 0xff in (lib.SC_SLOT, lib.SC_TINY) else None
             assert bool(row[3] & INSLOT) == (sp is not None), (r, ins)
             if sp is not None:
                 assert row[4] == sp and (row[1], sp) in stamped, (r, ins)

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(120)
 ALGS = {"barrier": ["original", "padded", "hierarchical", "all_to_all", None],
         "bcast": ["binomial", "original", "limited", "numa", None],
         "alltoall": ["bruck", "all_at_once", "pairwise", "tiled", None]}
-SIZES = [0, 100, 5000, 300000]
+SIZES = [0, 16, 100, 4096, 5000, 300000]     # 16: in the slot header's line; 4096: the built-in inline slot
 
 
 def cases(n):

@@ -1,7 +1,8 @@
 """Bcast (paper 001, 4.2/5.2).  The root's buffer is "send", everyone
-else's "recv".  Up to 128 bytes travel inline in a slot line, the rest
-staged in chunks through a ring, so the writer fills chunk i + 1 while
-readers copy chunk i.
+else's "recv".  Up to inline_bytes (4 KiB) travel inline in a slot, the
+rest staged in chunks through a ring, so the writer fills chunk i + 1
+while readers copy chunk i.  Algorithms are shaped for TINY messages (a
+few lines, which a tree's forwarding costs more than it saves) apart.
 
   binomial  log p tree; inner ranks forward from their buffer
   original  every rank copies out of the root's ring; with one reader and
@@ -15,8 +16,9 @@ readers copy chunk i.
             share a segment at a time
   numa      limited over the striped buffer: segment i on node i mod nodes
 """
-from .._core import lib
 from ..sched import Move, Step, shared
+
+TINY = 128
 
 
 def _readers(call):
@@ -52,7 +54,7 @@ def _grouped(call, via):
     groups = -(-len(readers) // k)
     if not readers:
         return []
-    if n <= lib.SC_INLINE:
+    if n <= TINY:
         return [Step([Move(call.root, readers, ((0, 0, n),), via="auto" if via == "staged" else via)])]
     seg = min(call.pipe_chunk(), (-(-n // groups) + 63) & ~63)
     if via == "stripe":
@@ -90,7 +92,7 @@ def choose(call):
     forwarding costs more than everyone reading the root's; big ones split
     readers into groups of k (and across NUMA nodes)."""
     p, n = call.nranks, call.nbytes
-    if n <= lib.SC_INLINE or p <= 2:
+    if n <= TINY or p <= 2:
         return "original"
     if n <= 16384:
         return "binomial" if p > 8 else "original"
