@@ -450,9 +450,9 @@ def _two_calls(comm, op, bad_rank, bad):
             ok = True
             if op == "Barrier":
                 comm.Barrier(alg)
-            elif op == "Bcast":
-                want = pattern(500, np.int16, call, 0)
-                buf = want.copy() if me == 0 else poison(500, np.int16)
+            elif op == "Bcast":         # staged (past the inline slots), so the root waits for its readers
+                want = pattern(3000, np.int16, call, 0)
+                buf = want.copy() if me == 0 else poison(3000, np.int16)
                 comm.Bcast(buf, root=0, algorithm=alg)
                 ok = buf.tobytes() == want.tobytes()
             elif op == "Alltoall":
