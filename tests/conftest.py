@@ -10,6 +10,7 @@
 import glob
 import mmap
 import os
+import signal
 import sys
 import time
 
@@ -25,6 +26,11 @@ RANKS_DIR = os.path.join(HERE, "ranks")
 LAUNCH_TIMEOUT = 90
 
 DTYPES = [np.int8, np.int32, np.float32, np.float64, np.complex128]
+# A suite started in the background by a shell without job control (`pytest &`)
+# inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler:
+# the Ctrl-C tests (a rank, the launcher) would fail for how the suite was started.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 # The test hook: tiny channels so that multi-chunk / ring-wrap paths run
 # with small inputs, and inline slots of up to 128 bytes (the default is
 # 4 KiB), so that staged chunks run from 129 B.
