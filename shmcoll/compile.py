@@ -97,6 +97,43 @@ def _protocol(m, slot_used, inline):
     return "staged", None
 
 
+def _protocols(st, slot_used, inline):
+    """Protocols of step st's moves (_protocol), where the inputs one reduce
+    folds travel all inline or none: a fold cuts its inputs in one chunk,
+    an inline one is whole, a staged one a ring chunk (writers out of slots
+    midway through a call, chunk_bytes under inline_bytes)."""
+    group = list(range(len(st.moves)))          # moves folded together, as a union-find
+
+    def top(i):
+        while group[i] != i:
+            i = group[i]
+        return i
+    for red in st.reduces:
+        ins = [i for i in red.inputs if isinstance(i, int)]
+        for i in ins[1:]:
+            group[top(i)] = top(ins[0])
+    members = {}
+    for i in range(len(st.moves)):
+        members.setdefault(top(i), []).append(i)
+    out = [None] * len(st.moves)
+    for i, m in enumerate(st.moves):
+        mine = members[top(i)]
+        if out[i] is not None:
+            continue
+        if len(mine) == 1:
+            out[i] = _protocol(m, slot_used, inline)
+            continue
+        trial = list(slot_used)
+        tried = [_protocol(st.moves[k], trial, inline) for k in mine]
+        if all(pr == "inline" for pr, _ in tried) or not any(pr == "inline" for pr, _ in tried):
+            slot_used[:] = trial
+        else:
+            tried = [("staged", None) if pr == "inline" else (pr, j) for pr, j in tried]
+        for k, t in zip(mine, tried):
+            out[k] = t
+    return out
+
+
 class _Ranges:
     """Disjoint [start, end) byte ranges, sorted: what a rank's pending
     pushes write, asked for overlaps once per step (blocks × ranks of them
@@ -149,7 +186,7 @@ class _Compiler:
         # every move's protocol up front: a writer's slot lines depend on how
         # many slots it uses in the whole call (csrc/exec.c's slot_index)
         inline = params.get("inline_bytes", lib.SC_INLINE)
-        self.protos = [[_protocol(m, slots, inline) for m in st.moves] for st in sched.steps]
+        self.protos = [_protocols(st, slots, inline) for st in sched.steps]
         self.width = [1 << max(u - 1, 0).bit_length() for u in slots]
         self.pending = [[] for _ in range(p)]   # written, not yet posted
         self.rings = {}

@@ -195,6 +195,36 @@ def test_default_inline_slots(n):
     run_cases(_job, n, table(KINDS, [3, 4, 5, 1023, 1024, 1025], roots=(0, n - 1)), timeout=300)
 
 
+TIGHT = {"chunk_bytes": 1024, "reduce_block_bytes": 8192}     # ring chunks under the inline slot's 4 KiB
+
+
+@pytest.mark.parametrize("n", [5, 10])
+def test_folds_with_writers_out_of_inline_slots(n):
+    """Review of c5beaf2: where a writer's inline slots ran out midway
+    through a call and chunk_bytes was under inline_bytes, one fold took
+    some inputs inline (whole) and some staged (in ring chunks), and every
+    rank raised AssertionError (5 ranks: a 16000 B Allreduce by
+    reduce_scatter_allgather; 10 ranks: Reduce_scatter_block of 2000 B
+    blocks).  A fold's inputs now travel all inline or none."""
+    run_cases(_job, n, table(KINDS, [4000, 500 * n]), options=TIGHT, timeout=300)
+
+
+def test_every_reduction_compiles_with_writers_out_of_inline_slots():
+    """The same, planned and compiled without running, for every reduction
+    and algorithm at 3 to 16 ranks (14 of 120 raised before)."""
+    from shmcoll.compile import compile_schedule
+    from shmcoll.device import make_plan
+    from shmcoll.topology import topology
+    topo = topology(None)
+    for op in sorted(select.REDUCTIONS):
+        for alg in select.algorithms(op):
+            for p in (3, 5, 10, 16):
+                params = make_plan(p, topo, topo.placement(p, "core", "compact"), TIGHT).params
+                for nbytes in (1040 * p, 16000, 4096 * p):
+                    s = shmcoll.schedule(op, alg, p, nbytes, options=TIGHT, dtype="float64")
+                    assert len(compile_schedule(s, params, (0, 0))) == p
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_16_mib_default_options(n):
     """16 MiB with the built-in channel and chunk sizes."""
