@@ -56,9 +56,8 @@ def make_plan(nranks, topo, slots, options=None):
                       ("nt_bytes", 0), ("cma_bytes", 0), ("adapt", 0)):
         if p[name] is not None and not low <= int(p[name]) < 1 << 50:
             raise ValueError(f"{name} must be at least {low}, not {p[name]}")
-    if p["inline_bytes"] is not None and not 0 <= int(p["inline_bytes"]) <= lib.SC_INLINE:
+    if not 0 <= int(p["inline_bytes"]) <= lib.SC_INLINE:
         raise ValueError(f"inline_bytes must be in 0 .. {lib.SC_INLINE}, not {p['inline_bytes']}")
-    p["inline_bytes"] = lib.SC_INLINE if p["inline_bytes"] is None else int(p["inline_bytes"])
     p["chunk_opt"], p["tile_opt"], p["cma_opt"] = p["chunk_bytes"], p["tile_bytes"], p["cma_bytes"]
     _derive(p, nranks, topo, slots)
     plan = Plan(nranks, p, list(slots), topo)

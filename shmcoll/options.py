@@ -2,13 +2,14 @@
 call argument (``options=``) > environment (``SHMCOLL_<NAME>``) > built-in
 default (None: derived from the topology by shmcoll.device).  Unknown names
 are rejected so a typo never silently does nothing."""
+import numbers
 import os
 
 DEFAULTS = {
     "chan_bytes": 2 << 20,      # per-rank channel: eager buffer and chunk ring
     "chunk_bytes": None,        # largest bcast pipeline chunk (default: a quarter of L2)
-    "inline_bytes": None,       # moves of up to this many bytes go in the writer's inline slots, which let it run
-                                # 8 calls ahead of its readers (default and most: 4096; 4 ranks on 2 CPUs, 512 B:
+    "inline_bytes": 4096,       # moves of up to this many bytes go in the writer's inline slots, which let it run
+                                # 8 calls ahead of its readers (at most csrc's SC_INLINE; 4 ranks on 2 CPUs, 512 B:
                                 # Bcast 6.4 -> 1.3 us against staged through the ring)
     "tile_bytes": None,         # alltoall tile (default: from the shared cache)
     "stripe_slots": None,       # numa bcast: striped segments (default: >= 8 and 2 x groups, a multiple of nodes)
@@ -63,7 +64,7 @@ def resolve(options=None, environ=os.environ):
     for name, default in DEFAULTS.items():
         env = environ.get("SHMCOLL_" + name.upper())
         if name in options and options[name] is not None:
-            out[name] = (options[name], "argument")
+            out[name] = (_given(name, options[name]), "argument")
         elif env not in (None, ""):
             out[name] = (env if name.endswith("algorithm") else _int(name, env), "environment")
         else:
@@ -71,12 +72,32 @@ def resolve(options=None, environ=os.environ):
     return out
 
 
-def _int(name, text):
+FLAGS = ("check", "record_traffic")
+
+
+def _given(name, value):
+    """An option given as an argument: an algorithm name as it is, a
+    number checked as the environment's text is (True is no byte count)."""
+    if name.endswith("algorithm"):
+        return value
+    if isinstance(value, str):
+        return _int(name, value, f"option {name}")
+    if isinstance(value, bool) and name not in FLAGS:
+        raise ValueError(f"option {name}={value!r} is not a number")
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real) and (name == "timeout" or float(value).is_integer()):
+        return float(value) if name == "timeout" else int(value)
+    raise ValueError(f"option {name}={value!r} is not " + ("a number of seconds" if name == "timeout" else "an integer"))
+
+
+def _int(name, text, label=None):
+    label = label or "SHMCOLL_" + name.upper()
     if name == "timeout":
         try:
             return float(text)
         except ValueError:
-            raise ValueError(f"SHMCOLL_TIMEOUT={text!r} is not a number of seconds") from None
+            raise ValueError(f"{label}={text!r} is not a number of seconds") from None
     try:
         return int(text, 0)
     except ValueError:
@@ -87,7 +108,7 @@ def _int(name, text):
             return int(value)
     except ValueError:
         pass
-    raise ValueError(f"SHMCOLL_{name.upper()}={text!r} is not an integer")
+    raise ValueError(f"{label}={text!r} is not an integer")
 
 
 def describe(resolved):

@@ -83,6 +83,20 @@ def test_environment_bad_integer(text):
     assert "SHMCOLL_CHUNK_BYTES" in str(ei.value) and text in str(ei.value)
 
 
+@pytest.mark.parametrize("name,value,want", [("inline_bytes", 4096.0, 4096), ("chunk_bytes", "0x1000", 4096),
+                                              ("timeout", 2.5, 2.5), ("check", True, 1), ("adapt", 0, 0)])
+def test_argument_number_forms(name, value, want):
+    assert resolve({name: value}, {})[name] == (want, "argument")
+
+
+@pytest.mark.parametrize("value", [1.5, True, "abc", float("nan"), [4096]])
+def test_argument_bad_number(value):
+    """Review of c5beaf2: options={"inline_bytes": 1.5} or True ran as 1,
+    and "abc" raised a ValueError that did not name the option."""
+    with pytest.raises(ValueError, match="option inline_bytes="):
+        resolve({"inline_bytes": value}, {})
+
+
 def test_describe_names_every_source():
     text = options.describe(resolve({"tile_bytes": 8192}, {"SHMCOLL_CHUNK_BYTES": "4096"}))
     lines = {line.split()[0]: line for line in text.splitlines()}
