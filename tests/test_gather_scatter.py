@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import shmcoll
+from shmcoll.coll import scatter
 from conftest import (DTYPES, SMALL, assert_killed_mid, attempt, need_cma, counts_for, pattern, planned,
                       poison, run_cases, run_ranks)
 
@@ -111,7 +112,7 @@ def test_single_copy_counts_every_block_when_each_rank_has_a_cpu(op):
     only a block of 1 MiB does.  A Gatherv counts each block as if all
     were its size, never above what the root moves."""
     def vias(nbytes, cpus, counts=None):
-        from shmcoll.coll import gather, scatter
+        from shmcoll.coll import gather
         plan = (gather if op == "gather" else scatter).flat(planned(16, cpus, nbytes, 3, counts))
         return {m.via for st in plan for m in st.moves}
     single = "push" if op == "gather" else "direct"
@@ -592,8 +593,12 @@ def _scatter_choice(comm, sizes):
 @pytest.mark.parametrize("topo,n,bind,tree", [(None, 2, "core", False), ("1x2", 4, "core", True),
                                                ("1x2", 3, "core", True), ("2x2", 5, "core", True)])
 def test_scatter_automatic_choice(topo, n, bind, tree):
-    """Ranks taking turns on the cores: blocks under 1 MiB go down the
-    binomial tree, bigger ones flat; ranks with a core each: flat."""
-    sizes = [8, (1 << 20) - 1, 1 << 20]
-    want = ["binomial", "binomial", "flat"] if tree else ["flat"] * 3
+    """Ranks taking turns on the cores: down the binomial tree while its
+    largest message fits an inline slot (4 KiB), flat from a byte more;
+    ranks with a core each: flat.  Before, blocks up to 1 MiB went down
+    the tree, and 4 ranks on 2 cores took 2.2x Open MPI's time at 256 KiB
+    (binomial staged its messages, flat reads each block once)."""
+    edge = 4096 // scatter.fan(n)
+    sizes = [8, edge, edge + 1, 256 << 10]
+    want = ["binomial", "binomial", "flat", "flat"] if tree else ["flat"] * 4
     assert run_ranks(_scatter_choice, n, sizes, topology=topo, bind=bind) == [want] * n

@@ -50,10 +50,20 @@ def footprint(call):
     return 2 * sum(n for n, _ in pieces(call))
 
 
+def fan(p):
+    """The most blocks one message of the binomial tree carries: relative
+    rank v's subtree, min(lowest set bit of v, p - v) ranks."""
+    return max((min(v & -v, p - v) for v in range(1, p)), default=0)
+
+
 def choose(call):
     """Flat: each rank waits on the root once and copies its block once.
-    With ranks taking turns on the cores, blocks under 1 MiB go down the
-    tree: the root hands over two halves instead of p - 1 blocks, so it
-    yields its core less (4 ranks on 2 cores: 8 B 1.40 vs 2.77 us, 32 KiB
-    19 vs 41, 2 MiB 1264 vs 205)."""
-    return "binomial" if largest(call) < 1 << 20 and oversubscribed(call.slots) else "flat"
+    With ranks taking turns on the cores, down the binomial tree while its
+    messages fit an inline slot: the root hands over a few messages in
+    place of p - 1 blocks, so it yields its core less.  A message staged
+    through a ring costs more than the turns it saves.  Same launches,
+    binomial / flat, µs: 4 ranks on 2 cores, 8 B 1.9 / 3.0, 2 KiB 3.3 /
+    4.1, 4 KiB 6.8 / 3.6, 256 KiB 102 / 83, 512 KiB 214 / 103; 8 ranks,
+    1 KiB 8.7 / 12.5, 4 KiB 18.1 / 15.4, 256 KiB 407 / 111."""
+    fits = largest(call) * fan(call.nranks) <= call.params["inline_bytes"]
+    return "binomial" if fits and oversubscribed(call.slots) else "flat"
