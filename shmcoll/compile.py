@@ -117,9 +117,9 @@ def _protocols(st, slot_used, inline):
         members.setdefault(top(i), []).append(i)
     out = [None] * len(st.moves)
     for i, m in enumerate(st.moves):
-        mine = members[top(i)]
         if out[i] is not None:
             continue
+        mine = members[top(i)]
         if len(mine) == 1:
             out[i] = _protocol(m, slot_used, inline)
             continue
