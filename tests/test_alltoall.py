@@ -263,19 +263,29 @@ def test_alltoall_rendezvous(n):
 
 
 def test_single_copy_counts_every_block_when_each_rank_has_a_cpu():
-    """A rank's p - 1 blocks count together against cma_bytes (1 MiB) when
-    each rank has a CPU of its own: 16 ranks of 128 KiB blocks go pairwise
-    by single copy, of 64 KiB staged; 16 ranks on 2 CPUs stage 128 KiB."""
+    """With a CPU per rank, blocks from DIRECT_BLOCK (8 KiB) go pairwise by
+    single copy at more than 2 ranks; below, all_at_once stages them.  A
+    cma_bytes the user set holds: a rank's p - 1 blocks count together
+    against it.  Ranks taking turns on CPUs stage up to 1 MiB blocks."""
+    import dataclasses
     from shmcoll.coll import alltoall
 
-    def plan(nbytes, cpus):
-        call = planned(16, cpus, nbytes)
+    def plan(nbytes, cpus, n=16, cma=None):
+        call = planned(n, cpus, nbytes)
+        if cma is not None:
+            call = dataclasses.replace(call, params=dict(call.params, cma_bytes=cma, cma_opt=cma))
         return alltoall.choose(call), {m.via for st in alltoall.pairwise(call) for m in st.moves}
 
+    assert alltoall.DIRECT_BLOCK == 8 << 10
+    for n in (3, 4, 16):
+        assert plan(8 << 10, n, n) == plan(32 << 10, n, n) == ("pairwise", {"direct"}), n
+        assert plan((8 << 10) - 1, n, n) == ("all_at_once", {"auto"}), n
+    assert plan(32 << 10, 2, 16) == ("all_at_once", {"auto"})
+    assert plan(128 << 10, 2, 16)[1] == {"auto"} and plan(1 << 20, 2) == ("pairwise", {"direct"})
+    assert plan(8 << 10, 2, 2) == ("pairwise", {"auto"})
     least = -(-(1 << 20) // 15)
-    assert plan(128 << 10, 16) == plan(least, 16) == ("pairwise", {"direct"})
-    assert plan(least - 1, 16)[1] == plan(128 << 10, 2)[1] == {"auto"}
-    assert plan(1 << 20, 2) == ("pairwise", {"direct"})
+    assert plan(least, 16, cma=1 << 20) == ("pairwise", {"direct"})
+    assert plan(least - 1, 16, cma=1 << 20)[1] == {"auto"}
 
 
 def test_tile_larger_than_channel_is_clamped():

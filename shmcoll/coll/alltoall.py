@@ -13,6 +13,7 @@ r's sendbuf goes to block r of rank i's recvbuf; one block stays local.
                rotate back (small blocks, many ranks)
 """
 from ..sched import Copy, Move, Step
+from ..topology import oversubscribed
 from . import gather
 
 
@@ -33,9 +34,22 @@ def _pairs(call, via, chunk):
     return steps or [Step(copies=_own(call))]
 
 
+#: With a CPU per rank, blocks from here go by single copy: each rank's
+#: p - 1 reads run at once on p cores (16 ranks on 16 cores, blocks of 4 /
+#: 8 / 16 / 32 KiB: pairwise by single copy 33 / 39 / 55 / 95 us,
+#: all_at_once staged 25 / 52 / 90 / 207; 4 ranks, 16 KiB: 7.5 / 10.3).
+DIRECT_BLOCK = 8 << 10
+
+
 def _via(call):
-    """Every block has one reader: direct as gather.via says for p - 1 of them."""
-    return gather.via(call, call.nbytes, (call.nranks - 1) * call.nbytes)
+    """Every block has one reader: direct as gather.via says for p - 1 of
+    them, or from DIRECT_BLOCK when more than two ranks each have a CPU and
+    the user left cma_bytes alone."""
+    via = gather.via(call, call.nbytes, (call.nranks - 1) * call.nbytes)
+    if (via != "direct" and call.cma and call.params["cma_opt"] is None and call.nranks > 2
+            and call.nbytes >= DIRECT_BLOCK and not oversubscribed(call.slots)):
+        return "direct"
+    return via
 
 
 def pairwise(call):
@@ -78,14 +92,15 @@ def footprint(call):
 
 def choose(call):
     """MPICH's rule (Bruck for <= 256 B blocks at p >= 8, all-at-once up to
-    32 KiB, pairwise above).  Large blocks go direct when the ranks may
-    read each other (gather.via); without that, tiled keeps staged tiles
-    in cache."""
+    32 KiB, pairwise above).  Blocks go pairwise direct when the ranks may
+    read each other (_via), from DIRECT_BLOCK when each rank has a CPU;
+    without that, tiled keeps staged tiles in cache."""
     p, b = call.nranks, call.nbytes
     if b <= 256 and p >= 8:
         return "bruck"
-    if b <= 32768 and p > 2:
+    direct = _via(call) == "direct"
+    if b <= 32768 and p > 2 and not (direct and not oversubscribed(call.slots)):
         return "all_at_once"
-    if _via(call) == "direct":
+    if direct:
         return "pairwise"
     return "tiled" if b > call.params["tile_bytes"] else "pairwise"
