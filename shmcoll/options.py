@@ -18,7 +18,8 @@ DEFAULTS = {
     "check": 0,                 # cross-rank argument agreement on every call
     "cma_bytes": None,          # single copy (rendezvous) from here when ranks may read each other; 0: never
                                 # (default: 32 KiB for 2 ranks, 1 MiB for more, as measured); blocks with one
-                                # reader each (gather, scatter, alltoall) count together when each rank has a CPU
+                                # reader each (gather, scatter, alltoall) count together when each rank has a CPU,
+                                # and by default Alltoall blocks go single copy from 8 KiB there (coll/alltoall.py)
     "spin_ns": None,            # spin before yielding (default: 50 us, 0 when oversubscribed, except
                                 # all_to_all barrier waits on ranks of other CPUs, which keep 50 us)
     "yield_ns": 2_000_000,      # yield before sleeping on the futex

@@ -286,6 +286,38 @@ def test_single_copy_counts_every_block_when_each_rank_has_a_cpu():
     least = -(-(1 << 20) // 15)
     assert plan(least, 16, cma=1 << 20) == ("pairwise", {"direct"})
     assert plan(least - 1, 16, cma=1 << 20)[1] == {"auto"}
+    assert plan(4400, 16, cma=1 << 16)[0] == plan(8, 4, 4, cma=1)[0] == "all_at_once"
+
+
+def test_blocks_from_8_kib_run_by_single_copy_when_each_rank_has_a_cpu(monkeypatch):
+    """The automatic choice on ranks that each have a CPU, end to end: this
+    host's CPUs are too few, so the placement names CPUs it does not have
+    and bind='none' leaves the ranks unpinned.  8 KiB and 32 KiB blocks run
+    pairwise by single copy (32 KiB as twins), 8191 B all_at_once."""
+    import dataclasses
+    from shmcoll.topology import Topology
+    need_cma(3)
+    real = Topology.placement
+    monkeypatch.setattr(Topology, "placement",
+                        lambda self, *a, **k: [dataclasses.replace(s, cpus=frozenset({1000 + s.rank}))
+                                               for s in real(self, *a, **k)])
+    sizes = [(8 << 10) - 1, 8 << 10, 32 << 10]
+
+    def job(comm):
+        p, r, got = comm.size, comm.rank, []
+        for b in sizes:
+            for call in range(2):
+                send = np.concatenate([pattern(b, np.uint8, call, r, d) for d in range(p)])
+                recv = np.zeros_like(send)
+                comm.Alltoall(send, recv)
+                want = np.concatenate([pattern(b, np.uint8, call, s, r) for s in range(p)])
+                got.append((b, comm.selected("alltoall", b), bool(np.array_equal(recv, want))))
+        return got
+
+    for n in (3, 4):
+        for got in run_ranks(job, n, bind="none"):
+            assert all(ok for _, _, ok in got), got
+            assert {b: a for b, a, _ in got} == {sizes[0]: "all_at_once", sizes[1]: "pairwise", sizes[2]: "pairwise"}
 
 
 def test_tile_larger_than_channel_is_clamped():

@@ -35,21 +35,24 @@ def _pairs(call, via, chunk):
 
 
 #: With a CPU per rank, blocks from here go by single copy: each rank's
-#: p - 1 reads run at once on p cores (16 ranks on 16 cores, blocks of 4 /
+#: p - 1 reads run at once on p CPUs (16 ranks on 16 cores, blocks of 4 /
 #: 8 / 16 / 32 KiB: pairwise by single copy 33 / 39 / 55 / 95 us,
 #: all_at_once staged 25 / 52 / 90 / 207; 4 ranks, 16 KiB: 7.5 / 10.3).
 DIRECT_BLOCK = 8 << 10
 
 
+def _spread(call):
+    """Single copy from DIRECT_BLOCK: more than two ranks, each on a CPU
+    of its own, that may read each other, and cma_bytes left to its
+    default (one the user set holds as gather.via reads it)."""
+    return (call.cma and call.params["cma_opt"] is None and call.nranks > 2 and call.nbytes >= DIRECT_BLOCK
+            and not oversubscribed(call.slots))
+
+
 def _via(call):
-    """Every block has one reader: direct as gather.via says for p - 1 of
-    them, or from DIRECT_BLOCK when more than two ranks each have a CPU and
-    the user left cma_bytes alone."""
-    via = gather.via(call, call.nbytes, (call.nranks - 1) * call.nbytes)
-    if (via != "direct" and call.cma and call.params["cma_opt"] is None and call.nranks > 2
-            and call.nbytes >= DIRECT_BLOCK and not oversubscribed(call.slots)):
-        return "direct"
-    return via
+    """Every block has one reader: direct from DIRECT_BLOCK where _spread,
+    else as gather.via says for p - 1 of them."""
+    return "direct" if _spread(call) else gather.via(call, call.nbytes, (call.nranks - 1) * call.nbytes)
 
 
 def pairwise(call):
@@ -92,15 +95,16 @@ def footprint(call):
 
 def choose(call):
     """MPICH's rule (Bruck for <= 256 B blocks at p >= 8, all-at-once up to
-    32 KiB, pairwise above).  Blocks go pairwise direct when the ranks may
-    read each other (_via), from DIRECT_BLOCK when each rank has a CPU;
+    32 KiB, pairwise above), with pairwise by single copy from DIRECT_BLOCK
+    where _spread.  Above 32 KiB, blocks go direct when _via says so;
     without that, tiled keeps staged tiles in cache."""
     p, b = call.nranks, call.nbytes
     if b <= 256 and p >= 8:
         return "bruck"
-    direct = _via(call) == "direct"
-    if b <= 32768 and p > 2 and not (direct and not oversubscribed(call.slots)):
+    if _spread(call):
+        return "pairwise"
+    if b <= 32768 and p > 2:
         return "all_at_once"
-    if direct:
+    if _via(call) == "direct":
         return "pairwise"
     return "tiled" if b > call.params["tile_bytes"] else "pairwise"
