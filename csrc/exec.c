@@ -268,14 +268,10 @@ static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
 /* A rank that waited on no one in a call (a bcast root) checked no one's
  * record of it.  It checks its ring neighbours' records of that call or a
  * later one (the hash covers all before) against its own, which it keeps
- * for SC_PAST calls: at the start and end of its calls once RECHECK calls
- * went unchecked (each look reads a line its readers write: every call,
- * 4 ranks on 2 CPUs, 8 B Bcast took 1.06 us, every 4th 1.00), and waiting
- * only when the oldest unchecked call would leave its records.  So a root
- * runs up to SC_PAST - 1 calls ahead of its readers, and different roots
- * raise on every rank within that many calls. */
-#define RECHECK 4
-_Static_assert(RECHECK < SC_PAST - 1, "a root looks before it must wait");
+ * for SC_PAST calls: whenever they are there, at the start and end of its
+ * calls, and waiting only when the oldest unchecked call would leave its
+ * records.  So a root runs up to SC_PAST - 1 calls ahead of its readers,
+ * and different roots raise on every rank within that many calls. */
 static int neighbour(sc_comm_t *c, int k)
 {
     return (c->rank + (k ? 1 : c->size - 1)) % c->size;
@@ -286,7 +282,6 @@ static int recheck(sc_comm_t *c, int block)
     for (int k = 0; k < 2; k++) {
         if (!(c->pending >> k & 1)) continue;
         int who = neighbour(c, k), rc, seen;
-        if (c->call - c->since[k] < RECHECK) continue;
         if (block && c->call - c->since[k] >= SC_PAST - 1
             && (rc = wait_line(c, post_line(c, who), who, c->since[k], 0, c->spin_ns, 1)))
             return rc;
