@@ -233,6 +233,34 @@ def test_different_roots_raise_within_the_window(roots, count):
                     f"message misquotes rank {who}'s root: {first[2]} (roots {roots})"
 
 
+def _own_root_bcast(comm):
+    """Every rank a root of its own: no rank waits on another."""
+    buf = np.full(4, comm.rank, np.int64)
+    comm.Bcast(buf, root=comm.rank)
+    return int(buf[0])
+
+
+def _split_root_scatter(comm):
+    """Ranks 1 and 2 name root 2, the others root 3: each reader's root
+    agrees with it, so only the two roots can see the difference."""
+    root = 2 if comm.rank in (1, 2) else 3
+    send = np.arange(2 * comm.size, dtype=np.int64) + 100 * root
+    recv = np.empty(2, np.int64)
+    comm.Scatter(send if comm.rank == root else None, recv, root=root)
+    return recv.tolist()
+
+
+@pytest.mark.parametrize("job,n", [(_own_root_bcast, 2), (_own_root_bcast, 3), (_split_root_scatter, 5)],
+                         ids=["bcast2", "bcast3", "scatter5"])
+def test_a_mismatch_only_roots_see_raises_in_the_last_call(job, n):
+    """A root checks its neighbours' records at the end of its call when
+    they have arrived, so of two roots that differ the later one raises,
+    even in a job's last call (44f19d6, which looked every 4th call only,
+    let every rank return)."""
+    with pytest.raises(shmcoll.MismatchError, match="root"):
+        run_ranks(job, n, timeout=T)
+
+
 @pytest.mark.parametrize("nranks", [2, 3])
 @pytest.mark.parametrize("odd_count", [100, 200])
 def test_reader_raises_in_the_call_when_the_root_ran_ahead(nranks, odd_count):
