@@ -22,7 +22,8 @@ ffibuilder.set_source(
     libraries=["pthread"],
     py_limited_api=False,   # pyfast.c uses the full CPython API
     # no contraction into fused multiply-adds: a reduction gives the same bits on every CPU
-    extra_compile_args=["-O3", "-std=gnu11", "-ffp-contract=off", "-Wall", "-Wno-unused-function"]
+    extra_compile_args=["-O3", "-std=gnu11", "-ffp-contract=off", "-Wall", "-Wno-unused-function",
+                        "-fvisibility=hidden"]
     + (["-march=x86-64-v2"] if platform.machine() in ("x86_64", "AMD64") else []),
 )
 

@@ -73,18 +73,24 @@ static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
     return rc;
 }
 
-/* An entry's self: (context address, Python method, error handler,
- * {name: algorithm id}, (collective id, roles (bytes), argument names, {built-in
- * op: code}, IN_PLACE)).  Roles, one per argument: 'x' a buffer read on
- * the root and written elsewhere, 'i' read (or IN_PLACE: the next
- * argument's buffer, keyed -2), 'o' written ('I', 'O': the same, None
- * allowed), 'v' written, a v-variant's spec with counts, 'r' the root,
- * 'p' a built-in reduction op (absent: SUM; its code goes into the key's
- * first word, << 8), 'a' the algorithm.  A leading digit k marks a
- * collective whose signature holds the dtype of argument k: the key's
+/* An entry's self: (info, Python method, error handler, {name: algorithm
+ * id}, (argument names, {built-in op: code}, IN_PLACE, SUM)), info the
+ * bytes of an sc_info_t (device.entry packs it), read in place: no
+ * conversion of Python ints on every call.  Roles, one per argument: 'x'
+ * a buffer read on the root and written elsewhere, 'i' read (or IN_PLACE:
+ * the next argument's buffer, keyed -2), 'o' written ('I', 'O': the same,
+ * None allowed), 'v' written, a v-variant's spec with counts, 'r' the
+ * root, 'p' a built-in reduction op (absent: SUM; its code goes into the
+ * key's first word, << 8), 'a' the algorithm.  typed >= 0 marks a
+ * collective whose signature holds the dtype of argument typed: the key's
  * sixth word is then that array's dtype hash (numpy arrays only; anything
  * else goes to Python, which keys it the same way). */
-static sc_comm_t *ctx(PyObject *self) { return (sc_comm_t *)PyLong_AsVoidPtr(PyTuple_GET_ITEM(self, 0)); }
+typedef struct {
+    sc_comm_t *c;
+    int64_t coll;
+    int32_t typed, reduction;
+    char roles[16];
+} sc_info_t;
 
 static PyObject *decline(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
 {
@@ -238,19 +244,18 @@ static int same_counts(const int64_t *prog, const int64_t *vec, int n)
 
 static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
 {
-    sc_comm_t *c = ctx(self);
+    const sc_info_t *info = (const sc_info_t *)PyBytes_AS_STRING(PyTuple_GET_ITEM(self, 0));
+    sc_comm_t *c = info->c;
     PyObject *desc = PyTuple_GET_ITEM(self, 4), *a[MAXARGS];
-    const char *roles = PyBytes_AS_STRING(PyTuple_GET_ITEM(desc, 1));
+    const char *roles = info->roles;
     Py_buffer b[2];
     int nb = 0, nbuf = 0, ok = 1;
     Py_ssize_t isz0 = 0;
-    int64_t key[SC_KEY] = { PyLong_AsLong(PyTuple_GET_ITEM(desc, 0)), -1, 0, 0, 0, 0, 0 };
+    int64_t key[SC_KEY] = { info->coll, -1, 0, 0, 0, 0, 0 };
     int64_t vec[2 * 1024];      /* a v-spec's counts and displacements (MAX_RANKS) */
     char *sbuf = NULL, *rbuf = NULL;
-    int typed = roles[0] >= '0' && roles[0] <= '9' ? roles[0] - '0' : -1, inplace = 0;
-    roles += typed >= 0;
-    int reduction = strchr(roles, 'p') != NULL;
-    if (c->closed || !parse(args, nargsf, kw, PyTuple_GET_ITEM(desc, 2), a)) return decline(self, args, nargsf, kw);
+    int typed = info->typed, reduction = info->reduction, inplace = 0;
+    if (c->closed || !parse(args, nargsf, kw, PyTuple_GET_ITEM(desc, 0), a)) return decline(self, args, nargsf, kw);
     for (int i = 0; roles[i] && ok; i++) {
         PyObject *v = a[i];
         switch (roles[i]) {
@@ -265,7 +270,7 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
             }
             /* fall through */
         case 'i':
-            if (roles[i] == 'i' && v == PyTuple_GET_ITEM(desc, 4)) {   /* IN_PLACE: the input is the next argument */
+            if (roles[i] == 'i' && v == PyTuple_GET_ITEM(desc, 2)) {   /* IN_PLACE: the input is the next argument */
                 inplace = 1;
                 key[3] = -2;
                 typed += typed == i;
@@ -303,7 +308,7 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
             ok = key[2] >= 0 && key[2] < c->size;
             break;
         case 'p': {
-            PyObject *code = PyDict_GetItemWithError(PyTuple_GET_ITEM(desc, 3), v ? v : PyTuple_GET_ITEM(desc, 5));
+            PyObject *code = PyDict_GetItemWithError(PyTuple_GET_ITEM(desc, 1), v ? v : PyTuple_GET_ITEM(desc, 3));
             if (!code) { ok = 0; break; }               /* a user op: Python folds it */
             key[0] |= PyLong_AsLong(code) << 8;
             break;

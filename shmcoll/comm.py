@@ -99,8 +99,8 @@ class Comm:
                 continue
             method = getattr(Comm, name).__get__(self)
             handler = functools.partial(self._failed, name)
-            self.__dict__[name] = device.entry(method, handler, select.IDS[op],
-                                               (cid, roles.encode(), argnames, OPCODES, IN_PLACE, SUM))
+            self.__dict__[name] = device.entry(method, handler, select.IDS[op], cid, roles,
+                                               (argnames, OPCODES, IN_PLACE, SUM))
 
     def _probe_cma(self):
         """Single copies need every rank able to read every other: each

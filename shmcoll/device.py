@@ -8,6 +8,7 @@ one call.  Collectives use only Device and the C entry points, never the
 segment directly."""
 import ctypes
 import os
+import struct
 import sys
 from dataclasses import dataclass
 
@@ -286,13 +287,16 @@ class Device:
     def addr(self):
         return int(ffi.cast("uintptr_t", self.c))
 
-    def entry(self, method, on_error, ids, desc):
+    def entry(self, method, on_error, ids, cid, roles, desc):
         """The C fast entry bound to this context for one collective method:
         it declines to method (the checked Python version), raises through
-        on_error(rc), names algorithms by ids, parses by desc = (collective
-        id, roles, argument names, {built-in op: code}, IN_PLACE, SUM)."""
-        return _new_cfunction(int(ffi.cast("uintptr_t", lib.sc_py_entry(0))),
-                              (self.addr, method, on_error, ids, desc), None)
+        on_error(rc), names algorithms by ids, parses by roles (pyfast.c; a
+        leading digit: the argument whose dtype the signature holds) and
+        desc = (argument names, {built-in op: code}, IN_PLACE, SUM)."""
+        typed = int(roles[0]) if roles[:1].isdigit() else -1
+        roles = roles[typed >= 0:]
+        info = struct.pack("@PqiI16s", self.addr, cid, typed, "p" in roles, roles.encode())
+        return _new_cfunction(int(ffi.cast("uintptr_t", lib.sc_py_entry(0))), (info, method, on_error, ids, desc), None)
 
     # -- lifetime ---------------------------------------------------------------
     def register(self, pid, tracer):
