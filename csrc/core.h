@@ -120,7 +120,7 @@ typedef struct sc_comm {
     /* traffic record: bytes this rank read from each source, then the
      * messages it read from each (NULL: off) */
     int64_t *traffic;
-    /* set by the Python entries: release the GIL once a wait goes slow, poll signals */
+    /* set by the Python entries: release the GIL once a wait is long, poll signals */
     void *gil_release;
     void *gil_saved;
     void *poll;

@@ -7,8 +7,9 @@
  *    (a miss, a buffer spec, a read-only buffer, a bad argument) goes to the
  *    Python method, which checks, plans, fills the cache and runs exec().
  *  - exec(): run a given program on given buffer addresses.
- * Both release the GIL once a wait goes slow and poll for signals there, so
- * Ctrl-C interrupts a waiting rank. */
+ * Both release the GIL once a wait has lasted GIL_NS (20 us; core.c) or is
+ * about to sleep, and then poll for signals, so Ctrl-C interrupts a waiting
+ * rank. */
 #include <Python.h>
 #include "sc_internal.h"
 
