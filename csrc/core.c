@@ -19,9 +19,7 @@
 #define PAGE 4096
 #define POLL_NS 10000000LL       /* signals are polled this often while a wait is slow */
 #define CHECK_NS 1000000LL       /* and the awaited rank's arrival record this often */
-#define GIL_NS 20000LL           /* other Python threads get the GIL once a wait lasts this long, or
-                                    before it sleeps: a short wait, as a small call's mostly are, pays
-                                    neither the release nor, on its critical path, the retaking */
+_Static_assert(SC_GIL_NS < POLL_NS, "a wait polls signals only once it has let the GIL go");
 
 static int64_t up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
@@ -414,6 +412,12 @@ static int stalled_rank(sc_comm_t *c, int who)
     return who;
 }
 
+/* Other Python threads of this rank may run from now (csrc/pyfast.c, arm). */
+static void let_go(sc_comm_t *c)
+{
+    if (c->gil_release && !c->gil_saved) c->gil_saved = ((void *(*)(void))c->gil_release)();
+}
+
 /* Spin with pause while the peer is likely running, then yield the core
  * (cheap hand-off when ranks outnumber cores), then sleep on the futex with
  * a timeout so that health is still checked while asleep.  Once slow, the
@@ -424,6 +428,7 @@ static int wait_slow(sc_comm_t *c, const sc_wait_t *w)
 {
     settle(c, post_line(c, c->rank));        /* no one may sleep on us while we wait */
     int64_t t0 = sc_now_ns(), next_live = t0 + c->liveness_ns, next_poll = t0 + POLL_NS, next_check = t0 + CHECK_NS;
+    if (!c->gil_ns) let_go(c);
     int batch = w->spin_ns ? 32 : 1;          /* oversubscribed: yield at once, the peer needs this core */
     for (;;) {
         for (int i = 0; i < batch; i++) {
@@ -431,8 +436,7 @@ static int wait_slow(sc_comm_t *c, const sc_wait_t *w)
             if (reached(w)) return SC_OK;
         }
         int64_t t = sc_now_ns();
-        if (c->gil_release && !c->gil_saved && (t - t0 >= GIL_NS || t - t0 >= w->spin_ns + c->yield_ns))
-            c->gil_saved = ((void *(*)(void))c->gil_release)();
+        if (t - t0 >= c->gil_ns || t - t0 >= w->spin_ns + c->yield_ns) let_go(c);   /* long, or about to sleep */
         int r = -1, rc = health(c, w->who, t, &next_live, &r);
         if (!rc && !w->nocheck && t >= next_check) {
             next_check = t + CHECK_NS;
@@ -489,6 +493,7 @@ void sc_shut(sc_comm_t *c)
     for (int r = 0; r < c->size; r++)
         while (atomic_load_explicit(&state(c, r)->pushing, memory_order_seq_cst) == c->rank + 1 && !gone(c, r)) {
             if (c->timeout_ns > 0 && sc_now_ns() - t0 > c->timeout_ns) return;
+            let_go(c);
             sched_yield();
         }
 }

@@ -76,6 +76,7 @@ typedef struct sc_line sc_line_t;
  * v-variant's program ends with its counts and displacements (header word
  * 6: where), which the entry compares exactly before running it. */
 #define SC_CACHE 256
+#define SC_GIL_NS 20000
 #define SC_KEY 7
 typedef struct { int64_t key[SC_KEY]; const int64_t *prog; } sc_entry_t;
 
@@ -120,8 +121,10 @@ typedef struct sc_comm {
     /* traffic record: bytes this rank read from each source, then the
      * messages it read from each (NULL: off) */
     int64_t *traffic;
-    /* set by the Python entries: release the GIL once a wait is long, poll signals */
+    /* set by the Python entries: release the GIL once a wait has lasted
+     * gil_ns (SC_GIL_NS when the rank has one thread, else 0), poll signals */
     void *gil_release;
+    int64_t gil_ns;
     void *gil_saved;
     void *poll;
     sc_entry_t cache[SC_CACHE];
@@ -177,4 +180,14 @@ int64_t sc_twin_estimate(const int64_t *t, int v);
 void sc_twin_learn(int64_t *t, int v, int64_t ns);
 
 int sc_cache_slot(const int64_t *key);
+/* What a fast entry reads in place on every call (csrc/pyfast.c): its
+ * communicator, collective id, the argument whose dtype the signature
+ * holds (-1: none), whether it takes a reduction op, and one role
+ * character per argument (NUL-terminated). */
+typedef struct {
+    sc_comm_t *c;
+    int64_t coll;
+    int32_t typed, reduction;
+    char roles[16];
+} sc_info_t;
 void *sc_py_entry(int i);

@@ -8,7 +8,6 @@ one call.  Collectives use only Device and the C entry points, never the
 segment directly."""
 import ctypes
 import os
-import struct
 import sys
 from dataclasses import dataclass
 
@@ -295,8 +294,11 @@ class Device:
         desc = (argument names, {built-in op: code}, IN_PLACE, SUM)."""
         typed = int(roles[0]) if roles[:1].isdigit() else -1
         roles = roles[typed >= 0:]
-        info = struct.pack("@PqiI16s", self.addr, cid, typed, "p" in roles, roles.encode())
-        return _new_cfunction(int(ffi.cast("uintptr_t", lib.sc_py_entry(0))), (info, method, on_error, ids, desc), None)
+        assert len(roles) == len(desc[0]) <= 8, roles      # pyfast.c's MAXARGS, and room for the NUL
+        info = ffi.new("sc_info_t *", {"c": self.c, "coll": cid, "typed": typed, "reduction": "p" in roles,
+                                       "roles": roles.encode()})
+        return _new_cfunction(int(ffi.cast("uintptr_t", lib.sc_py_entry(0))),
+                              (bytes(ffi.buffer(info)), method, on_error, ids, desc), None)
 
     # -- lifetime ---------------------------------------------------------------
     def register(self, pid, tracer):

@@ -403,6 +403,32 @@ def test_second_thread_raises(second, tmp_path):
     assert got[0][2] == got[1][1] == "shmcoll", got
 
 
+def _gil_policy_job(comm):
+    """How long this rank's waits hold the GIL, alone and beside a thread."""
+    for _ in range(130):                  # the threads are looked at every 64th call
+        comm.Barrier()
+    alone = comm._dev.c.gil_ns
+    go = threading.Event()
+    th = threading.Thread(target=go.wait)
+    th.start()
+    for _ in range(130):
+        comm.Barrier()
+    beside = comm._dev.c.gil_ns
+    go.set()
+    th.join()
+    for _ in range(130):
+        comm.Barrier()
+    return alone, beside, comm._dev.c.gil_ns
+
+
+def test_waits_let_the_gil_go_at_once_beside_another_thread():
+    """A rank's only thread keeps the GIL through short waits; with another
+    Python thread its waits let it go at once, or that thread would run
+    only every switch interval (5 ms) during a loop of small calls."""
+    got = run_ranks(_gil_policy_job, 2, timeout=T)
+    assert all(g == (lib.SC_GIL_NS, 0, lib.SC_GIL_NS) for g in got), got
+
+
 # -- (g) object dtypes --------------------------------------------------------------
 
 STRUCT = np.dtype([("a", np.int64), ("o", object)])

@@ -2,7 +2,7 @@
 its module (ALGORITHMS: name -> planning function, choose(call) -> name,
 footprint(call) -> bytes touched), the Comm method its C fast entry
 stands for (None: no fast entry, as for Gatherv/Scatterv, whose counts
-only the root has), that method's argument roles (csrc/pyfast.c: a
+only the root has), that method's argument roles (device.entry, csrc/pyfast.c: a
 leading k when argument k's dtype is in the signature, x in-out buffer,
 i input (or IN_PLACE), o output, I/O optional, v an output with counts,
 r root, p reduction op, a algorithm) and names.  Adding a collective is a module and a row here.
