@@ -78,6 +78,7 @@ typedef struct sc_line sc_line_t;
 #define SC_CACHE 256
 #define SC_GIL_NS 20000
 #define SC_KEY 7
+#define SC_NB 16         /* neighbours a rank may check: a star's centre up to 17 ranks */
 typedef struct { int64_t key[SC_KEY]; const int64_t *prog; } sc_entry_t;
 
 typedef struct sc_comm {
@@ -133,8 +134,10 @@ typedef struct sc_comm {
     uint64_t sig[2];         /* this call's signature (collective, algorithm, dtype, op, root; byte count) */
     uint64_t prev[2];        /* the previous call's */
     uint64_t hist;           /* a hash of every call's before the previous */
-    uint64_t due[2];         /* per ring neighbour (left, right), if pending: the last call whose record of it is unchecked */
-    uint64_t since[2];       /* ... and the first */
+    uint64_t due[SC_NB];     /* per neighbour to check (nb), if pending: the last call whose record of it is unchecked */
+    uint64_t since[SC_NB];   /* ... and the first */
+    int32_t nb[SC_NB];       /* the ranks this one checks when it did not wait on them (device.py, checks) */
+    int32_t nnb;
     /* rank 0's twins (exec.c): twin_first..twin_last, if twin_due, the twin
      * calls not yet known to be past every rank; the twin calls whose
      * ranks' times are still to be read (a ring: pend_n from pend_head;
@@ -144,7 +147,7 @@ typedef struct sc_comm {
     uint64_t pend_call[SC_PAST];
     int64_t *pend_twin[SC_PAST];
     int32_t pend_variant[SC_PAST];
-    int32_t pending;         /* neighbours with unchecked calls (1 left, 2 right) */
+    int32_t pending;         /* neighbours with unchecked calls (bit k: nb[k]) */
     int32_t busy;
     int32_t owe;             /* this rank's post line went out unfenced: its sleepers are still to be checked */
     int32_t err_rank;

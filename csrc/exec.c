@@ -266,22 +266,19 @@ static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
 }
 
 /* A rank that waited on no one in a call (a bcast root) checked no one's
- * record of it.  It checks its ring neighbours' records of that call or a
- * later one (the hash covers all before) against its own, which it keeps
- * for SC_PAST calls: whenever they are there, at the start and end of its
- * calls, and waiting only when the oldest unchecked call would leave its
- * records.  So a root runs up to SC_PAST - 1 calls ahead of its readers,
- * and different roots raise on every rank within that many calls. */
-static int neighbour(sc_comm_t *c, int k)
-{
-    return (c->rank + (k ? 1 : c->size - 1)) % c->size;
-}
-
+ * record of it.  It checks its neighbours' records (nb: a ring, or a star
+ * around rank 0, the same on every rank; device.py, checks) of that call
+ * or a later one (the hash covers all before) against its own, which it
+ * keeps for SC_PAST calls: whenever they are there, at the start and end
+ * of its calls, and waiting only when the oldest unchecked call would
+ * leave its records.  So a root runs up to SC_PAST - 1 calls ahead of its
+ * readers, and different roots raise on every rank within that many
+ * calls. */
 static int recheck(sc_comm_t *c, int block)
 {
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < c->nnb; k++) {
         if (!(c->pending >> k & 1)) continue;
-        int who = neighbour(c, k), rc, seen;
+        int who = c->nb[k], rc, seen;
         if (block && c->call - c->since[k] >= SC_PAST - 1
             && (rc = wait_line(c, post_line(c, who), who, c->since[k], 0, c->spin_ns, 1)))
             return rc;
@@ -473,8 +470,8 @@ int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
 {
     int rc = aborted_at(c, c->call + 1);
     if (rc) return rc;
-    for (int k = 0; k < 2; k++)               /* the recheck's lines arrive while we publish */
-        if (c->pending >> k & 1) __builtin_prefetch(post_line(c, neighbour(c, k)));
+    for (int k = 0; k < c->nnb; k++)          /* the recheck's lines arrive while we publish */
+        if (c->pending >> k & 1) __builtin_prefetch(post_line(c, c->nb[k]));
     c->call++;
     c->sig[0] = (uint64_t)prog[1];            /* a twin's programs share it */
     c->sig[1] = (uint64_t)prog[2];
@@ -514,7 +511,7 @@ int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
         }
     }
     if (!rc && prog[5] && !c->check) {
-        for (int k = 0; k < 2; k++) {
+        for (int k = 0; k < c->nnb; k++) {
             if (!(prog[5] >> k & 1)) continue;
             if (!(c->pending >> k & 1)) c->since[k] = c->call;
             c->due[k] = c->call;

@@ -524,16 +524,27 @@ class _Compiler:
             first = 0
             if ins and ins[0][0] == POST:       # a leading post rides on the arrival
                 first, ins = ins[0][1], ins[1:]
-            mask = 0
-            for bit, nb in ((1, (w - 1) % self.p), (2, (w + 1) % self.p)):
-                if nb != w and (w, nb) not in self.checked and not (bit == 2 and mask and nb == (w - 1) % self.p):
-                    mask |= bit
+            mask = sum(1 << k for k, nb in enumerate(checks(w, self.p, self.params.get("check_star")))
+                       if (w, nb) not in self.checked)
             a = np.zeros((1 + len(ins)) * 8, np.int64)
             a[:6] = (len(ins), sig[0], sig[1], first, max(tmp, self.acc_at + self.acc), mask)
             if ins:
                 a[8:] = np.array(ins, dtype=np.int64).ravel()
             out.append(a)
         return out
+
+
+def checks(w, p, star):
+    """The ranks w checks the records of, each by its wait on it or, when
+    its program has none, at the end of its call (exec.c, recheck): every
+    rank its neighbours, in a ring, or in a star around rank 0.  Each link
+    is checked from both ends by a graph that depends on the plan alone,
+    so ranks running different programs still check each other, and the
+    later of two that differ sees the other's record even in a job's last
+    call."""
+    if star:
+        return list(range(1, p)) if w == 0 else [0][:p > 1]
+    return list(dict.fromkeys(r for r in ((w - 1) % p, (w + 1) % p) if r != w))
 
 
 def compile_schedule(sched, params, sig):

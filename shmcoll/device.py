@@ -15,7 +15,7 @@ import numpy as np
 
 from . import options as _options
 from ._core import ffi, lib
-from .compile import compile_schedule, signature
+from .compile import checks, compile_schedule, signature
 from .errors import CMAError, MismatchError, PeerAborted, PeerDied, PeerTimeout
 from .segment import Segment
 from .topology import oversubscribed
@@ -98,6 +98,11 @@ def _derive(p, nranks, topo, slots):
     p["stripe_bytes"] = max(p["chan_bytes"] // PAGE // p["stripe_slots"], 1) * PAGE * p["stripe_slots"]
     p["spin_far_ns"] = int(p["spin_ns"] if p["spin_ns"] is not None else 50_000)
     p["spin_now_ns"] = int(p["spin_ns"] if p["spin_ns"] is not None else (0 if oversubscribed(slots) else 50_000))
+    # whom a rank checks when it did not wait on them (compile.checks): with
+    # ranks taking turns on CPUs, a star around rank 0, where a call rooted
+    # there reads half the lines a ring does (4 ranks on 2 CPUs, Bcast 8 B:
+    # 3 reads a call, not 6; each a line its writer has just rewritten)
+    p["check_star"] = oversubscribed(slots) and nranks <= lib.SC_NB + 1
     p["check"] = int(p["check"])
     p["timeout_ns"] = int(float(p["timeout"]) * 1e9)
     p["call_base"] = int(p["call_base"])
@@ -165,6 +170,9 @@ class Device:
         cnt = np.zeros(lib.SC_NSETS * plan.nranks, np.uint64)
         c.debt_who = ffi.cast("int32_t *", who.ctypes.data)
         c.debt_cnt = ffi.cast("uint64_t *", cnt.ctypes.data)
+        nb = checks(rank, plan.nranks, plan.params["check_star"]) if rank >= 0 else []
+        c.nnb = len(nb)
+        c.nb[0:len(nb)] = nb
         lib.sc_layout(c)
         return c, [who, cnt]
 

@@ -250,15 +250,47 @@ def _split_root_scatter(comm):
     return recv.tolist()
 
 
-@pytest.mark.parametrize("job,n", [(_own_root_bcast, 2), (_own_root_bcast, 3), (_split_root_scatter, 5)],
-                         ids=["bcast2", "bcast3", "scatter5"])
-def test_a_mismatch_only_roots_see_raises_in_the_last_call(job, n):
+def own_cpus(monkeypatch):
+    """A placement that gives every rank a CPU of its own (CPUs this host
+    lacks: run with bind='none'), so the ranks check each other in a ring,
+    not in the star around rank 0 of ranks taking turns on CPUs."""
+    import dataclasses
+    from shmcoll.topology import Topology
+    real = Topology.placement
+    monkeypatch.setattr(Topology, "placement",
+                        lambda self, *a, **k: [dataclasses.replace(s, cpus=frozenset({1000 + s.rank}))
+                                               for s in real(self, *a, **k)])
+
+
+@pytest.mark.parametrize("graph", ["star", "ring"])
+@pytest.mark.parametrize("job,n", [(_own_root_bcast, 2), (_own_root_bcast, 3), (_own_root_bcast, 5),
+                                   (_split_root_scatter, 5)], ids=["bcast2", "bcast3", "bcast5", "scatter5"])
+def test_a_mismatch_only_roots_see_raises_in_the_last_call(job, n, graph, monkeypatch):
     """A root checks its neighbours' records at the end of its call when
     they have arrived, so of two roots that differ the later one raises,
     even in a job's last call (44f19d6, which looked every 4th call only,
     let every rank return)."""
+    if graph == "ring":
+        own_cpus(monkeypatch)
     with pytest.raises(shmcoll.MismatchError, match="root"):
-        run_ranks(job, n, timeout=T)
+        run_ranks(job, n, timeout=T, bind="none" if graph == "ring" else "core")
+
+
+def _graph_job(comm):
+    return comm.plan.params["check_star"], list(comm._dev.c.nb[0:comm._dev.c.nnb])
+
+
+@pytest.mark.parametrize("graph", ["star", "ring"])
+def test_check_graph_follows_the_placement(graph, monkeypatch):
+    """Ranks taking turns on CPUs check each other in a star around rank 0;
+    ranks with a CPU each, in a ring."""
+    if graph == "ring":
+        own_cpus(monkeypatch)
+    got = run_ranks(_graph_job, 4, timeout=T, bind="none" if graph == "ring" else "core")
+    if graph == "star":
+        assert got == [(True, [1, 2, 3]), (True, [0]), (True, [0]), (True, [0])], got
+    else:
+        assert got == [(False, [3, 1]), (False, [0, 2]), (False, [1, 3]), (False, [2, 0])], got
 
 
 @pytest.mark.parametrize("nranks", [2, 3])
