@@ -57,6 +57,18 @@ def run_ranks(fn, n, *args, **kw):
     return shmcoll.launch(fn, n, args=args, **kw)
 
 
+def own_cpus(monkeypatch):
+    """A placement that gives every rank a CPU of its own (CPUs this host
+    lacks: run with bind='none'), so the ranks check each other in a ring,
+    not in the star around rank 0 of ranks taking turns on CPUs."""
+    import dataclasses
+    from shmcoll.topology import Topology
+    real = Topology.placement
+    monkeypatch.setattr(Topology, "placement",
+                        lambda self, *a, **k: [dataclasses.replace(s, cpus=frozenset({1000 + s.rank}))
+                                               for s in real(self, *a, **k)])
+
+
 def cma(comm):
     """Whether this rank's communicator may single-copy (process_vm_readv/writev)."""
     return comm._c.cma

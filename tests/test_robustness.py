@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import shmcoll
-from conftest import SMALL, attempt, pattern, poison, run_ranks, shared_array
+from conftest import SMALL, attempt, own_cpus, pattern, poison, run_ranks, shared_array
 from shmcoll._core import lib
 
 pytestmark = pytest.mark.timeout(120)
@@ -184,7 +184,8 @@ def test_different_barrier_algorithms_raise(algs):
 
 # -- (c) different roots, then more Bcasts ---------------------------------------------
 
-# A root waits on no one: it checks its neighbours' records of a call within
+# A root waits on no one: it checks the records of the ranks it checks
+# (compile.checks: a ring, or a star around rank 0) of a call within
 # SC_PAST calls (a root runs that far ahead of its readers), so every rank
 # raises by then.
 CALLS = 1 + lib.SC_PAST
@@ -248,18 +249,6 @@ def _split_root_scatter(comm):
     recv = np.empty(2, np.int64)
     comm.Scatter(send if comm.rank == root else None, recv, root=root)
     return recv.tolist()
-
-
-def own_cpus(monkeypatch):
-    """A placement that gives every rank a CPU of its own (CPUs this host
-    lacks: run with bind='none'), so the ranks check each other in a ring,
-    not in the star around rank 0 of ranks taking turns on CPUs."""
-    import dataclasses
-    from shmcoll.topology import Topology
-    real = Topology.placement
-    monkeypatch.setattr(Topology, "placement",
-                        lambda self, *a, **k: [dataclasses.replace(s, cpus=frozenset({1000 + s.rank}))
-                                               for s in real(self, *a, **k)])
 
 
 @pytest.mark.parametrize("graph", ["star", "ring"])

@@ -11,7 +11,7 @@ import pytest
 
 import shmcoll
 from shmcoll._core import ffi, lib
-from conftest import SMALL, need_cma, pattern, run_ranks, shared_array
+from conftest import SMALL, need_cma, own_cpus, pattern, run_ranks, shared_array
 
 TWINS = dict(SMALL, adapt=1)        # every call of 1 byte up may be a twin
 
@@ -277,7 +277,8 @@ def test_policy_finds_the_other_once_it_became_faster():
 def _two_twins_then_inline(comm, count, rounds):
     """Gather root 1 (a twin), a tiny Bcast, Gather root 3 (another
     twin), six tiny Bcasts: rank 0 is a sender of both and runs ahead
-    while rank 2 (no ring neighbour of rank 0) lags; every rank must read
+    while rank 2 (which rank 0 checks only in the star, not in the ring of
+    ranks with a CPU each) lags; every rank must read
     rank 0's picks of both twins (its records of the older one once went
     before rank 2 read it: every rank raised 'out of step')."""
     p, r, bad = comm.size, comm.rank, []
@@ -297,17 +298,24 @@ def _two_twins_then_inline(comm, count, rounds):
     return bad, [t["us"] for t in comm.twins()]
 
 
-def test_rank_0_ahead_of_a_lagging_rank_over_two_twins():
+@pytest.mark.parametrize("graph", ["star", "ring"])
+def test_rank_0_ahead_of_a_lagging_rank_over_two_twins(graph, monkeypatch):
     need_cma(4)
-    got = run_ranks(_two_twins_then_inline, 4, 131072, 4, options=dict(adapt=1, chan_bytes=16 << 20), timeout=120)
+    if graph == "ring":
+        own_cpus(monkeypatch)
+    got = run_ranks(_two_twins_then_inline, 4, 131072, 4, options=dict(adapt=1, chan_bytes=16 << 20), timeout=120,
+                    bind="none" if graph == "ring" else "core")
     assert [b for bad, _ in got for b in bad] == []
 
 
-def test_rank_0_learns_both_times_though_it_runs_ahead():
+@pytest.mark.parametrize("graph", ["star", "ring"])
+def test_rank_0_learns_both_times_though_it_runs_ahead(graph, monkeypatch):
     """Rank 0, a sender, leaves each Gather before the root: the times of
     its calls are read a few calls later, not lost."""
     need_cma(4)
+    if graph == "ring":
+        own_cpus(monkeypatch)
     got = run_ranks(_two_twins_then_inline, 4, 131072, 12, options=dict(adapt=1, chan_bytes=16 << 20),
-                    timeout=120)
+                    timeout=120, bind="none" if graph == "ring" else "core")
     assert [b for bad, _ in got for b in bad] == []
     assert got[0][1] and all(a > 0 and b > 0 for a, b in got[0][1]), got[0][1]
