@@ -136,7 +136,7 @@ typedef struct sc_comm {
     uint64_t hist;           /* a hash of every call's before the previous */
     uint64_t due[SC_NB];     /* per neighbour to check (nb), if pending: the last call whose record of it is unchecked */
     uint64_t since[SC_NB];   /* ... and the first */
-    int32_t nb[SC_NB];       /* the ranks this one checks when it did not wait on them (device.py, checks) */
+    int32_t nb[SC_NB];       /* the ranks this one checks when it did not wait on them (compile.checks) */
     int32_t nnb;
     /* rank 0's twins (exec.c): twin_first..twin_last, if twin_due, the twin
      * calls not yet known to be past every rank; the twin calls whose

@@ -267,7 +267,7 @@ static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
 
 /* A rank that waited on no one in a call (a bcast root) checked no one's
  * record of it.  It checks its neighbours' records (nb: a ring, or a star
- * around rank 0, the same on every rank; device.py, checks) of that call
+ * around rank 0, the same on every rank; compile.checks) of that call
  * or a later one (the hash covers all before) against its own, which it
  * keeps for SC_PAST calls: whenever they are there, at the start and end
  * of its calls, and waiting only when the oldest unchecked call would

@@ -69,6 +69,15 @@ def own_cpus(monkeypatch):
                                                for s in real(self, *a, **k)])
 
 
+def graph_bind(graph, monkeypatch):
+    """The bind that gives the check graph asked for ('star': ranks taking
+    turns on this host's CPUs; 'ring': own_cpus, unpinned)."""
+    if graph == "star":
+        return "core"
+    own_cpus(monkeypatch)
+    return "none"
+
+
 def cma(comm):
     """Whether this rank's communicator may single-copy (process_vm_readv/writev)."""
     return comm._c.cma

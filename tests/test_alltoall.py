@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import shmcoll
-from conftest import DTYPES, SMALL, attempt, need_cma, counts_for, pattern, planned, poison, run_cases, run_ranks
+from conftest import DTYPES, SMALL, attempt, need_cma, counts_for, own_cpus, pattern, planned, poison, run_cases, run_ranks
 
 ALGS = ["bruck", "all_at_once", "pairwise", "tiled", None]
 RANKS = [1, 2, 3, 4, 5, 7, 8]
@@ -294,13 +294,8 @@ def test_blocks_from_8_kib_run_by_single_copy_when_each_rank_has_a_cpu(monkeypat
     host's CPUs are too few, so the placement names CPUs it does not have
     and bind='none' leaves the ranks unpinned.  8 KiB and 32 KiB blocks run
     pairwise by single copy (32 KiB as twins), 8191 B all_at_once."""
-    import dataclasses
-    from shmcoll.topology import Topology
     need_cma(3)
-    real = Topology.placement
-    monkeypatch.setattr(Topology, "placement",
-                        lambda self, *a, **k: [dataclasses.replace(s, cpus=frozenset({1000 + s.rank}))
-                                               for s in real(self, *a, **k)])
+    own_cpus(monkeypatch)
     sizes = [(8 << 10) - 1, 8 << 10, 32 << 10]
 
     def job(comm):

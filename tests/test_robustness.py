@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import shmcoll
-from conftest import SMALL, attempt, own_cpus, pattern, poison, run_ranks, shared_array
+from conftest import SMALL, attempt, graph_bind, pattern, poison, run_ranks, shared_array
 from shmcoll._core import lib
 
 pytestmark = pytest.mark.timeout(120)
@@ -259,10 +259,9 @@ def test_a_mismatch_only_roots_see_raises_in_the_last_call(job, n, graph, monkey
     they have arrived, so of two roots that differ the later one raises,
     even in a job's last call (44f19d6, which looked every 4th call only,
     let every rank return)."""
-    if graph == "ring":
-        own_cpus(monkeypatch)
+    bind = graph_bind(graph, monkeypatch)
     with pytest.raises(shmcoll.MismatchError, match="root"):
-        run_ranks(job, n, timeout=T, bind="none" if graph == "ring" else "core")
+        run_ranks(job, n, timeout=T, bind=bind)
 
 
 def _graph_job(comm):
@@ -273,9 +272,7 @@ def _graph_job(comm):
 def test_check_graph_follows_the_placement(graph, monkeypatch):
     """Ranks taking turns on CPUs check each other in a star around rank 0;
     ranks with a CPU each, in a ring."""
-    if graph == "ring":
-        own_cpus(monkeypatch)
-    got = run_ranks(_graph_job, 4, timeout=T, bind="none" if graph == "ring" else "core")
+    got = run_ranks(_graph_job, 4, timeout=T, bind=graph_bind(graph, monkeypatch))
     if graph == "star":
         assert got == [(True, [1, 2, 3]), (True, [0]), (True, [0]), (True, [0])], got
     else:

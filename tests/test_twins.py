@@ -11,7 +11,7 @@ import pytest
 
 import shmcoll
 from shmcoll._core import ffi, lib
-from conftest import SMALL, need_cma, own_cpus, pattern, run_ranks, shared_array
+from conftest import SMALL, graph_bind, need_cma, pattern, run_ranks, shared_array
 
 TWINS = dict(SMALL, adapt=1)        # every call of 1 byte up may be a twin
 
@@ -301,10 +301,8 @@ def _two_twins_then_inline(comm, count, rounds):
 @pytest.mark.parametrize("graph", ["star", "ring"])
 def test_rank_0_ahead_of_a_lagging_rank_over_two_twins(graph, monkeypatch):
     need_cma(4)
-    if graph == "ring":
-        own_cpus(monkeypatch)
     got = run_ranks(_two_twins_then_inline, 4, 131072, 4, options=dict(adapt=1, chan_bytes=16 << 20), timeout=120,
-                    bind="none" if graph == "ring" else "core")
+                    bind=graph_bind(graph, monkeypatch))
     assert [b for bad, _ in got for b in bad] == []
 
 
@@ -313,9 +311,7 @@ def test_rank_0_learns_both_times_though_it_runs_ahead(graph, monkeypatch):
     """Rank 0, a sender, leaves each Gather before the root: the times of
     its calls are read a few calls later, not lost."""
     need_cma(4)
-    if graph == "ring":
-        own_cpus(monkeypatch)
     got = run_ranks(_two_twins_then_inline, 4, 131072, 12, options=dict(adapt=1, chan_bytes=16 << 20),
-                    timeout=120, bind="none" if graph == "ring" else "core")
+                    timeout=120, bind=graph_bind(graph, monkeypatch))
     assert [b for bad, _ in got for b in bad] == []
     assert got[0][1] and all(a > 0 and b > 0 for a, b in got[0][1]), got[0][1]
