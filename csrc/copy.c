@@ -54,14 +54,24 @@ static void copy_vec(char *dst, const char *src, int64_t n)
     (has_avx2() ? vec_avx2 : vec_sse2)(dst, src, n);
 }
 
-static void copy_nt(char *dst, const char *src, int64_t n)
+/* Streamed stores, unfenced (sc_stream's callers fence once at the end). */
+static void stream(char *dst, const char *src, int64_t n)
 {
     (has_avx2() ? nt_avx2 : nt_sse2)(dst, src, n);
+}
+
+static void copy_nt(char *dst, const char *src, int64_t n)
+{
+    stream(dst, src, n);
     _mm_sfence();                               /* streamed stores before the flag */
 }
+
+void sc_fence(void) { _mm_sfence(); }
 #else                                           /* elsewhere: plain copies (neither the aliasing nor the streaming applies) */
 #define copy_vec memcpy
 #define copy_nt memcpy
+#define stream memcpy
+void sc_fence(void) {}
 #endif
 
 static int aliased(const char *dst, const char *src)
@@ -80,6 +90,16 @@ void sc_copy(char *dst, const char *src, int64_t n, int nt)
     int64_t head = (-(intptr_t)dst) & 31;      /* align the streamed stores */
     memcpy(dst, src, head);
     copy_nt(dst + head, src + head, n - head);
+}
+
+/* n bytes from src (in cache) to dst by streamed stores, dst's first
+ * bytes up to a 32-byte boundary plainly; the caller fences (sc_fence). */
+void sc_stream(char *dst, const char *src, int64_t n)
+{
+    int64_t head = (-(intptr_t)dst) & 31;
+    if (head > n) head = n;
+    memcpy(dst, src, head);
+    stream(dst + head, src + head, n - head);
 }
 
 #define PIECE (4 << 20)

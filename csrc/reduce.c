@@ -14,6 +14,7 @@
 typedef struct { float re, im; } sc_c64;
 typedef struct { double re, im; } sc_c128;
 typedef struct { long double re, im; } sc_cld;
+#define TILE 4096             /* streamed folds: bytes of d per kernel call, in L1 */
 typedef void (*sc_kernel_t)(char *restrict d, const char *a, const char *restrict b, int64_t n);
 
 static inline float bits_f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
@@ -151,6 +152,26 @@ static sc_loc_t loc_kernel(int op, int type, int wide)
     return k[row][op == SC_R_MAXLOC][wide];
 }
 
+/* f over n elements with d written by streamed stores (the call's result
+ * would not stay in cache, and skipping the write-allocate read of d
+ * saves a third of the fold's memory traffic): f fills a tile in L1,
+ * streamed out from there.  d op= b runs as d = d op b, so f is the
+ * two-operand kernel; narrowing reads 4-byte floats and writes halves. */
+static void streamed(sc_kernel_t f, int form, int item, char *d, const char *a, const char *b, int64_t n)
+{
+    _Alignas(64) char tile[TILE];
+    int in = form == SC_F_NARROW ? 4 : item;
+    int64_t per = TILE / item, head = ((-(intptr_t)d) & 63) / item;
+    if (form == SC_F_INTO) a = d;
+    for (int64_t i = 0, k; i < n; i += k) {     /* the first tile ends on a line: no line takes both kinds of store */
+        k = i ? per : head ? head : per;
+        k = n - i < k ? n - i : k;
+        f(tile, a + i * in, b + i * item, k);
+        sc_stream(d + i * item, tile, k * item);
+    }
+    sc_fence();
+}
+
 /* Fold n elements as word (core.h) says; -1 for a kernel that does not
  * exist (Python never plans one). */
 int sc_reduce(int64_t word, char *d, const char *a, const char *b, int64_t n)
@@ -165,6 +186,10 @@ int sc_reduce(int64_t word, char *d, const char *a, const char *b, int64_t n)
     if (!__atomic_load_n(&isa_name, __ATOMIC_ACQUIRE)) pick();
     sc_kernel_t f = op > 0 && type > 0 && type < SC_T_NTYPES && form < SC_F_N ? table[op][type][form] : NULL;
     if (!f) return -1;
-    f(d, a, b, n);
+    int item = (int)(word >> 32 & 0xff);
+    if (word >> 29 & 1 && form != SC_F_WIDEN && form != SC_F_ACC && !(((-(intptr_t)d) & 63) % item))
+        streamed(form == SC_F_INTO ? table[op][type][SC_F_SAME] : f, form, item, d, a, b, n);
+    else
+        f(d, a, b, n);
     return 0;
 }

@@ -204,6 +204,15 @@ class _Compiler:
         self.stage_at = _up(sched.tmp)
         self.acc = 0
         self.acc_at = self.stage_at + max(map(self.staged_in, sched.steps, self.protos), default=0)
+        self.reread = [_Ranges() for _ in range(p)]    # rank -> the bytes of its recvbuf it reads itself
+        for st, protocols in zip(sched.steps, self.protos):
+            for m, (proto, _) in zip(st.moves, protocols):
+                if m.sbuf == "recv" and proto != "direct":
+                    for so, _, n in m.parts:
+                        self.reread[m.src].add(so, so + n)
+            for cp in st.copies:
+                if cp.sbuf == "recv":
+                    self.reread[cp.rank].add(cp.soff, cp.soff + cp.n)
 
     def staged_in(self, st, protocols):
         """Scratch bytes the folded direct inputs of st take on one rank
@@ -347,6 +356,13 @@ class _Compiler:
         call whose footprint would not stay in cache)."""
         return int(self.sched.stream and dbuf == "recv")
 
+    def streamed_fold(self, red):
+        """Whether red's result streams past the cache: as a copy's would,
+        unless its rank reads it again itself (to stage or push it: at 4
+        ranks on 2 CPUs, 16 MiB Allreduce, a streamed slice is read back
+        from memory), not only others by single copy."""
+        return self.streamed(red.dbuf) and not self.reread[red.rank].meets(red.doff, red.doff + red.n)
+
     def write(self, w, m, proto, j, k, chunk, slot):
         n = min(chunk, m.nbytes - k * chunk) if m.nbytes else 0
         piece = {"event": 0, "segs": _segments(m.parts, k * chunk, n)}
@@ -477,7 +493,7 @@ class _Compiler:
                     self.emit(red.rank, COUNT, moves[i].src, n)
             else:
                 srcs.append((space(BUF[i[0]]), i[1] + lo))
-        self.fold(red.rank, srcs, (space(BUF[red.dbuf]), red.doff + lo), n)
+        self.fold(red.rank, srcs, (space(BUF[red.dbuf]), red.doff + lo), n, self.streamed_fold(red))
 
     def fold_local(self, red):
         """A reduce of local inputs only, in cache-sized chunks."""
@@ -485,28 +501,31 @@ class _Compiler:
         c = max(self.params["chunk_bytes"] // item, 1) * item
         for lo in range(0, red.n, c):
             srcs = [(space(BUF[b]), off + lo) for b, off in red.inputs]
-            self.fold(red.rank, srcs, (space(BUF[red.dbuf]), red.doff + lo), min(c, red.n - lo))
+            self.fold(red.rank, srcs, (space(BUF[red.dbuf]), red.doff + lo), min(c, red.n - lo),
+                      self.streamed_fold(red))
 
-    def fold(self, r, srcs, dst, n):
+    def fold(self, r, srcs, dst, n, nt):
         """dst = srcs[0] op srcs[1] op ... over n bytes (one input: a copy);
-        half types through a float32 accumulator in scratch, rounded once."""
+        half types through a float32 accumulator in scratch, rounded once.
+        nt: the last kernel, which writes the result, streams it past the
+        cache (the earlier ones write dst only to read it back)."""
         if len(srcs) == 1:
             if srcs[0] != dst:
-                self.emit(r, COPY, *dst, *srcs[0], n, 0, -1)
+                self.emit(r, COPY, *dst, *srcs[0], n, nt, -1)
             return
         kern = self.sched.kernel
         items = n // kern.item
         if not kern.half:
-            self.emit(r, kern.word(lib.SC_F_SAME), *dst, *srcs[0], *srcs[1], items)
-            for s in srcs[2:]:
-                self.emit(r, kern.word(lib.SC_F_INTO), *dst, *dst, *s, items)
+            self.emit(r, kern.word(lib.SC_F_SAME, nt and len(srcs) == 2), *dst, *srcs[0], *srcs[1], items)
+            for i, s in enumerate(srcs[2:], 3):
+                self.emit(r, kern.word(lib.SC_F_INTO, nt and i == len(srcs)), *dst, *dst, *s, items)
             return
         acc = (space(BUF["tmp"]), self.acc_at)
         self.acc = max(self.acc, 4 * items)
         self.emit(r, kern.word(lib.SC_F_WIDEN), *acc, *srcs[0], *srcs[1], items)
         for s in srcs[2:]:
             self.emit(r, kern.word(lib.SC_F_ACC), *acc, *acc, *s, items)
-        self.emit(r, kern.word(lib.SC_F_NARROW), *dst, *acc, *acc, items)
+        self.emit(r, kern.word(lib.SC_F_NARROW, nt), *dst, *acc, *acc, items)
 
     def finish(self, sig, tmp):
         """Each rank's program: header, then instructions (see core.h)."""

@@ -114,14 +114,15 @@ BF16 = _bfloat16()
 
 class Kernel:
     """What the C executor needs to fold one (op, dtype): the REDUCE word's
-    high bits, the element size, and whether it accumulates in float32."""
+    high bits (csrc/core.h), the element size, and whether it accumulates
+    in float32."""
 
     def __init__(self, op, type_code, item, loc=0):
-        self.base = op << 8 | type_code << 16 | loc
+        self.base = op << 8 | type_code << 16 | (loc or item << 32)
         self.item, self.half = item, type_code in _HALF
 
-    def word(self, form):
-        return lib.SC_OP_REDUCE | self.base | form << 24
+    def word(self, form, streamed=False):
+        return lib.SC_OP_REDUCE | self.base | form << 24 | int(streamed) << 29
 
 
 def kernel(op, dt):

@@ -232,6 +232,107 @@ def test_16_mib_default_options(n):
     run_cases(_job, n, table(["allreduce", "reduce", "reduce_scatter_block"], [count], inplace=(False,)), timeout=300)
 
 
+STREAM_PAIRS = [("SUM", "float64"), ("SUM", "float32"), ("BXOR", "int8"), ("PROD", "complex128"),
+                ("MAX", "longdouble"), ("SUM", "clongdouble"), ("SUM", "float16")] + \
+    ([("MAX", "bfloat16")] if ml_dtypes else [])
+
+
+def _streamed(comm, cases, forms=False):
+    """Every algorithm of three reductions, results written by streamed
+    stores (nt_bytes=1: every call streams) into recvbufs at byte offsets
+    from a cache line: the first tile ends on a line, one not on an
+    element streams nothing; failures as _job's."""
+    (offsets, counts), p, me, bad, seq = cases, comm.size, comm.rank, [], 0
+    for op, tname in STREAM_PAIRS:
+        dt = dtype(tname)
+        for off in offsets:
+            for count in counts:
+                for kind in ("allreduce", "reduce_scatter_block", "scan"):
+                    for alg in KINDS[kind]:
+                        seq += 1
+                        n = count - count % p if kind == "reduce_scatter_block" else count
+                        send = data(seq, me, n, dt, op)
+                        rcount = n // p if kind == "reduce_scatter_block" else n
+                        raw = np.zeros(rcount * dt.itemsize + 128, np.uint8)
+                        at = -raw.ctypes.data % 64 + off
+                        recv = raw[at:at + rcount * dt.itemsize].view(dt)
+                        call(comm, kind, op, send, recv, 0, alg, False)
+                        want = expected(kind, op, dt, seq, p, me, n, 0)
+                        if not same(recv, want):
+                            bad.append(f"rank {me}: {kind}/{alg} {op} {tname} x{n} at line + {off}: differs")
+                        if raw[:at].any() or raw[at + recv.nbytes:].any():
+                            bad.append(f"rank {me}: {kind}/{alg} {op} {tname} x{n} at line + {off}: wrote outside")
+    return bad
+
+
+STREAMED = dict(SMALL, nt_bytes=1)     # every call streams
+
+
+@pytest.mark.parametrize("cma", [0, 1])
+@pytest.mark.parametrize("n", [2, 3])
+def test_streamed_folds(n, cma):
+    """Folds whose results stream past the cache (SAME at 2 ranks, the
+    last INTO at 3, the narrowing of half types) give the rank-order
+    fold's bits at any alignment: tiles around the 4 KiB one and a line.
+    With single copy, Allreduce's reduce_scatter_allgather streams too
+    (its ranks no longer stage their folded slices themselves)."""
+    if cma:
+        need_cma(n)
+    run_cases(_streamed, n, ((0, 8, 48, 1), (1, 9, 511, 513, 3001)), options=dict(STREAMED, cma_bytes=cma),
+              timeout=300)
+
+
+def _flagged(op, alg, p, nbytes, dt, opts):
+    """(REDUCE instructions, those with the streamed bit) of every rank's
+    program, and the schedule."""
+    from shmcoll._core import lib
+    from shmcoll.compile import compile_schedule
+    from shmcoll.device import make_plan
+    from shmcoll.topology import topology
+    topo = topology(None)
+    params = make_plan(p, topo, topo.placement(p, "core", "compact"), opts).params
+    s = shmcoll.schedule(op, alg, p, nbytes, options=opts, dtype=dt, cma=True)
+    out = []
+    for prog in compile_schedule(s, params, (0, 0)):
+        ins = prog[8:].reshape(-1, 8)
+        red = ins[ins[:, 0] & 0xff == lib.SC_OP_REDUCE]
+        out.append((red, red[red[:, 0] >> 29 & 1 == 1]))
+    return out, s
+
+
+@pytest.mark.parametrize("dt", ["float64", "float16"])
+@pytest.mark.parametrize("p", [2, 3])
+@pytest.mark.parametrize("op,alg", [("allreduce", "all_at_once"), ("allreduce", "reduce_scatter_allgather"),
+                                    ("reduce_scatter_block", None), ("reduce", "flat")])
+def test_streamed_bit_on_the_last_kernel_into_recvbuf(op, alg, p, dt):
+    """A schedule that streams (footprint over nt_bytes) sets the streamed
+    bit on the last kernel of each fold into recvbuf (SAME for 2 inputs,
+    the last INTO for more, NARROW for halves), on no other; one that
+    does not stream sets none."""
+    from shmcoll._core import lib
+    last = lib.SC_F_NARROW if dt == "float16" else lib.SC_F_SAME if p == 2 else lib.SC_F_INTO
+    kernels = p if dt == "float16" else p - 1        # per fold
+    progs, s = _flagged(op, alg, p, 3001 * 8 * p, dt, dict(STREAMED, cma_bytes=1))
+    assert s.stream
+    for red, flagged in progs:
+        into_recv = red[(red[:, 1] & 0xff == lib.SC_RECV) & (red[:, 0] >> 24 & 0xf == last)]
+        assert len(flagged) == len(into_recv) and (flagged == into_recv).all()
+    assert sum(len(f) for _, f in progs) >= (1 if op == "reduce" else p)
+    assert sum(len(r) for r, _ in progs) >= kernels * sum(len(f) for _, f in progs)
+    progs, s = _flagged(op, alg, p, 3001 * 8 * p, dt, dict(SMALL, nt_bytes=1 << 40, cma_bytes=1))
+    assert not s.stream and all(len(f) == 0 for _, f in progs)
+
+
+def test_folds_their_rank_stages_again_do_not_stream():
+    """A folded slice its own rank then copies into its ring (staged
+    allgather) stays in cache: the copy would read it back from memory;
+    read by single copy instead, it streams (16 MiB Allreduce)."""
+    staged, s = _flagged("allreduce", "reduce_scatter_allgather", 3, 16 << 20, "float64", {"cma_bytes": 0})
+    assert s.stream and all(len(r) and not len(f) for r, f in staged)
+    direct, _ = _flagged("allreduce", "reduce_scatter_allgather", 3, 16 << 20, "float64", {"cma_bytes": 1})
+    assert all(len(f) == len(r) // 2 for r, f in direct)
+
+
 def _determinism(comm, count):
     """float32 SUM of random data by every algorithm, in place and not:
     the hashes of the results."""
