@@ -92,14 +92,21 @@ void sc_copy(char *dst, const char *src, int64_t n, int nt)
     copy_nt(dst + head, src + head, n - head);
 }
 
-/* n bytes from src (in cache) to dst by streamed stores, dst's first
- * bytes up to a 32-byte boundary plainly; the caller fences (sc_fence). */
+/* n bytes from src (in cache) to dst: whole lines by streamed stores,
+ * the partial lines at either end plainly, so no line takes both kinds of
+ * store (a plain store to a line being streamed makes the core read it
+ * back); the caller fences (sc_fence). */
 void sc_stream(char *dst, const char *src, int64_t n)
 {
-    int64_t head = (-(intptr_t)dst) & 31;
-    if (head > n) head = n;
+    int64_t head = (-(intptr_t)dst) & 63, body;
+    if (head >= n) {
+        memcpy(dst, src, n);
+        return;
+    }
+    body = (n - head) & ~(int64_t)63;
     memcpy(dst, src, head);
-    stream(dst + head, src + head, n - head);
+    stream(dst + head, src + head, body);
+    memcpy(dst + head + body, src + head + body, n - head - body);
 }
 
 #define PIECE (4 << 20)

@@ -54,10 +54,10 @@ enum {
 };
 /* Reduction kernels (csrc/reduce.c): word 0 of SC_OP_REDUCE is
  * opcode | op << 8 | type << 16 | form << 24 | index-is-int64 << 28 |
- * streamed << 29 | item bytes << 32 | index offset << 40 (index-is-int64
- * and the offset for MINLOC/MAXLOC pairs, whose type is the value's;
- * streamed: d is written by non-temporal stores, for d op= b, d = a op b
- * and the narrowing of half types). */
+ * streamed << 29 | item bytes << 32 | index offset << 40: index-is-int64,
+ * item and offset for MINLOC/MAXLOC pairs, whose type is the value's;
+ * streamed for the others: d is written by non-temporal stores (d = a op b,
+ * d op= b and the narrowing of half types). */
 enum { SC_R_SUM = 1, SC_R_PROD, SC_R_MIN, SC_R_MAX, SC_R_LAND, SC_R_LOR, SC_R_LXOR, SC_R_BAND, SC_R_BOR, SC_R_BXOR,
        SC_R_MINLOC, SC_R_MAXLOC, SC_R_NOPS };
 enum { SC_T_I8 = 1, SC_T_I16, SC_T_I32, SC_T_I64, SC_T_U8, SC_T_U16, SC_T_U32, SC_T_U64, SC_T_F32, SC_T_F64,

@@ -152,18 +152,28 @@ static sc_loc_t loc_kernel(int op, int type, int wide)
     return k[row][op == SC_R_MAXLOC][wide];
 }
 
+/* Bytes of one element of each type (SC_T_*), for streamed folds. */
+static const int type_size[SC_T_NTYPES] = {
+    [SC_T_I8] = 1, [SC_T_I16] = 2, [SC_T_I32] = 4, [SC_T_I64] = 8, [SC_T_U8] = 1, [SC_T_U16] = 2, [SC_T_U32] = 4,
+    [SC_T_U64] = 8, [SC_T_F32] = 4, [SC_T_F64] = 8, [SC_T_LD] = sizeof(long double), [SC_T_C64] = sizeof(sc_c64),
+    [SC_T_C128] = sizeof(sc_c128), [SC_T_CLD] = sizeof(sc_cld), [SC_T_BOOL] = 1, [SC_T_F16] = 2, [SC_T_BF16] = 2,
+};
+
 /* f over n elements with d written by streamed stores (the call's result
  * would not stay in cache, and skipping the write-allocate read of d
  * saves a third of the fold's memory traffic): f fills a tile in L1,
- * streamed out from there.  d op= b runs as d = d op b, so f is the
- * two-operand kernel; narrowing reads 4-byte floats and writes halves. */
-static void streamed(sc_kernel_t f, int form, int item, char *d, const char *a, const char *b, int64_t n)
+ * streamed out from there (sc_stream: whole lines only).  d op= b runs
+ * as d = d op b, so f is the two-operand kernel; narrowing reads 4-byte
+ * floats and writes halves.  Long double's padding bytes, which no
+ * kernel writes, go out as zeros, not as the stack's old contents. */
+static void streamed(sc_kernel_t f, int form, int type, char *d, const char *a, const char *b, int64_t n)
 {
     _Alignas(64) char tile[TILE];
-    int in = form == SC_F_NARROW ? 4 : item;
-    int64_t per = TILE / item, head = ((-(intptr_t)d) & 63) / item;
+    int item = type_size[type], in = form == SC_F_NARROW ? 4 : item;
+    int64_t per = TILE / item, head = ((-(intptr_t)d) & 63) % item ? 0 : ((-(intptr_t)d) & 63) / item;
+    if (type == SC_T_LD || type == SC_T_CLD) memset(tile, 0, sizeof tile);
     if (form == SC_F_INTO) a = d;
-    for (int64_t i = 0, k; i < n; i += k) {     /* the first tile ends on a line: no line takes both kinds of store */
+    for (int64_t i = 0, k; i < n; i += k) {     /* the first tile ends on a line where elements allow */
         k = i ? per : head ? head : per;
         k = n - i < k ? n - i : k;
         f(tile, a + i * in, b + i * item, k);
@@ -186,10 +196,12 @@ int sc_reduce(int64_t word, char *d, const char *a, const char *b, int64_t n)
     if (!__atomic_load_n(&isa_name, __ATOMIC_ACQUIRE)) pick();
     sc_kernel_t f = op > 0 && type > 0 && type < SC_T_NTYPES && form < SC_F_N ? table[op][type][form] : NULL;
     if (!f) return -1;
-    int item = (int)(word >> 32 & 0xff);
-    if (word >> 29 & 1 && form != SC_F_WIDEN && form != SC_F_ACC && !(((-(intptr_t)d) & 63) % item))
-        streamed(form == SC_F_INTO ? table[op][type][SC_F_SAME] : f, form, item, d, a, b, n);
-    else
-        f(d, a, b, n);
+#if defined(__x86_64__)                    /* elsewhere sc_stream is a plain copy: nothing to gain */
+    if (word >> 29 & 1 && form != SC_F_WIDEN && form != SC_F_ACC) {
+        streamed(form == SC_F_INTO ? table[op][type][SC_F_SAME] : f, form, type, d, a, b, n);
+        return 0;
+    }
+#endif
+    f(d, a, b, n);
     return 0;
 }

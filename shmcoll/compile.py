@@ -204,15 +204,21 @@ class _Compiler:
         self.stage_at = _up(sched.tmp)
         self.acc = 0
         self.acc_at = self.stage_at + max(map(self.staged_in, sched.steps, self.protos), default=0)
-        self.reread = [_Ranges() for _ in range(p)]    # rank -> the bytes of its recvbuf it reads itself
-        for st, protocols in zip(sched.steps, self.protos):
+        # rank -> (step, start, end) of its recvbuf it reads itself: moves it
+        # writes from there (but by readers' single copies) and folds from
+        # there, in a step after the fold's (its copies run after their own
+        # step's folds: they count as read in the next step)
+        self.at, self.reread = -1, [[] for _ in range(p)]
+        for i, (st, protocols) in enumerate(zip(sched.steps, self.protos)):
             for m, (proto, _) in zip(st.moves, protocols):
                 if m.sbuf == "recv" and proto != "direct":
-                    for so, _, n in m.parts:
-                        self.reread[m.src].add(so, so + n)
+                    self.reread[m.src] += [(i, so, so + n) for so, _, n in m.parts]
+            for red in st.reduces:
+                self.reread[red.rank] += [(i, off, off + red.n) for b, off in
+                                          (x for x in red.inputs if not isinstance(x, int)) if b == "recv"]
             for cp in st.copies:
                 if cp.sbuf == "recv":
-                    self.reread[cp.rank].add(cp.soff, cp.soff + cp.n)
+                    self.reread[cp.rank].append((i + 1, cp.soff, cp.soff + cp.n))
 
     def staged_in(self, st, protocols):
         """Scratch bytes the folded direct inputs of st take on one rank
@@ -258,6 +264,7 @@ class _Compiler:
 
     def step(self, st, protocols):
         p, par = self.p, self.params
+        self.at += 1
         for r in range(p):
             if self.late[r]:
                 self.settle(r, st)
@@ -358,10 +365,12 @@ class _Compiler:
 
     def streamed_fold(self, red):
         """Whether red's result streams past the cache: as a copy's would,
-        unless its rank reads it again itself (to stage or push it: at 4
-        ranks on 2 CPUs, 16 MiB Allreduce, a streamed slice is read back
-        from memory), not only others by single copy."""
-        return self.streamed(red.dbuf) and not self.reread[red.rank].meets(red.doff, red.doff + red.n)
+        unless its rank reads it again itself, later in the call (to stage
+        or push it, or fold it: a streamed slice would be read back from
+        memory), not only others by single copy."""
+        a, b = red.doff, red.doff + red.n
+        return self.streamed(red.dbuf) and \
+            not any(i > self.at and lo < b and a < hi for i, lo, hi in self.reread[red.rank])
 
     def write(self, w, m, proto, j, k, chunk, slot):
         n = min(chunk, m.nbytes - k * chunk) if m.nbytes else 0

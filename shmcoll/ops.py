@@ -118,11 +118,12 @@ class Kernel:
     in float32."""
 
     def __init__(self, op, type_code, item, loc=0):
-        self.base = op << 8 | type_code << 16 | (loc or item << 32)
-        self.item, self.half = item, type_code in _HALF
+        self.base = op << 8 | type_code << 16 | loc
+        self.item, self.half, self.loc = item, type_code in _HALF, bool(loc)
 
     def word(self, form, streamed=False):
-        return lib.SC_OP_REDUCE | self.base | form << 24 | int(streamed) << 29
+        """streamed: d by non-temporal stores (not for MINLOC/MAXLOC pairs)."""
+        return lib.SC_OP_REDUCE | self.base | form << 24 | int(streamed and not self.loc) << 29
 
 
 def kernel(op, dt):
