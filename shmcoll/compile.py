@@ -364,12 +364,12 @@ class _Compiler:
         return int(self.sched.stream and dbuf == "recv")
 
     def streamed_fold(self, red):
-        """Whether red's result streams past the cache: as a copy's would,
-        unless its rank reads it again itself, later in the call (to stage
-        or push it, or fold it: a streamed slice would be read back from
-        memory), not only others by single copy."""
+        """Whether red's result streams past the cache (the schedule's
+        stream_folds), unless its rank reads it again itself, later in
+        the call (to stage or push it, or fold it: a streamed slice would
+        be read back from memory), not only others by single copy."""
         a, b = red.doff, red.doff + red.n
-        return self.streamed(red.dbuf) and \
+        return self.sched.stream_folds and red.dbuf == "recv" and \
             not any(i > self.at and lo < b and a < hi for i, lo, hi in self.reread[red.rank])
 
     def write(self, w, m, proto, j, k, chunk, slot):

@@ -351,6 +351,17 @@ def test_streamed_bit_on_the_last_kernel_into_recvbuf(op, alg, p, dt):
     assert not s.stream and all(len(f) == 0 for _, f in progs)
 
 
+def test_folds_stream_from_twice_the_footprint_copies_do():
+    """Copies into recvbuf stream once a call's footprint reaches nt_bytes,
+    folds' results only from twice that (2-rank Allreduce: footprint 6 x
+    its bytes)."""
+    n = 3001 * 8 * 2
+    for nt, folds in ((4 * n, False), (3 * n, True)):
+        progs, s = _flagged("allreduce", "reduce_scatter_allgather", 2, n, "float64", {"nt_bytes": nt, "cma_bytes": 1})
+        assert s.stream and s.stream_folds == folds
+        assert all(len(r) and len(f) == (len(r) if folds else 0) for r, f in progs)
+
+
 def test_folds_their_rank_stages_again_do_not_stream():
     """A folded slice its own rank then copies into its ring (staged
     allgather) stays in cache: the copy would read it back from memory;
@@ -378,7 +389,8 @@ def _hand(steps, n):
     from shmcoll.topology import topology
     topo = topology(None)
     params = make_plan(2, topo, topo.placement(2, "core", "compact"), STREAMED).params
-    s = Schedule("allreduce", "hand", 2, n, 0, steps, tmp=n, stream=True, kernel=ops.kernel(ops.SUM, np.dtype("f8")))
+    s = Schedule("allreduce", "hand", 2, n, 0, steps, tmp=n, stream=True, stream_folds=True,
+                 kernel=ops.kernel(ops.SUM, np.dtype("f8")))
     ins = compile_schedule(s, params, (0, 0))[0][8:].reshape(-1, 8)
     return ins[ins[:, 0] & 0xff == lib.SC_OP_REDUCE]
 

@@ -79,5 +79,5 @@ def plan(op, name, call):
     out = module.ALGORITHMS[name](call)
     steps, tmp = out if isinstance(out, tuple) else (out, 0)
     fp = module.footprint(call) if hasattr(module, "footprint") else 0
-    return Schedule(op, name, call.nranks, call.nbytes, call.root, steps, tmp, call.streams(fp) if fp else False,
-                    call.kernel)
+    return Schedule(op, name, call.nranks, call.nbytes, call.root, steps, tmp, bool(fp) and call.streams(fp),
+                    bool(fp) and call.streams_folds(fp), kernel=call.kernel)
