@@ -208,11 +208,13 @@ class _Compiler:
         # writes from there (but by readers' single copies) and folds from
         # there, in a step after the fold's (its copies run after their own
         # step's folds: they count as read in the next step)
-        self.at, self.reread = -1, [[] for _ in range(p)]
+        # (pulled: the bytes of it others read by single copy, and when)
+        self.at, self.reread, self.pulled = -1, [[] for _ in range(p)], [[] for _ in range(p)]
         for i, (st, protocols) in enumerate(zip(sched.steps, self.protos)):
             for m, (proto, _) in zip(st.moves, protocols):
-                if m.sbuf == "recv" and proto != "direct":
-                    self.reread[m.src] += [(i, so, so + n) for so, _, n in m.parts]
+                if m.sbuf == "recv":
+                    (self.pulled if proto == "direct" else self.reread)[m.src] += [(i, so, so + n)
+                                                                                    for so, _, n in m.parts]
             for red in st.reduces:
                 self.reread[red.rank] += [(i, off, off + red.n) for b, off in
                                           (x for x in red.inputs if not isinstance(x, int)) if b == "recv"]
@@ -365,12 +367,19 @@ class _Compiler:
 
     def streamed_fold(self, red):
         """Whether red's result streams past the cache (the schedule's
-        stream_folds), unless its rank reads it again itself, later in
-        the call (to stage or push it, or fold it: a streamed slice would
-        be read back from memory), not only others by single copy."""
+        stream_folds): where other ranks read it later by single copy (so
+        from memory, not out of this core's cache, which is slow when the
+        cores are far apart), and its own rank does not (to stage or push
+        it, or fold it: it would read it back from memory).  A result that
+        nobody reads in the call stays cached: streamed, 16 MiB Reduce at
+        4 ranks on 2 CPUs ran 1.08-1.16x, Reduce_scatter_block neither
+        gained nor lost (bench/README.md)."""
         a, b = red.doff, red.doff + red.n
-        return self.sched.stream_folds and red.dbuf == "recv" and \
-            not any(i > self.at and lo < b and a < hi for i, lo, hi in self.reread[red.rank])
+
+        def later(spans):
+            return any(i > self.at and lo < b and a < hi for i, lo, hi in spans)
+        return self.sched.stream_folds and red.dbuf == "recv" and later(self.pulled[red.rank]) and \
+            not later(self.reread[red.rank])
 
     def write(self, w, m, proto, j, k, chunk, slot):
         n = min(chunk, m.nbytes - k * chunk) if m.nbytes else 0
