@@ -204,11 +204,11 @@ class _Compiler:
         self.stage_at = _up(sched.tmp)
         self.acc = 0
         self.acc_at = self.stage_at + max(map(self.staged_in, sched.steps, self.protos), default=0)
-        # rank -> (step, start, end) of its recvbuf it reads itself: moves it
-        # writes from there (but by readers' single copies) and folds from
-        # there, in a step after the fold's (its copies run after their own
-        # step's folds: they count as read in the next step)
-        # (pulled: the bytes of it others read by single copy, and when)
+        # rank -> (step, start, end) of its recvbuf read later (streamed_fold):
+        # reread by the rank itself (moves it writes from there but by single
+        # copy, its folds from there, its copies, which run after their own
+        # step's folds, so count in the next step); pulled by others' single
+        # copies
         self.at, self.reread, self.pulled = -1, [[] for _ in range(p)], [[] for _ in range(p)]
         for i, (st, protocols) in enumerate(zip(sched.steps, self.protos)):
             for m, (proto, _) in zip(st.moves, protocols):
@@ -324,7 +324,8 @@ class _Compiler:
                 self.post(w)
 
         remote = [red for red in st.reduces if any(isinstance(i, int) for i in red.inputs)]
-        reduces = [[(red, self.cut(red, moves, protos, chunks)) for red in remote if red.rank == r] for r in range(p)]
+        reduces = [[(red, self.cut(red, moves, protos, chunks), self.streamed_fold(red)) for red in remote
+                    if red.rank == r] for r in range(p)]
 
         def read(k):
             for r in range(p):
@@ -339,8 +340,8 @@ class _Compiler:
                             landed[i] = self.land(r, moves[i], protos[i], pieces[i][k], stage)
                         else:
                             self.read(r, moves[i], protos[i], slot_j[i], pieces[i][k], far_w, first)
-                for red, c in reduces[r]:
-                    self.fold_round(red, k, c, moves, protos, landed)
+                for red, c, nt in reduces[r]:
+                    self.fold_round(red, k, c, nt, moves, protos, landed)
                 if held:
                     self.acks[r] += 1
                     self.emit(r, ACK, self.acks[r])
@@ -498,8 +499,9 @@ class _Compiler:
         stage[0] += _up(sum(ln for _, _, ln, _ in piece["segs"]))
         return space(BUF["tmp"]), at
 
-    def fold_round(self, red, k, c, moves, protos, landed):
-        """Round k of red: its inputs' chunk k (of c bytes), folded where they landed."""
+    def fold_round(self, red, k, c, nt, moves, protos, landed):
+        """Round k of red: its inputs' chunk k (of c bytes), folded where
+        they landed (nt: streamed_fold(red))."""
         lo = k * c
         if lo >= red.n:
             return
@@ -511,16 +513,15 @@ class _Compiler:
                     self.emit(red.rank, COUNT, moves[i].src, n)
             else:
                 srcs.append((space(BUF[i[0]]), i[1] + lo))
-        self.fold(red.rank, srcs, (space(BUF[red.dbuf]), red.doff + lo), n, self.streamed_fold(red))
+        self.fold(red.rank, srcs, (space(BUF[red.dbuf]), red.doff + lo), n, nt)
 
     def fold_local(self, red):
         """A reduce of local inputs only, in cache-sized chunks."""
         item = self.sched.kernel.item
-        c = max(self.params["chunk_bytes"] // item, 1) * item
+        c, nt = max(self.params["chunk_bytes"] // item, 1) * item, self.streamed_fold(red)
         for lo in range(0, red.n, c):
             srcs = [(space(BUF[b]), off + lo) for b, off in red.inputs]
-            self.fold(red.rank, srcs, (space(BUF[red.dbuf]), red.doff + lo), min(c, red.n - lo),
-                      self.streamed_fold(red))
+            self.fold(red.rank, srcs, (space(BUF[red.dbuf]), red.doff + lo), min(c, red.n - lo), nt)
 
     def fold(self, r, srcs, dst, n, nt):
         """dst = srcs[0] op srcs[1] op ... over n bytes (one input: a copy);
