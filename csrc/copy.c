@@ -60,16 +60,9 @@ static void stream(char *dst, const char *src, int64_t n)
     (has_avx2() ? nt_avx2 : nt_sse2)(dst, src, n);
 }
 
-static void copy_nt(char *dst, const char *src, int64_t n)
-{
-    stream(dst, src, n);
-    _mm_sfence();                               /* streamed stores before the flag */
-}
-
 void sc_fence(void) { _mm_sfence(); }
 #else                                           /* elsewhere: plain copies (neither the aliasing nor the streaming applies) */
 #define copy_vec memcpy
-#define copy_nt memcpy
 #define stream memcpy
 void sc_fence(void) {}
 #endif
@@ -87,9 +80,8 @@ void sc_copy(char *dst, const char *src, int64_t n, int nt)
         else memcpy(dst, src, n);
         return;
     }
-    int64_t head = (-(intptr_t)dst) & 31;      /* align the streamed stores */
-    memcpy(dst, src, head);
-    copy_nt(dst + head, src + head, n - head);
+    sc_stream(dst, src, n);
+    sc_fence();                                 /* streamed stores before the flag */
 }
 
 /* n bytes from src (in cache) to dst: whole lines by streamed stores,

@@ -399,3 +399,44 @@ def test_buffers_released_under_the_gil():
     """The fast entry retakes the GIL before releasing the caller's buffer."""
     _, (before, after) = run_ranks(_gil_hammer, 2, 20000, options={"spin_ns": 0, "yield_ns": 0}, bind="none")
     assert before == after
+
+
+def _streamed_copies(comm, cases, forms):
+    """Bcast, Alltoall and Allgather into recvbufs at every line offset,
+    with every copy into user memory streamed (nt_bytes=1): the root's /
+    senders' bytes exactly, nothing written outside recvbuf."""
+    n, me, bad = comm.size, comm.rank, []
+    for seq, (kind, off, count) in enumerate(cases):
+        send = np.stack([pattern(count, np.uint8, seq, me, d) for d in range(n)])
+        raw = np.full(n * count + off + 64, 0xA5, np.uint8)
+        recv = raw[off:off + n * count]
+        if kind == "bcast":
+            recv = recv[:count]
+            recv[:] = send[0] if me == 0 else 0
+            comm.Bcast(recv, root=0)
+            want = pattern(count, np.uint8, seq, 0, 0)
+        elif kind == "alltoall":
+            comm.Alltoall(send, recv)
+            want = np.concatenate([pattern(count, np.uint8, seq, s, me) for s in range(n)])
+        else:
+            comm.Allgather(send[0], recv)
+            want = np.concatenate([pattern(count, np.uint8, seq, s, 0) for s in range(n)])
+        if not np.array_equal(recv, want):
+            bad.append(f"{kind} off {off} count {count}: rank {me} got wrong bytes")
+        if (raw[:off] != 0xA5).any() or (raw[off + recv.nbytes:] != 0xA5).any():
+            bad.append(f"{kind} off {off} count {count}: rank {me} wrote outside recvbuf")
+    return bad
+
+
+@pytest.mark.parametrize("cma", [0, 1])
+@pytest.mark.parametrize("n", [2, 3])
+def test_streamed_copies_any_alignment(n, cma):
+    """Copies into recvbuf streamed past the cache (sc_copy's nt path: whole
+    lines streamed, partial lines at either end stored plainly) at line
+    offsets 0, 1, 16, 33, 63 and sizes below, at and around the 4 KiB where
+    streaming starts, and over several pages with a partial last line."""
+    if cma:
+        need_cma(n)
+    cases = [(kind, off, count) for kind in ("bcast", "alltoall", "allgather") for off in (0, 1, 16, 33, 63)
+             for count in (63, 4095, 4096, 4097, 3 * 4096 + 33, (64 << 10) + 1)]
+    run_cases(_streamed_copies, n, cases, options={"nt_bytes": 1, "cma_bytes": cma}, timeout=300)
