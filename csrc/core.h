@@ -173,6 +173,7 @@ uint32_t sc_abort_word(sc_comm_t *c);
 int sc_probe_cma(sc_comm_t *c);
 
 int sc_exec(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf);
+int sc_finish(sc_comm_t *c);
 int sc_own(sc_comm_t *c);
 void sc_disown(sc_comm_t *c);
 

@@ -319,6 +319,10 @@ class Device:
         """0 not yet registered, 1 alive, 2 left, 3 dead."""
         return lib.sc_rank_state(self.c, rank)
 
+    def finish(self):
+        """Wait for the neighbours' records of the calls not yet checked (0 or rc)."""
+        return lib.sc_finish(self.c)
+
     def deregister(self):
         lib.sc_deregister(self.c)
 

@@ -24,7 +24,7 @@ import traceback
 
 from .comm import Comm
 from .device import MAX_RANKS, Device, make_plan
-from .errors import PeerDied, PeerFailure, RemoteTraceback
+from .errors import PeerDied, PeerFailure, RemoteTraceback, ShmcollError
 from .topology import topology as _topology
 
 BINDS = ("core", "socket", "numa", "none")
@@ -302,6 +302,20 @@ def _results(n, data, status):
     return out
 
 
+def _leave(comm):
+    """At exit: Free.  Its failure (calls of this rank's that its peers
+    never made) becomes the exit status, which Python does not make of
+    what an atexit handler raises."""
+    try:
+        comm.Free()
+    except ShmcollError:
+        traceback.print_exc()
+        comm._dev.abort(comm.rank, 1)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+
 def init():
     """The world communicator of this process: the job's when started by
     `shmcoll run`, else a one-rank world (like an MPI singleton)."""
@@ -322,7 +336,7 @@ def init():
         tracer = os.getpid()
     _register(dev, tracer)
     _world = Comm(dev)
-    atexit.register(_world.Free)
+    atexit.register(_leave, _world)
     hook = sys.excepthook
 
     def abort_then_report(*exc):

@@ -786,3 +786,12 @@ def test_rank_state_comes_from_device_rank_state():
     assert dev.aborts == []
     launcher._ended(job, 0, False, 0)
     assert dev.aborts == [(0, 4)]
+
+
+def test_run_fails_when_a_root_made_calls_its_peers_did_not():
+    """Rank 0's extra Bcast reached no one: leaving (the atexit Free), it
+    finds rank 1 gone having made fewer calls, and its exit status says so
+    (Python ignores what an atexit handler raises: it exited 0 before)."""
+    p = run_cli(["-n", "2", "--timeout", "60", "--", os.path.join(RANKS_DIR, "extra.py")])
+    assert p.returncode != 0, p.stderr
+    assert "made fewer calls" in p.stderr, p.stderr

@@ -1064,3 +1064,50 @@ def test_no_push_lands_after_the_readers_call_raised():
     assert got[0]["exc"] == "PeerTimeout", got
     assert got[0]["late"] == 0, got
     assert got[1]["exc"] in ("PeerAborted", "PeerTimeout"), got
+
+
+def _extra_calls(comm, kind, extra):
+    """Two calls on every rank, then `extra` more on rank 0 alone, of a
+    kind rank 0 finishes without waiting on anyone (a Bcast or Scatter
+    root; Exscan's rank 0)."""
+    x = np.arange(4.0) if comm.rank == 0 else np.zeros(4)
+    for _ in range(2 + (extra if comm.rank == 0 else 0)):
+        if kind == "bcast":
+            comm.Bcast(x, root=0)
+        elif kind == "scatter":
+            comm.Scatter(np.zeros(4 * comm.size) if comm.rank == 0 else None, x, root=0)
+        else:
+            comm.Exscan(np.ones(4), x)
+    return comm.rank
+
+
+@pytest.mark.parametrize("extra", [1, 3, 7])
+@pytest.mark.parametrize("kind", ["bcast", "scatter", "exscan"])
+@pytest.mark.parametrize("n", [2, 3])
+def test_calls_its_peers_never_made_fail_the_job(n, kind, extra):
+    """A rank that ran calls its peers never made, none of which waited on
+    them, does not end the job as a success: leaving, it waits for the
+    records of the calls it has not checked, and a peer that left first
+    made fewer calls (every job returned [0, 1, ...] before).  A root
+    that ran so far ahead that a call of its own waits finds them gone
+    there."""
+    with pytest.raises(shmcoll.PeerDied, match="left the communicator having made fewer calls|exited while rank 0"):
+        run_ranks(_extra_calls, n, kind, extra, timeout=T)
+
+
+def _same_calls(comm, delay_rank):
+    x = np.arange(4.0) if comm.rank == 0 else np.zeros(4)
+    got = []
+    for i in range(3):
+        if comm.rank == delay_rank:
+            sum(range(200000))          # work between calls, not a synchronisation
+        comm.Bcast(x, root=0)
+        got.append(float(x[3]))
+    return got
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_root_leaving_first_waits_for_its_readers(n):
+    """The same calls on every rank, the readers behind the root: the root
+    leaves after they have all arrived, and the job succeeds."""
+    assert run_ranks(_same_calls, n, n - 1, timeout=T) == [[3.0] * 3] * n
