@@ -236,11 +236,13 @@ def _collect(job, procs, timeout):
                     os.close(fd)
                     raise
             failed = None       # when the first rank failed: the rest get GRACE_S to finish
+            killed = set()      # ranks still running then, killed here
             while sel.get_map():
                 now = time.monotonic()
                 if failed is not None and now > failed + GRACE_S:
-                    for pid in procs:       # stopped or stuck outside a collective: the job is over
+                    for pid, (rank, _) in procs.items():    # stopped or stuck outside a collective: the job is over
                         os.kill(pid, signal.SIGKILL)
+                        killed.add(rank)
                     failed = float("inf")
                 left = None if deadline is None else deadline - now
                 if failed is not None and failed != float("inf"):
@@ -271,10 +273,10 @@ def _collect(job, procs, timeout):
             for key in list(sel.get_map().values()):
                 sel.unregister(key.fd)
                 os.close(key.fd)
-    return _results(n, data, status)
+    return _results(n, data, status, killed)
 
 
-def _results(n, data, status):
+def _results(n, data, status, killed):
     out, errors = [None] * n, []
     for rank in range(n):
         if data[rank]:
@@ -283,6 +285,9 @@ def _results(n, data, status):
                 out[rank] = value
                 continue
             errors.append((1 if isinstance(value, PeerFailure) else 0, rank, value, tb))
+        elif rank in killed:
+            errors.append((2, rank, PeerDied(rank, f"was still running {GRACE_S} s after another rank failed, "
+                                                   f"and was killed"), None))
         else:
             st = status.get(rank, 0)
             why = f"was killed by signal {os.WTERMSIG(st)}" if os.WIFSIGNALED(st) else \
@@ -290,7 +295,9 @@ def _results(n, data, status):
             errors.append((0, rank, PeerDied(rank, why + " without a result"), None))
     if errors:
         # the cause, not its echoes: a rank's own error or death before the
-        # PeerFailures it caused in the others
+        # PeerFailures it caused in the others, and those before the kills
+        # of ranks still running after them (a stalled rank: the others'
+        # PeerTimeout names it)
         _, rank, exc, tb = min(errors, key=lambda e: e[:2])
         if not isinstance(exc, PeerFailure):
             exc.rank = rank

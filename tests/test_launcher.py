@@ -795,3 +795,19 @@ def test_run_fails_when_a_root_made_calls_its_peers_did_not():
     p = run_cli(["-n", "2", "--timeout", "60", "--", os.path.join(RANKS_DIR, "extra.py")])
     assert p.returncode != 0, p.stderr
     assert "made fewer calls" in p.stderr, p.stderr
+
+
+def _stalls(comm):
+    x = np.zeros(1)
+    comm.Barrier()
+    if comm.rank == 1:
+        threading.Event().wait()        # stuck outside any collective, until the launcher kills it
+    comm.Allreduce(x.copy(), x)
+
+
+def test_launch_names_the_stalled_rank_not_its_own_kill():
+    """Rank 1 stalls: the others raise PeerTimeout naming it, and launch()
+    re-raises that, not the SIGKILL it sent rank 1 itself GRACE_S later
+    ('rank 1 was killed by signal 9 without a result' before)."""
+    with pytest.raises(shmcoll.PeerTimeout, match="rank 1 did not arrive"):
+        shmcoll.launch(_stalls, 3, options={"timeout": 1}, timeout=60)
