@@ -24,7 +24,7 @@ import traceback
 
 from .comm import Comm
 from .device import MAX_RANKS, Device, make_plan
-from .errors import PeerDied, PeerFailure, RemoteTraceback, ShmcollError
+from .errors import PeerAborted, PeerDied, PeerFailure, RemoteTraceback, ShmcollError
 from .topology import topology as _topology
 
 BINDS = ("core", "socket", "numa", "none")
@@ -284,9 +284,9 @@ def _results(n, data, status, killed):
             if ok:
                 out[rank] = value
                 continue
-            errors.append((1 if isinstance(value, PeerFailure) else 0, rank, value, tb))
+            errors.append((isinstance(value, PeerFailure) + isinstance(value, PeerAborted), rank, value, tb))
         elif rank in killed:
-            errors.append((2, rank, PeerDied(rank, f"was still running {GRACE_S} s after another rank failed, "
+            errors.append((3, rank, PeerDied(rank, f"was still running {GRACE_S} s after another rank failed, "
                                                    f"and was killed"), None))
         else:
             st = status.get(rank, 0)
@@ -294,10 +294,10 @@ def _results(n, data, status, killed):
                 f"exited with status {os.waitstatus_to_exitcode(st)}"
             errors.append((0, rank, PeerDied(rank, why + " without a result"), None))
     if errors:
-        # the cause, not its echoes: a rank's own error or death before the
-        # PeerFailures it caused in the others, and those before the kills
-        # of ranks still running after them (a stalled rank: the others'
-        # PeerTimeout names it)
+        # the cause, not its echoes: a rank's own error or death, then what
+        # a rank saw of a peer (died, timed out) before the aborts it caused
+        # in the others, and those before the kills of ranks still running
+        # after them (a stalled rank: the PeerTimeout that names it)
         _, rank, exc, tb = min(errors, key=lambda e: e[:2])
         if not isinstance(exc, PeerFailure):
             exc.rank = rank
