@@ -535,8 +535,9 @@ int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
  * with the root's last calls read by no one. */
 int sc_finish(sc_comm_t *c)
 {
+    if (!c->pending) return SC_OK;
     if (__atomic_exchange_n(&c->busy, 1, __ATOMIC_ACQUIRE)) return SC_EBUSY;
-    int rc = aborted_at(c, c->call + 1);
+    int rc = SC_OK;
     for (int k = 0; !rc && k < c->nnb; k++)
         if (c->pending >> k & 1)
             rc = wait_line(c, post_line(c, c->nb[k]), c->nb[k], c->due[k], 0, c->spin_ns, 1);

@@ -309,7 +309,7 @@ def _results(n, data, status, killed):
     return out
 
 
-def _leave(comm):
+def _leave(comm, dev):
     """At exit: Free.  Its failure (calls of this rank's that its peers
     never made) becomes the exit status, which Python does not make of
     what an atexit handler raises."""
@@ -317,7 +317,7 @@ def _leave(comm):
         comm.Free()
     except ShmcollError:
         traceback.print_exc()
-        comm._dev.abort(comm.rank, 1)
+        dev.abort(dev.rank, 1)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
@@ -343,7 +343,7 @@ def init():
         tracer = os.getpid()
     _register(dev, tracer)
     _world = Comm(dev)
-    atexit.register(_leave, _world)
+    atexit.register(_leave, _world, dev)
     hook = sys.excepthook
 
     def abort_then_report(*exc):
