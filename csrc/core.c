@@ -121,10 +121,30 @@ int sc_register(sc_comm_t *c, int32_t pid, int32_t tracer)
     return SC_OK;
 }
 
-void sc_deregister(sc_comm_t *c)
+/* Leave: a clean exit for the peers.  Returns the lowest rank that left
+ * before with another number of calls, else -1.  A root's last calls wait
+ * on no one, so ranks that made different numbers of calls (a root's
+ * extra Bcasts, read by no one) may each return from all of theirs; of
+ * two ranks leaving, the later sees the earlier's count (each publishes
+ * its own before it reads the others': at least one sees the other).
+ * Counts are compared only while no rank has failed (ok: this rank's
+ * calls all succeeded; a failed call counts on some ranks only). */
+int sc_deregister(sc_comm_t *c, int ok)
 {
-    atomic_store(&state(c, c->rank)->state, ST_DONE);
+    sc_rank_t *me = state(c, c->rank);
+    ok = ok && !atomic_load(&hdr(c)->abort_word);
+    me->calls = c->call;
+    me->counted = ok;
+    atomic_store(&me->state, ST_DONE);
+    for (int r = 0; ok && r < c->size; r++) {
+        sc_rank_t *o = state(c, r);
+        if (r != c->rank && atomic_load(&o->state) == ST_DONE && o->counted && o->calls != c->call)
+            return r;
+    }
+    return -1;
 }
+
+uint64_t sc_calls_of(sc_comm_t *c, int32_t r) { return state(c, r)->calls; }
 
 /* Is rank r gone?  Dead (owner-dead mutex) or finished (deregistered). */
 static int gone(sc_comm_t *c, int r)

@@ -164,7 +164,8 @@ int64_t sc_layout(sc_comm_t *c);
 int sc_attach(sc_comm_t *c, char *base);
 int sc_init_shared(sc_comm_t *c);
 int sc_register(sc_comm_t *c, int32_t pid, int32_t tracer);
-void sc_deregister(sc_comm_t *c);
+int sc_deregister(sc_comm_t *c, int ok);
+uint64_t sc_calls_of(sc_comm_t *c, int32_t r);
 int sc_rank_state(sc_comm_t *c, int32_t rank);
 void sc_set_abort(sc_comm_t *c, int32_t rank, int32_t code);
 void sc_abort_self(sc_comm_t *c, int32_t code);
@@ -173,7 +174,6 @@ uint32_t sc_abort_word(sc_comm_t *c);
 int sc_probe_cma(sc_comm_t *c);
 
 int sc_exec(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf);
-int sc_finish(sc_comm_t *c);
 int sc_own(sc_comm_t *c);
 void sc_disown(sc_comm_t *c);
 

@@ -527,26 +527,6 @@ int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
     return rc;
 }
 
-/* Leaving (Comm.Free): the calls this rank checked no one in (a root
- * runs up to SC_PAST - 1 calls ahead of its readers) are checked now,
- * after waiting for each such neighbour's record of the last of them.  A
- * neighbour that leaves or dies first made fewer calls: the job fails
- * (SC_EDEAD, err_code 4 for one that left) instead of ending as a success
- * with the root's last calls read by no one. */
-int sc_finish(sc_comm_t *c)
-{
-    if (!c->pending) return SC_OK;
-    if (__atomic_exchange_n(&c->busy, 1, __ATOMIC_ACQUIRE)) return SC_EBUSY;
-    int rc = SC_OK;
-    for (int k = 0; !rc && k < c->nnb; k++)
-        if (c->pending >> k & 1)
-            rc = wait_line(c, post_line(c, c->nb[k]), c->nb[k], c->due[k], 0, c->spin_ns, 1);
-    if (!rc && c->pending) rc = recheck(c, 0);
-    if (rc && rc != SC_EDIFFER) sc_shut(c);
-    __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
-    return rc;
-}
-
 /* The Python path owns the context while it plans (it may grow the
  * scratch buffer and replace programs, which a running call uses). */
 int sc_own(sc_comm_t *c) { return __atomic_exchange_n(&c->busy, 1, __ATOMIC_ACQUIRE) ? SC_EBUSY : SC_OK; }

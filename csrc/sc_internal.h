@@ -77,6 +77,8 @@ typedef struct {
     _Atomic int32_t state; int32_t pid; uint64_t magic_addr; uint64_t abort_call; int32_t abort_at, pad;
     _Atomic int32_t pushing, shut, waiting, pad2;
     int32_t mis_code, mis_when, mis_rank, pad3; int64_t mis_a, mis_b;
+    uint64_t calls;               /* the calls it made, once it left (ST_DONE) */
+    int32_t counted, pad4;        /* calls is comparable: it left with no failure seen */
 } sc_rank_t;
 static inline sc_rank_t *rank_rec(sc_comm_t *c, int r) { return (sc_rank_t *)(c->base + c->off_state) + r; }
 

@@ -24,7 +24,7 @@ from ._core import ffi, lib
 from .buffers import IN_PLACE
 from .coll import select
 from .device import TWIN_ALG, fingerprint, learn_dtype
-from .errors import PeerDied, PeerFailure, ShmcollError
+from .errors import MismatchError, PeerFailure, ShmcollError
 from .ops import BUILTINS, SUM
 from .sched import Call
 
@@ -782,21 +782,17 @@ class Comm:
     # -- lifetime -------------------------------------------------------------
     def Free(self):
         """Leave the communicator: peers see a clean exit, and calls here raise.
-        A rank whose last calls waited on no one (a Bcast root) first waits
-        for its peers to arrive in them: one that left before made fewer
-        calls, and the job fails here (PeerFailure) rather than ending as a
-        success with those calls read by no one."""
+        A root's calls wait on no one, so ranks that made different numbers
+        of calls may all return from theirs: of two leaving, the later
+        raises MismatchError (the earlier has gone) rather than the job
+        ending as a success with the extra calls read by no one."""
         if self._freed:
             return
         self._freed = True
-        rc = self._dev.finish() if self._broken is None else 0
-        if rc:
-            exc = self._dev.failure(rc, "Free")
-            if isinstance(exc, PeerDied) and self._dev.c.err_code == 4:
-                exc = PeerDied(exc.rank, f"left the communicator having made fewer calls than rank {self.rank}: "
-                                         f"rank {self.rank}'s last calls, which waited on no one (a root's), did not "
-                                         f"reach it (found in Free)")
-            self._break(exc)
-            raise exc
-        self._dev.deregister()
+        other = self._dev.deregister(self._broken is None)
         self._break(ShmcollError(f"rank {self.rank} freed this communicator"))
+        if other is not None:
+            r, theirs, ours = other
+            raise MismatchError(f"Free: the ranks made different numbers of calls: rank {r} left after {theirs}, "
+                                f"rank {self.rank} after {ours} (a root's calls wait on no one, so one's extra "
+                                f"calls reached no one)")

@@ -319,12 +319,14 @@ class Device:
         """0 not yet registered, 1 alive, 2 left, 3 dead."""
         return lib.sc_rank_state(self.c, rank)
 
-    def finish(self):
-        """Wait for the neighbours' records of the calls not yet checked (0 or rc)."""
-        return lib.sc_finish(self.c)
-
-    def deregister(self):
-        lib.sc_deregister(self.c)
+    def deregister(self, ok=True):
+        """Leave; (rank, its calls, ours) of the lowest rank that left
+        before with another number of calls, or None (ok: this rank's calls
+        all succeeded, so its count compares).  Calls count from the
+        call_base option."""
+        r = lib.sc_deregister(self.c, ok)
+        base = self.plan.params["call_base"]
+        return None if r < 0 else (r, (lib.sc_calls_of(self.c, r) - base) % (1 << 64), (self.c.call - base) % (1 << 64))
 
     def close(self):
         """Unmap (the creator's or a rank's view); the name is long gone."""

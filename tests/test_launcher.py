@@ -789,12 +789,22 @@ def test_rank_state_comes_from_device_rank_state():
 
 
 def test_run_fails_when_a_root_made_calls_its_peers_did_not():
-    """Rank 0's extra Bcast reached no one: leaving (the atexit Free), it
-    finds rank 1 gone having made fewer calls, and its exit status says so
-    (Python ignores what an atexit handler raises: it exited 0 before)."""
+    """Rank 0's extra Bcast reached no one: the rank leaving later (the
+    atexit Free) finds the other gone after another number of calls, and
+    its exit status says so (Python ignores what an atexit handler raises:
+    the job exited 0 before)."""
     p = run_cli(["-n", "2", "--timeout", "60", "--", os.path.join(RANKS_DIR, "extra.py")])
     assert p.returncode != 0, p.stderr
-    assert "made fewer calls" in p.stderr, p.stderr
+    assert "made different numbers of calls" in p.stderr, p.stderr
+
+
+def test_run_ends_promptly_when_a_root_fails_after_its_last_call():
+    """Rank 0 raises right after a Bcast it was root of, while rank 1 never
+    reaches that Bcast: leaving does not wait for rank 1 (44887f9's Free
+    did, until the stall timeout), so the launcher's grace ends the job."""
+    p = run_cli(["-n", "2", "--", os.path.join(RANKS_DIR, "root_fails.py")], timeout=60)
+    assert p.returncode == 1, p.stderr
+    assert "rank 0 fails after its last call" in p.stderr, p.stderr
 
 
 def _stalls(comm):
