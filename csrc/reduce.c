@@ -170,7 +170,7 @@ static void streamed(sc_kernel_t f, int form, int type, char *d, const char *a, 
 {
     _Alignas(64) char tile[TILE];
     int item = type_size[type], in = form == SC_F_NARROW ? 4 : item;
-    int64_t per = TILE / item, head = ((-(intptr_t)d) & 63) % item ? 0 : ((-(intptr_t)d) & 63) / item;
+    int64_t per = TILE / item, lead = (-(intptr_t)d) & 63, head = lead % item ? 0 : lead / item;
     if (type == SC_T_LD || type == SC_T_CLD) memset(tile, 0, sizeof tile);
     if (form == SC_F_INTO) a = d;
     for (int64_t i = 0, k; i < n; i += k) {     /* the first tile ends on a line where elements allow */
