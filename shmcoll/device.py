@@ -351,7 +351,9 @@ class Device:
             if code == 8 and 0 <= who < self.plan.nranks:
                 found = ffi.new("int64_t[5]")
                 lib.sc_mismatch_of(c, who, found)
-                return self.mismatch(what, who, *found, names, f"; found by rank {who}, seen on rank {me}")
+                exc = self.mismatch(what, who, *found, names, f"; found by rank {who}, seen on rank {me}")
+                exc.found_by = who      # an echo: launch() reports the finder's own error before it
+                return exc
             cls = PeerDied if code == 2 else PeerAborted
             return cls(who, f"{ABORT_REASONS.get(code, 'aborted')} (seen in {what} on rank {me})")
         if rc == lib.SC_EDEAD:

@@ -284,7 +284,8 @@ def _results(n, data, status, killed):
             if ok:
                 out[rank] = value
                 continue
-            errors.append((isinstance(value, PeerFailure) + isinstance(value, PeerAborted), rank, value, tb))
+            echo = isinstance(value, PeerAborted) or getattr(value, "found_by", rank) != rank
+            errors.append((2 if echo else int(isinstance(value, PeerFailure)), rank, value, tb))
         elif rank in killed:
             errors.append((3, rank, PeerDied(rank, f"was still running {GRACE_S} s after another rank failed, "
                                                    f"and was killed"), None))
@@ -296,7 +297,8 @@ def _results(n, data, status, killed):
     if errors:
         # the cause, not its echoes: a rank's own error or death, then what
         # a rank saw of a peer (died, timed out) before the aborts it caused
-        # in the others, and those before the kills of ranks still running
+        # in the others (and their echoes of a mismatch another rank found),
+        # and those before the kills of ranks still running
         # after them (a stalled rank: the PeerTimeout that names it)
         _, rank, exc, tb = min(errors, key=lambda e: e[:2])
         if not isinstance(exc, PeerFailure):

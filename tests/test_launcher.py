@@ -821,3 +821,22 @@ def test_launch_names_the_stalled_rank_not_its_own_kill():
     ('rank 1 was killed by signal 9 without a result' before)."""
     with pytest.raises(shmcoll.PeerTimeout, match="rank 1 did not arrive"):
         shmcoll.launch(_stalls, 3, options={"timeout": 1}, timeout=60)
+
+
+def _barrier_or_bcast(comm):
+    if comm.rank == comm.size - 1:
+        comm.Bcast(np.zeros(4), root=0)
+    else:
+        comm.Barrier()
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_launch_raises_the_finders_mismatch_not_an_echo(n):
+    """The last rank calls Bcast while the others Barrier.  It finds the
+    mismatch; the others raise its echo ('...; found by rank 2, seen on
+    rank 0').  launch() re-raised rank 0's echo before, with rank 0's
+    traceback; now the finder's own error, which names its own call."""
+    with pytest.raises(shmcoll.MismatchError) as info:
+        shmcoll.launch(_barrier_or_bcast, n, timeout=60)
+    assert "seen on rank" not in str(info.value)
+    assert "(collective)" in str(info.value) and f"rank {n - 1} has bcast" in str(info.value)
