@@ -24,7 +24,7 @@ import traceback
 
 from .comm import Comm
 from .device import MAX_RANKS, Device, make_plan
-from .errors import PeerAborted, PeerDied, PeerFailure, RemoteTraceback, ShmcollError
+from .errors import MismatchError, PeerAborted, PeerDied, PeerFailure, RemoteTraceback, ShmcollError
 from .topology import topology as _topology
 
 BINDS = ("core", "socket", "numa", "none")
@@ -284,7 +284,9 @@ def _results(n, data, status, killed):
             if ok:
                 out[rank] = value
                 continue
-            echo = isinstance(value, PeerAborted) or getattr(value, "found_by", rank) != rank
+            # another rank's finding, which that rank reports itself (if it can)
+            finder = getattr(value, "found_by", rank) if isinstance(value, MismatchError) else rank
+            echo = isinstance(value, PeerAborted) or (finder != rank and bool(data[finder]))
             errors.append((2 if echo else int(isinstance(value, PeerFailure)), rank, value, tb))
         elif rank in killed:
             errors.append((3, rank, PeerDied(rank, f"was still running {GRACE_S} s after another rank failed, "

@@ -840,3 +840,33 @@ def test_launch_raises_the_finders_mismatch_not_an_echo(n):
         shmcoll.launch(_barrier_or_bcast, n, timeout=60)
     assert "seen on rank" not in str(info.value)
     assert "(collective)" in str(info.value) and f"rank {n - 1} has bcast" in str(info.value)
+
+
+class _Tagged(Exception):
+    found_by = 0        # a user's attribute that happens to share the echo's name
+
+
+def _raises_tagged_or_finds_and_dies(comm, case):
+    if case == "tagged":
+        if comm.rank == 1:
+            raise _Tagged("rank 1's own error")
+        comm.Barrier()
+    else:
+        try:
+            _barrier_or_bcast(comm)
+        except shmcoll.MismatchError as e:
+            if "seen on rank" not in str(e):
+                os._exit(3)         # the finder dies before it reports what it found
+            raise
+
+
+def test_launch_ranks_only_mismatch_echoes_as_echoes():
+    """From the review of the finder-first ranking: a user's exception with
+    an attribute named found_by was taken for an echo, and launch() raised
+    a peer's PeerAborted instead of it; and a finder that died before
+    reporting left only 'rank 2 exited with status 3 without a result',
+    where the echoes still say what differed."""
+    with pytest.raises(_Tagged, match="rank 1's own error"):
+        shmcoll.launch(_raises_tagged_or_finds_and_dies, 3, ("tagged",), timeout=60)
+    with pytest.raises(shmcoll.MismatchError, match=r"rank 2 has bcast.*found by rank \d, seen on rank"):
+        shmcoll.launch(_raises_tagged_or_finds_and_dies, 3, ("dies",), timeout=60)
