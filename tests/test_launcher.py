@@ -832,9 +832,9 @@ def _barrier_or_bcast(comm):
 
 @pytest.mark.parametrize("n", [3, 4])
 def test_launch_raises_the_finders_mismatch_not_an_echo(n):
-    """The last rank calls Bcast while the others Barrier.  It finds the
-    mismatch; the others raise its echo ('...; found by rank 2, seen on
-    rank 0').  launch() re-raised rank 0's echo before, with rank 0's
+    """The last rank calls Bcast while the others Barrier.  It (or, now
+    and then, the rank beside it) finds the mismatch; the others raise its
+    echo ('...; found by rank 2, seen on rank 0').  launch() re-raised rank 0's echo before, with rank 0's
     traceback; now the finder's own error, which names its own call."""
     with pytest.raises(shmcoll.MismatchError) as info:
         shmcoll.launch(_barrier_or_bcast, n, timeout=60)

@@ -1108,7 +1108,7 @@ def _same_calls(comm, delay_rank):
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_a_root_leaving_first_waits_for_its_readers(n):
+def test_a_root_leaving_before_its_readers_ends_the_job_as_a_success(n):
     """The same calls on every rank, the readers behind the root: the job
     succeeds whoever leaves first."""
     assert run_ranks(_same_calls, n, n - 1, timeout=T) == [[3.0] * 3] * n
