@@ -33,6 +33,7 @@ int64_t sc_layout(sc_comm_t *c)
     c->off_slot = o;   o += p * SC_SLOTS * SC_LINE;               /* headers: a line each, alone in its pair */
     c->off_rec = o;    o += p * SC_PAST * 64;
     c->off_queue = o;  o = up(o + SC_LINE + 2 * p * 8, SC_LINE);   /* sleepers line, gather, release */
+    c->off_claim = o;  o += p * up(p * 8, SC_LINE);                /* a row of claim words per reader */
     c->off_chan = o = up(o, PAGE);
     o += p * c->chan_bytes;
     c->off_stripe = o = up(o, PAGE);
@@ -71,6 +72,7 @@ int sc_init_shared(sc_comm_t *c)
         atomic_store(&ack_line(c, r)->call, before);
         for (int q = 0; q < 2; q++) atomic_store(queue_word(c, q, r), before);
         for (int s = 0; s < SC_SLOTS; s++) atomic_store(&slot_head(c, r, (uint64_t)s)->call, before);
+        for (int w = 0; w < c->size; w++) atomic_store(claim_word(c, r, w), claim_tag(before, 0) << 16);
     }
     hdr(c)->size = c->size;
     hdr(c)->magic = SC_MAGIC;

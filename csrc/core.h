@@ -51,6 +51,9 @@ enum {
     SC_OP_REDUCE = 11,  /* word 0 also holds the kernel (sc_reduce); a=dst space b=dst off c,d=a's e,f=b's g=items */
     SC_OP_COUNT = 12,   /* a=source rank b=bytes: the traffic record of a folded input */
     SC_OP_CMAW = 13,    /* a=src space b=src off c=who d=who's space e=dst off f=n: single copy into who's buffer */
+    SC_OP_SHARE = 14,   /* a=who b=role (0 reader, 1 writer) | step << 8 c=writer's space (1 send, 2 recv) d=src off
+                           e=dst off (reader's recv) f=n g=piece: a single copy that reader and writer split,
+                           piece by piece, each claiming the next until none is left */
 };
 /* Reduction kernels (csrc/reduce.c): word 0 of SC_OP_REDUCE is
  * opcode | op << 8 | type << 16 | form << 24 | index-is-int64 << 28 |
@@ -109,6 +112,7 @@ typedef struct sc_comm {
     int64_t off_slot, off_slot_data;
     int64_t off_rec;
     int64_t off_queue;
+    int64_t off_claim;
     int64_t off_chan;
     int64_t off_stripe;
     int64_t total;

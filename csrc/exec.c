@@ -148,6 +148,47 @@ static int buffer_of(sc_comm_t *c, int who, int which, uint64_t *addr)
     return SC_EMISMATCH;
 }
 
+/* The next piece of k still unclaimed on word w in (call, step) tag, or
+ * -1 when none is left (or a later step has taken the word over): the
+ * reader takes them from the front, the writer from the back, so the two
+ * work apart until they meet.  The word counts each end's claims in a
+ * byte under the tag. */
+static int64_t claim(_Atomic uint64_t *w, uint64_t tag, int64_t k, int back)
+{
+    uint64_t v = atomic_load_explicit(w, memory_order_relaxed);
+    for (;;) {
+        int64_t d = (int64_t)(((v >> 16) - tag) << 16);
+        uint64_t f = d ? 0 : v & 0xff, b = d ? 0 : v >> 8 & 0xff;
+        if (d > 0 || (int64_t)(f + b) >= k) return -1;
+        uint64_t next = tag << 16 | (back ? (b + 1) << 8 | f : b << 8 | (f + 1));
+        if (atomic_compare_exchange_weak_explicit(w, &v, next, memory_order_relaxed, memory_order_relaxed))
+            return back ? k - 1 - (int64_t)b : (int64_t)f;
+    }
+}
+
+/* SC_OP_SHARE: writer's n bytes to reader by single copy, split between
+ * the two as they go: each claims the next piece and copies it (the
+ * reader reads it, the writer writes it), so the one that ends its other
+ * work first, or pins the other's pages faster (huge pages on one side
+ * only, a busy CPU), takes more.  Both have waited for the other's
+ * arrival; each acks once it has nothing left to claim, and the other
+ * waits for that ack before it counts the copy as done. */
+static int share(sc_comm_t *c, const int64_t *in, char *sbuf, char *rbuf)
+{
+    int who = (int)in[1], writer = (int)(in[2] & 1);
+    uint64_t tag = claim_tag(c->call, (int)(in[2] >> 8 & 0xff)), at;
+    _Atomic uint64_t *w = writer ? claim_word(c, who, c->rank) : claim_word(c, c->rank, who);
+    int64_t n = in[6], q = in[7], k = (n + q - 1) / q, i;
+    int rc = writer ? buffer_of(c, who, SC_RECV, &at) : SC_OK;
+    if (!writer) at = post_line(c, who)->addr[in[3] - 1];
+    while (!rc && (i = claim(w, tag, k, writer)) >= 0) {
+        int64_t off = i * q, len = n - off < q ? n - off : q;
+        rc = writer ? cma(c, who, space(c, in[3], in[4] + off, sbuf, rbuf), at + (uint64_t)(in[5] + off), len, 1)
+                    : cma(c, who, rbuf + in[5] + off, at + (uint64_t)(in[4] + off), len, 0);
+    }
+    return rc;
+}
+
 /* Publish this call's arrival record and first event (a sequence lock:
  * sc_check_line trusts a record only if seq was even and unchanged
  * around its reads); variant: rank 0's pick of a twin, 0 otherwise.
@@ -233,6 +274,9 @@ static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
             if (!rc) rc = cma(c, (int)in[3], space(c, in[1], in[2], sbuf, rbuf), at + (uint64_t)in[5], in[6], 1);
             break;
         }
+        case SC_OP_SHARE:
+            rc = share(c, in, sbuf, rbuf);
+            break;
         case SC_OP_DRAIN:
             rc = drain(c, set_of(c, in[1]));
             break;

@@ -18,13 +18,14 @@ import bisect
 import numpy as np
 
 from ._core import lib
+from .sched import Step
 
 SLOTS, TINY = lib.SC_SLOTS, lib.SC_SLOT_TINY
 BUF = {"send": lib.SC_SEND, "recv": lib.SC_RECV, "tmp": lib.SC_TMP}
 QUEUES = {"gather": 0, "release": 1}
-POST, WAIT, ACK, WAITACK, COPY, CMA, CMAW, DRAIN, DEBT, QPOST, QWAIT, COUNT = (
+POST, WAIT, ACK, WAITACK, COPY, CMA, CMAW, DRAIN, DEBT, QPOST, QWAIT, COUNT, SHARE = (
     lib.SC_OP_POST, lib.SC_OP_WAIT, lib.SC_OP_ACK, lib.SC_OP_WAITACK, lib.SC_OP_COPY, lib.SC_OP_CMA, lib.SC_OP_CMAW,
-    lib.SC_OP_DRAIN, lib.SC_OP_DEBT, lib.SC_OP_QPOST, lib.SC_OP_QWAIT, lib.SC_OP_COUNT)
+    lib.SC_OP_DRAIN, lib.SC_OP_DEBT, lib.SC_OP_QPOST, lib.SC_OP_QWAIT, lib.SC_OP_COUNT, lib.SC_OP_SHARE)
 RING, STRIPE, SLOT = lib.SC_SET_RING, lib.SC_SET_STRIPE, lib.SC_SET_SLOT
 CHECK, FAR, FIRST, INSLOT = 1, 2, 4, 8  # WAIT flags: check the record, spin long, a message's first piece, in a slot
 STAMP = 2                       # COPY flag: stamp the writer's record in the inline slot it fills
@@ -86,6 +87,24 @@ def _segments(parts, a, n):
     return out
 
 
+#: A shared copy's pieces: at most this, so that the two ends even out;
+#: more pieces cost more than they even out (2 ranks, 2 MiB Alltoall,
+#: pieces of 128 / 256 / 512 KiB / 1 MiB: 318 / 300 / 294 / 273 us,
+#: direct 364; 256 KiB Bcast, 32 / 64 / 128 KiB: 26 / 22 / 20 us).
+SHARE_PIECE = 512 << 10
+
+
+def _piece(n, paired):
+    """Bytes per piece of a shared move of n bytes: halves where only one
+    end has a move to copy, so both copy at once; whole moves up to
+    SHARE_PIECE where each end reads one of a pair (an Alltoall between
+    two ranks), as both copy anyway (256 KiB Alltoall in halves: 48.8 us
+    against 45.0); at most 255 pieces (a byte of the claim word counts
+    each end's)."""
+    half = -(-n // 2) + 4095 & ~4095
+    return max(min(n if paired else half, SHARE_PIECE), -(-n // 0xff), 1)
+
+
 def _protocol(m, slot_used, inline):
     """(how m travels, its inline slot index or None); moves of up to
     `inline` bytes go in the writer's inline slots while it has any."""
@@ -93,7 +112,7 @@ def _protocol(m, slot_used, inline):
         return "queue", None
     if m.nbytes == 0:
         return "signal", None
-    if m.via in ("direct", "stripe", "push"):
+    if m.via in ("direct", "stripe", "push", "shared"):
         return m.via, None
     if m.via in ("auto", "inline") and m.nbytes <= inline and slot_used[m.src] < SLOTS:
         slot_used[m.src] += 1
@@ -200,7 +219,9 @@ class _Compiler:
         self.owed = [{} for _ in range(p)]      # writer -> {(set, reader): ack} recorded as debts
         self.stripe_owed = {}
         self.direct_owed = [{} for _ in range(p)]
-        self.late = [[] for _ in range(p)]             # reader -> push pieces it has not waited for yet
+        self.late = [[] for _ in range(p)]             # reader -> pushes and shared copies it has not waited for yet
+        self.helping = [[] for _ in range(p)]          # writer -> its shared moves of this step
+        self.acked_by = [{} for _ in range(p)]         # rank -> {rank: the ack it last waited for}
         self.landing = [_Ranges() for _ in range(p)]    # reader -> the bytes of its recvbuf they write
         # scratch after the schedule's own: chunks of folded direct inputs,
         # copied in to be folded from cache, then the float32 accumulator
@@ -252,7 +273,11 @@ class _Compiler:
         if st is not None and not any(self.landing[r].meets(a, b) for a, b in _touches(st, r)):
             return
         for w, piece, far, first in self.late[r]:
-            self.wait(r, w, piece, far, first)
+            if piece is None:           # a shared copy: the writer's ack (far) says it ended its part
+                self.emit(r, WAITACK, w, far, 0)
+                self.acked_by[r][w] = far
+            else:
+                self.wait(r, w, piece, far, first)
         self.late[r], self.landing[r] = [], _Ranges()
 
     def post(self, w):
@@ -346,24 +371,81 @@ class _Compiler:
                             self.read(r, moves[i], protos[i], slot_j[i], pieces[i][k], far_w, first)
                 for red, c, nt in reduces[r]:
                     self.fold_round(red, k, c, nt, moves, protos, landed)
+                if k == 0:
+                    self.share_out(r)
                 if held:
                     self.acks[r] += 1
                     self.emit(r, ACK, self.acks[r])
                     for i in held:
                         self.acked(r, moves[i].src, protos[i], slot_j[i], pieces[i][k], self.acks[r])
 
+        self.sharers = {r for m, pr in zip(moves, protos) if pr == "shared" for r in (m.src, *m.dst)}
+        shared = {(m.src, m.dst[0]) for m, pr in zip(moves, protos) if pr == "shared"}
+        self.pairs = {(a, b) for a, b in shared if (b, a) in shared}
+        self.share_ack = [None] * p
+        early = self.early_copies(st, protos)
+        for cp in early:
+            self.copy(cp)
         if rounds:
             write(0)
         for k in range(rounds):
             if k + 1 < rounds:
                 write(k + 1)
             read(k)
+        self.shared_done(st, protos)
         for red in st.reduces:
             if red not in remote:
                 self.fold_local(red)
         for cp in st.copies:
-            self.emit(cp.rank, COPY, space(BUF[cp.dbuf]), cp.doff, space(BUF[cp.sbuf]), cp.soff, cp.n,
-                      self.streamed(cp.dbuf), -1)
+            if cp not in early:
+                self.copy(cp)
+
+    def copy(self, cp):
+        self.emit(cp.rank, COPY, space(BUF[cp.dbuf]), cp.doff, space(BUF[cp.sbuf]), cp.soff, cp.n,
+                  self.streamed(cp.dbuf), -1)
+
+    def early_copies(self, st, protos):
+        """A step with shared copies runs each rank's local copies first
+        where they touch nothing its moves do: fixed work before the work
+        that the two ends split, which then evens out whatever the fixed
+        work and a late arrival left uneven."""
+        if "shared" not in protos:
+            return []
+        out = []
+        for cp in st.copies:
+            mine = _Ranges()
+            for a, b in _touches(Step(st.moves), cp.rank):
+                mine.add(a, b)
+            if not any(mine.meets(o, o + cp.n) for b, o in ((cp.sbuf, cp.soff), (cp.dbuf, cp.doff))
+                       if b in ("send", "recv")):
+                out.append(cp)
+        return out
+
+    def share_out(self, w):
+        """After its reads of a step, writer w takes its part of its own
+        shared moves, then acks once: it has ended its part of every
+        shared copy of the step."""
+        for m in self.helping[w]:
+            (so, do, n), = m.parts
+            self.emit(w, SHARE, m.dst[0], 1 | self.at << 8, BUF[m.sbuf], so, do, n, _piece(n, (m.dst[0], w) in self.pairs))
+        if w in self.sharers:
+            self.acks[w] += 1
+            self.emit(w, ACK, self.acks[w])
+            self.share_ack[w] = self.acks[w]
+        self.helping[w] = []
+
+    def shared_done(self, st, protos):
+        """Who waits for whose ack after a step's shared copies: the
+        writer, before it leaves (its sendbuf is read), for the reader's;
+        the reader, before it touches what lands or leaves, for the
+        writer's."""
+        for m, pr in zip(st.moves, protos):
+            if pr != "shared":
+                continue
+            (so, do, n), r = m.parts[0], m.dst[0]
+            self.direct_owed[m.src][r] = self.share_ack[r]
+            self.late[r].append((m.src, None, self.share_ack[m.src], False))
+            self.landing[r].add(do, do + n)
 
     def streamed(self, dbuf):
         """1: copies into dbuf use non-temporal stores (user memory of a
@@ -402,6 +484,15 @@ class _Compiler:
             return piece
         if proto == "signal":
             self.pending[w].append(piece)
+            return piece
+        if proto == "shared":           # w's part comes after its reads (share_out)
+            if len(m.dst) != 1 or len(m.parts) != 1 or m.sbuf != "send" or m.dbuf != "recv":
+                raise ValueError("a shared move is one part of the writer's sendbuf into one reader's recvbuf")
+            if self.at > 0xff:
+                raise ValueError("shared moves are tagged with their step: at most 256 steps")
+            if (w, m.dst[0]) not in self.checked:
+                self.wait(w, m.dst[0], {"event": 0}, False, False)
+            self.helping[w].append(m)
             return piece
         if proto == "push":             # into each reader's recvbuf, its address published at arrival
             if m.dbuf != "recv":
@@ -455,6 +546,12 @@ class _Compiler:
             return
         self.wait(r, w, piece, far, first, proto == "inline" and piece["segs"])
         if proto == "signal":
+            return
+        if proto == "shared":           # r's part first; r's ack comes after its part of its own moves
+            (so, do, n), = m.parts
+            self.emit(r, SHARE, w, self.at << 8, BUF[m.sbuf], so, do, n, _piece(n, (w, r) in self.pairs))
+            if self.params.get("record_traffic"):
+                self.emit(r, COUNT, w, n)
             return
         nt = self.streamed(m.dbuf)
         if proto == "direct":
@@ -557,7 +654,8 @@ class _Compiler:
             self.settle(r)
         for w in range(self.p):
             for r, a in sorted(self.direct_owed[w].items()):
-                self.emit(w, WAITACK, r, a, 0)
+                if self.acked_by[w].get(r, 0) < a:
+                    self.emit(w, WAITACK, r, a, 0)
             for (s, r), a in sorted(self.owed[w].items()):
                 self.emit(w, DEBT, s, r, a)
             for r, a in sorted(self.stripe_owed.items()):

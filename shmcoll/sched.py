@@ -13,7 +13,7 @@ import numpy as np
 
 from . import ops
 
-VIAS = ("auto", "inline", "staged", "stripe", "direct", "push", "queue")
+VIAS = ("auto", "inline", "staged", "stripe", "direct", "push", "shared", "queue")
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,8 @@ class Move:
     (through the writer's ring, in chunks), "stripe" (the NUMA-striped
     buffer), "direct" (single copy by the reader from the writer's
     buffer), "push" (single copy by the writer into the readers' recv
-    buffers, once they have arrived), "queue"
+    buffers, once they have arrived), "shared" (single copy split
+    between the two as they go: one part, one reader), "queue"
     (a packed barrier queue, named by sbuf: "gather" or "release"; no
     data)."""
     src: int
@@ -42,16 +43,12 @@ class Move:
 
 def shared(src, dst, so, do, n, sbuf="send"):
     """One rank's n bytes to another by a single copy that both make at
-    once: the reader reads the first half out of src's sbuf (direct) while
-    src writes the rest into its recvbuf (push).  Two cores copy, each
-    from memory in its own cache or into the other's, where a staged copy
-    suffers most when the two are far apart (the reader's move comes
-    first: it must not wait for the push before it starts)."""
-    h = min(n, (n // 2 + 4095) & ~4095)
-    moves = [Move(src, (dst,), ((so, do, h),), sbuf=sbuf, via="direct")]
-    if h < n:
-        moves.append(Move(src, (dst,), ((so + h, do + h, n - h),), sbuf=sbuf, via="push"))
-    return moves
+    once, piece by piece (via "shared"), each taking the next piece once
+    it is free: the reader reads from src's sbuf, src writes into the
+    reader's recvbuf.  Two cores copy, each from memory in its own cache
+    or into the other's, and the one that pins pages faster (huge pages
+    on one side only) or ends its other work first takes more."""
+    return [Move(src, (dst,), ((so, do, n),), sbuf=sbuf, via="shared")]
 
 
 @dataclass(frozen=True)

@@ -139,21 +139,18 @@ def test_gather_of_small_blocks_goes_up_a_tree_with_many_ranks_on_their_own_cpus
     assert gather.choose(planned(16, 16, 0, counts=lone)) == "flat"
 
 
-@pytest.mark.parametrize("op,alg", [("bcast", "original"), ("gather", "flat")])
+@pytest.mark.parametrize("op,alg", [("bcast", "original"), ("gather", "flat"), ("scatter", "flat")])
 @pytest.mark.parametrize("nbytes", [65536, 65537, 300001, 1 << 22])
 def test_two_rank_single_copy_is_shared(op, alg, nbytes):
-    """Two ranks, one message from cma_bytes up: the reader's half (a
-    whole number of pages, first: it must not wait for the push) and the
-    writer's rest cover the message once; with three ranks a gather's
-    blocks are all pushed."""
+    """Two ranks, one message from cma_bytes up: one shared move (reader
+    and writer copy it piece by piece, tests/test_shared.py) covering the
+    message once; with three ranks a gather's blocks are all pushed."""
     for root in (0, 1):
         moves = shmcoll.schedule(op, alg, 2, nbytes, root=root, cma=True).steps[0].moves
-        assert [m.via for m in moves] == ["direct", "push"], moves
-        (so0, do0, n0), = moves[0].parts
-        (so1, do1, n1), = moves[1].parts
-        base = 0 if op == "bcast" else (1 - root) * nbytes
-        assert (so0, do0 - base, n0 % 4096, so1, do1 - base, n0 + n1) == (0, 0, 0, n0, n0, nbytes), moves
-        assert abs(n0 - n1) <= 4096
+        base = (1 - root) * nbytes if op == "gather" else 0
+        src = (1 - root) * nbytes if op == "scatter" else 0
+        want = [(1 - root if op == "gather" else root, (root if op == "gather" else 1 - root,), ((src, base, nbytes),))]
+        assert [(m.src, m.dst, m.parts) for m in moves] == want and {m.via for m in moves} == {"shared"}, moves
     moves = shmcoll.schedule("gather", "flat", 3, 1 << 21, root=1, cma=True).steps[0].moves
     assert sorted((m.src, m.via) for m in moves) == [(0, "push"), (2, "push")]
     assert [m.via for m in shmcoll.schedule(op, alg, 2, nbytes, cma=False).steps[0].moves] == ["auto"]
