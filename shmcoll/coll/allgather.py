@@ -20,7 +20,7 @@ Moves that forward data read the writer's recvbuf, filled by earlier
 steps; big blocks travel by single copy when ranks may read each other.
 """
 from ..sched import Copy, Move, Step
-from .gather import via
+from .gather import single, via
 
 
 def _via(call):
@@ -121,7 +121,7 @@ def neighbor_exchange(call):
 
 
 def all_at_once(call):
-    p, b, via = call.nranks, call.nbytes, _via(call)
+    p, b, via = call.nranks, call.nbytes, single(call, _via(call))
     moves = [Move(r, tuple((r + j) % p for j in range(1, p)), ((0, r * b, b),), via=via) for r in range(p)]
     order = {r: [(r - s) % p for s in range(1, p)] for r in range(p)}     # reader r reads r - 1 first
     return [Step(moves, copies=_own(call), order=order)]

@@ -56,7 +56,7 @@ def _via(call):
 
 
 def pairwise(call):
-    return _pairs(call, _via(call), call.params["chan_bytes"] // 2)
+    return _pairs(call, gather.single(call, _via(call)), call.params["chan_bytes"] // 2)
 
 
 def tiled(call):

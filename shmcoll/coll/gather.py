@@ -42,6 +42,13 @@ def via(call, n, total=None):
     return "direct" if call.cma and 0 < call.params["cma_bytes"] <= n else "auto"
 
 
+def single(call, how):
+    """how (a via), with direct made shared between two ranks: a move of
+    the writer's sendbuf with one reader, which both ends copy, piece by
+    piece (sched.shared)."""
+    return "shared" if how == "direct" and call.nranks == 2 else how
+
+
 def root_bytes(cnt, root):
     """The bytes the root of a gather or scatter moves to or from the others."""
     return sum(n for r, (n, _) in enumerate(cnt) if r != root)

@@ -8,13 +8,13 @@ displs[r]) lands in rank r's recvbuf.
 """
 from ..sched import Copy, Move, Step
 from ..topology import oversubscribed
-from .gather import largest, pieces, root_bytes, tree, via
+from .gather import largest, pieces, root_bytes, single, tree, via
 
 
 def flat(call):
     p, root, cnt = call.nranks, call.root, pieces(call)
     sent = root_bytes(cnt, root)
-    moves = [Move(root, (r,), ((cnt[r][1], 0, cnt[r][0]),), via=via(call, cnt[r][0], sent))
+    moves = [Move(root, (r,), ((cnt[r][1], 0, cnt[r][0]),), via=single(call, via(call, cnt[r][0], sent)))
              for r in range(p) if r != root and cnt[r][0]]
     return [Step(moves, copies=[Copy(root, "send", cnt[root][1], "recv", 0, cnt[root][0])])]
 
