@@ -72,7 +72,7 @@ int sc_init_shared(sc_comm_t *c)
         atomic_store(&ack_line(c, r)->call, before);
         for (int q = 0; q < 2; q++) atomic_store(queue_word(c, q, r), before);
         for (int s = 0; s < SC_SLOTS; s++) atomic_store(&slot_head(c, r, (uint64_t)s)->call, before);
-        for (int w = 0; w < c->size; w++) atomic_store(claim_word(c, r, w), claim_tag(before, 0) << 16);
+        for (int w = 0; w < c->size; w++) atomic_store(claim_word(c, r, w), claim_tag(before, 0) << 12);
     }
     hdr(c)->size = c->size;
     hdr(c)->magic = SC_MAGIC;

@@ -149,18 +149,21 @@ static int buffer_of(sc_comm_t *c, int who, int which, uint64_t *addr)
 }
 
 /* The next piece of k still unclaimed on word w in (call, step) tag, or
- * -1 when none is left (or a later step has taken the word over): the
- * reader takes them from the front, the writer from the back, so the two
- * work apart until they meet.  The word counts each end's claims in a
- * byte under the tag. */
+ * -1 when none is left (or a later step of this call has taken the word
+ * over): the reader takes them from the front, the writer from the back,
+ * so the two work apart until they meet.  A word of another call is
+ * stale, however old (neither end claims in a call before the other has
+ * arrived in it), but for one whose 48 bits of call number match: last
+ * claimed a multiple of 2^48 calls earlier (160 days of 50 ns calls). */
 static int64_t claim(_Atomic uint64_t *w, uint64_t tag, int64_t k, int back)
 {
     uint64_t v = atomic_load_explicit(w, memory_order_relaxed);
     for (;;) {
-        int64_t d = (int64_t)(((v >> 16) - tag) << 16);
-        uint64_t f = d ? 0 : v & 0xff, b = d ? 0 : v >> 8 & 0xff;
-        if (d > 0 || (int64_t)(f + b) >= k) return -1;
-        uint64_t next = tag << 16 | (back ? (b + 1) << 8 | f : b << 8 | (f + 1));
+        uint64_t had = v >> 12;
+        int same = had == tag, later = had >> 4 == tag >> 4 && (had & 0xf) > (tag & 0xf);
+        uint64_t f = same ? v & 0x3f : 0, b = same ? v >> 6 & 0x3f : 0;
+        if (later || (int64_t)(f + b) >= k) return -1;
+        uint64_t next = tag << 12 | (back ? (b + 1) << 6 | f : b << 6 | (f + 1));
         if (atomic_compare_exchange_weak_explicit(w, &v, next, memory_order_relaxed, memory_order_relaxed))
             return back ? k - 1 - (int64_t)b : (int64_t)f;
     }
@@ -176,7 +179,7 @@ static int64_t claim(_Atomic uint64_t *w, uint64_t tag, int64_t k, int back)
 static int share(sc_comm_t *c, const int64_t *in, char *sbuf, char *rbuf)
 {
     int who = (int)in[1], writer = (int)(in[2] & 1);
-    uint64_t tag = claim_tag(c->call, (int)(in[2] >> 8 & 0xff)), at;
+    uint64_t tag = claim_tag(c->call, (int)(in[2] >> 8 & 0xf)), at;
     _Atomic uint64_t *w = writer ? claim_word(c, who, c->rank) : claim_word(c, c->rank, who);
     int64_t n = in[6], q = in[7], k = (n + q - 1) / q, i;
     int rc = writer ? buffer_of(c, who, SC_RECV, &at) : SC_OK;

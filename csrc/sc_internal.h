@@ -111,16 +111,14 @@ static inline _Atomic uint64_t *queue_word(sc_comm_t *c, int q, int i) {
     return (_Atomic uint64_t *)(c->base + c->off_queue + SC_LINE) + (int64_t)q * c->size + i;
 }
 /* Shared single copies (SC_OP_SHARE): the word reader and writer claim
- * pieces of writer's move to reader from, the tag of the (call, step) it
- * counts in above a byte of pieces claimed by the writer, then one by
- * the reader.  A tag is 48 bits,
- * compared by signed difference: a word left by an earlier step counts
- * none of this one's, one a later step has retagged has none left. */
+ * pieces of writer's move to reader from: the tag of the (call, step) it
+ * counts in (48 bits of the call number, 4 of the step), then 6 bits of
+ * pieces claimed by the writer, 6 by the reader. */
 static inline _Atomic uint64_t *claim_word(sc_comm_t *c, int reader, int writer) {
     int64_t row = (c->size * 8 + SC_LINE - 1) / SC_LINE * SC_LINE;
     return (_Atomic uint64_t *)(c->base + c->off_claim + reader * row) + writer;
 }
-static inline uint64_t claim_tag(uint64_t call, int step) { return (call << 8 | (uint64_t)step) & ((1ULL << 48) - 1); }
+static inline uint64_t claim_tag(uint64_t call, int step) { return (call << 4 | (uint64_t)step) & ((1ULL << 52) - 1); }
 static inline char *chan_buf(sc_comm_t *c, int r) { return c->base + c->off_chan + (int64_t)r * c->chan_bytes; }
 
 /* What a wait waits for: a line reaching (call, event), or a packed queue

@@ -99,10 +99,10 @@ def _piece(n, paired):
     end has a move to copy, so both copy at once; whole moves up to
     SHARE_PIECE where each end reads one of a pair (an Alltoall between
     two ranks), as both copy anyway (256 KiB Alltoall in halves: 48.8 us
-    against 45.0); at most 255 pieces (a byte of the claim word counts
-    each end's)."""
+    against 45.0); at most 63 pieces (6 bits of the claim word count each
+    end's)."""
     half = -(-n // 2) + 4095 & ~4095
-    return max(min(n if paired else half, SHARE_PIECE), -(-n // 0xff), 1)
+    return max(min(n if paired else half, SHARE_PIECE), -(-n // 63), 1)
 
 
 def _protocol(m, slot_used, inline):
@@ -182,7 +182,8 @@ def _touches(st, r):
     st, or that others read from it or write into it.  sendbuf and recvbuf
     count as one buffer at the same offsets, as a reduction's are in place
     (a Gather root's sendbuf in place sits at its displacement instead:
-    flat Gather pushes in its one and only step, so it never asks)."""
+    flat Gather moves in its one and only step, so only early_copies asks,
+    which then keeps a root's copy in place, a little later than it could)."""
     user = ("send", "recv")
     for m in st.moves:
         if m.src == r and m.sbuf in user:
@@ -380,7 +381,9 @@ class _Compiler:
                         self.acked(r, moves[i].src, protos[i], slot_j[i], pieces[i][k], self.acks[r])
 
         self.sharers = {r for m, pr in zip(moves, protos) if pr == "shared" for r in (m.src, *m.dst)}
-        shared = {(m.src, m.dst[0]) for m, pr in zip(moves, protos) if pr == "shared"}
+        shared = [(m.src, m.dst[0]) for m, pr in zip(moves, protos) if pr == "shared"]
+        if len(set(shared)) < len(shared):
+            raise ValueError("one shared move per writer and reader in a step: they claim on one word")
         self.pairs = {(a, b) for a, b in shared if (b, a) in shared}
         self.share_ack = [None] * p
         early = self.early_copies(st, protos)
@@ -405,19 +408,23 @@ class _Compiler:
                   self.streamed(cp.dbuf), -1)
 
     def early_copies(self, st, protos):
-        """A step with shared copies runs each rank's local copies first
-        where they touch nothing its moves do: fixed work before the work
-        that the two ends split, which then evens out whatever the fixed
-        work and a late arrival left uneven."""
-        if "shared" not in protos:
+        """A step with shared copies and no folds runs each rank's first
+        local copies first, while they stay in user memory and touch
+        nothing its moves do: fixed work before the work that the two ends
+        split, which then evens out whatever the fixed work and a late
+        arrival left uneven."""
+        if "shared" not in protos or st.reduces:
             return []
-        out = []
+        out, stopped = [], set()
         for cp in st.copies:
             mine = _Ranges()
             for a, b in _touches(Step(st.moves), cp.rank):
                 mine.add(a, b)
-            if not any(mine.meets(o, o + cp.n) for b, o in ((cp.sbuf, cp.soff), (cp.dbuf, cp.doff))
-                       if b in ("send", "recv")):
+            user = cp.sbuf in ("send", "recv") and cp.dbuf in ("send", "recv")
+            if cp.rank in stopped or not user or mine.meets(cp.soff, cp.soff + cp.n) or \
+                    mine.meets(cp.doff, cp.doff + cp.n):
+                stopped.add(cp.rank)
+            else:
                 out.append(cp)
         return out
 
@@ -443,7 +450,7 @@ class _Compiler:
             if pr != "shared":
                 continue
             (so, do, n), r = m.parts[0], m.dst[0]
-            self.direct_owed[m.src][r] = self.share_ack[r]
+            self.direct_owed[m.src][r] = max(self.direct_owed[m.src].get(r, 0), self.share_ack[r])
             self.late[r].append((m.src, None, self.share_ack[m.src], False))
             self.landing[r].add(do, do + n)
 
@@ -488,8 +495,8 @@ class _Compiler:
         if proto == "shared":           # w's part comes after its reads (share_out)
             if len(m.dst) != 1 or len(m.parts) != 1 or m.sbuf != "send" or m.dbuf != "recv":
                 raise ValueError("a shared move is one part of the writer's sendbuf into one reader's recvbuf")
-            if self.at > 0xff:
-                raise ValueError("shared moves are tagged with their step: at most 256 steps")
+            if self.at > 0xf:
+                raise ValueError("shared moves are tagged with their step: only in the first 16 steps")
             if (w, m.dst[0]) not in self.checked:
                 self.wait(w, m.dst[0], {"event": 0}, False, False)
             self.helping[w].append(m)

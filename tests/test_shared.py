@@ -18,9 +18,9 @@ pytestmark = pytest.mark.timeout(180)
 PIECE = 4096
 #: single copy from 4 KiB, no twin timing (the shared program runs every call)
 OPTS = {"cma_bytes": PIECE, "adapt": 0}
-#: one piece, one byte either side of a piece, several, and past 255 pieces
+#: one piece, one byte either side of a piece, several, and past 63 pieces
 #: (the claim word's count: pieces grow to fit)
-SIZES = [PIECE, PIECE + 1, 3 * PIECE - 1, 7 * PIECE + 5, 300 * PIECE + 3]
+SIZES = [PIECE, PIECE + 1, 3 * PIECE - 1, 7 * PIECE + 5, 100 * PIECE + 3]
 
 
 @pytest.mark.parametrize("op,alg", [("alltoall", "pairwise"), ("allgather", "all_at_once"),
@@ -52,11 +52,58 @@ def _params():
     return make_plan(2, topo, topo.placement(2, "core", "compact"), OPTS).params
 
 
-def test_shared_moves_are_tagged_with_at_most_256_steps():
+def test_shared_moves_are_tagged_with_their_step():
+    """Their claim word holds 4 bits of the step: a shared move past the
+    16th step is refused, and so are two of one pair in a step (one word)."""
     moves = [Move(0, (1,), ((0, 0, 64),), via="shared")]
-    sched = Schedule("alltoall", "t", 2, 64, 0, [Step() for _ in range(256)] + [Step(moves)])
-    with pytest.raises(ValueError, match="256 steps"):
+    sched = Schedule("alltoall", "t", 2, 64, 0, [Step() for _ in range(15)] + [Step(moves)])
+    _compile.compile_schedule(sched, _params(), (3, 64))
+    sched.steps.insert(0, Step())
+    with pytest.raises(ValueError, match="first 16 steps"):
         _compile.compile_schedule(sched, _params(), (3, 64))
+    two = [Step(moves + [Move(0, (1,), ((64, 64, 64),), via="shared")])]
+    with pytest.raises(ValueError, match="one shared move per writer and reader"):
+        _compile.compile_schedule(Schedule("alltoall", "t", 2, 128, 0, two), _params(), (3, 128))
+
+
+def test_a_shared_move_keeps_the_writers_later_waits():
+    """A writer waits before it leaves for the last ack of each reader of
+    its sendbuf: a shared move's ack never lowers that wait below a
+    direct move's later chunks'."""
+    sched = shmcoll.schedule("allreduce", "all_at_once", 2, 1 << 20, cma=True, dtype="float64",
+                             options={"chunk_bytes": 65536})
+    assert {m.via for m in sched.steps[0].moves} == {"direct"}
+    sched.steps[0].moves.append(Move(0, (1,), ((0, 0, 4096),), via="shared"))
+    progs = _compile.compile_schedule(sched, _params(), (10, 1 << 20))
+    acks = [int(progs[1][8 + 8 * i + 1]) for i in range(int(progs[1][0])) if progs[1][8 + 8 * i] == _compile.ACK]
+    waits = [int(progs[0][8 + 8 * i + 2]) for i in range(int(progs[0][0])) if progs[0][8 + 8 * i] == _compile.WAITACK]
+    assert max(waits) == max(acks) > 1, (waits, acks)
+
+
+def _aged(comm, age):
+    """The reader's claim word as the last shared copy `age` calls ago
+    left it (8 pieces claimed, step 0), then a 1 MiB Bcast from rank 0."""
+    from shmcoll._core import ffi
+    c = comm._c
+    buf = np.full(1 << 20, 7, np.uint8) if comm.rank == 0 else np.zeros(1 << 20, np.uint8)
+    comm.Barrier()
+    if comm.rank == 1:
+        row = -(-c.size * 8 // lib.SC_LINE) * lib.SC_LINE
+        word = ffi.cast("uint64_t *", c.base + c.off_claim + row)
+        then = (c.call + 2 - age) & ((1 << 64) - 1)       # the Bcast is this rank's second call from here
+        word[0] = ((then << 4) & ((1 << 52) - 1)) << 12 | 4 << 6 | 4
+    comm.Barrier()
+    comm.Bcast(buf, root=0)
+    return int((buf == 7).sum())
+
+
+@pytest.mark.parametrize("age", [1, 15, (1 << 39) + 1, (1 << 40) + 1, (1 << 47) + 5])
+def test_a_claim_word_left_long_ago_is_stale(age):
+    """A word last claimed in another call counts none of this call's
+    pieces, however long ago: it once read as a later step's once 2^39
+    calls old, and the copy was skipped."""
+    need_cma(2)
+    assert run_ranks(_aged, 2, age, options=OPTS) == [1 << 20] * 2
 
 
 def _late(comm, who, k):
@@ -151,7 +198,7 @@ def _claims(comm, calls):
     for _ in range(calls):
         comm.Bcast(buf, root=0)
         v = int(word[0])
-        got[0], got[1] = got[0] + (v & 0xff), got[1] + (v >> 8 & 0xff)
+        got[0], got[1] = got[0] + (v & 0x3f), got[1] + (v >> 6 & 0x3f)     # csrc/sc_internal.h, claim_word
     return got
 
 
