@@ -100,9 +100,10 @@ def _piece(n, paired):
     SHARE_PIECE where each end reads one of a pair (an Alltoall between
     two ranks), as both copy anyway (256 KiB Alltoall in halves: 48.8 us
     against 45.0); at most 63 pieces (6 bits of the claim word count each
-    end's)."""
+    end's), whole pages past 63 of SHARE_PIECE, so that the two ends
+    never pin the same page."""
     half = -(-n // 2) + 4095 & ~4095
-    return max(min(n if paired else half, SHARE_PIECE), -(-n // 63), 1)
+    return max(min(n if paired else half, SHARE_PIECE), -(-n // 63) + 4095 & ~4095, 1)
 
 
 def _protocol(m, slot_used, inline):

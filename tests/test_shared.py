@@ -160,11 +160,11 @@ def test_what_lands_is_whole_whoever_copies_it(op, nbytes):
     assert out == [[], []], out
 
 
-@pytest.mark.parametrize("base", [(1 << 40) - 3, (1 << 64) - 4])
+@pytest.mark.parametrize("base", [(1 << 48) - 3, (1 << 64) - 4])
 @pytest.mark.parametrize("op", ["alltoall", "bcast"])
 def test_claims_hold_across_the_tag_wrapping(op, base):
-    """The claim word's tag keeps 40 bits of the call number: calls
-    crossing 2^40 (and 2^64) still see their own claims, never an
+    """The claim word's tag keeps 48 bits of the call number: calls
+    crossing 2^48 (and 2^64) still see their own claims, never an
     earlier call's as a later one's."""
     need_cma(2)
     out = run_ranks(_job, 2, op, 7 * PIECE + 5, base, False, options=dict(OPTS, call_base=base, record_traffic=1))
