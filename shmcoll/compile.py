@@ -416,11 +416,13 @@ class _Compiler:
         arrival left uneven."""
         if "shared" not in protos or st.reduces:
             return []
-        out, stopped = [], set()
+        out, stopped, touched, moves = [], set(), {}, Step(st.moves)
         for cp in st.copies:
-            mine = _Ranges()
-            for a, b in _touches(Step(st.moves), cp.rank):
-                mine.add(a, b)
+            if cp.rank not in touched:              # what the rank's moves touch, once per rank
+                touched[cp.rank] = _Ranges()
+                for a, b in _touches(moves, cp.rank):
+                    touched[cp.rank].add(a, b)
+            mine = touched[cp.rank]
             user = cp.sbuf in ("send", "recv") and cp.dbuf in ("send", "recv")
             if cp.rank in stopped or not user or mine.meets(cp.soff, cp.soff + cp.n) or \
                     mine.meets(cp.doff, cp.doff + cp.n):
@@ -435,7 +437,8 @@ class _Compiler:
         shared copy of the step."""
         for m in self.helping[w]:
             (so, do, n), = m.parts
-            self.emit(w, SHARE, m.dst[0], 1 | self.at << 8, BUF[m.sbuf], so, do, n, _piece(n, (m.dst[0], w) in self.pairs))
+            self.emit(w, SHARE, m.dst[0], 1 | self.at << 8, BUF[m.sbuf], so, do, n,
+                      _piece(n, (m.dst[0], w) in self.pairs))
         if w in self.sharers:
             self.acks[w] += 1
             self.emit(w, ACK, self.acks[w])

@@ -41,14 +41,14 @@ class Move:
         return sum(n for _, _, n in self.parts)
 
 
-def shared(src, dst, so, do, n, sbuf="send"):
+def shared(src, dst, so, do, n):
     """One rank's n bytes to another by a single copy that both make at
     once, piece by piece (via "shared"), each taking the next piece once
-    it is free: the reader reads from src's sbuf, src writes into the
+    it is free: the reader reads from src's sendbuf, src writes into the
     reader's recvbuf.  Two cores copy, each from memory in its own cache
     or into the other's, and the one that pins pages faster (huge pages
     on one side only) or ends its other work first takes more."""
-    return [Move(src, (dst,), ((so, do, n),), sbuf=sbuf, via="shared")]
+    return [Move(src, (dst,), ((so, do, n),), via="shared")]
 
 
 @dataclass(frozen=True)
