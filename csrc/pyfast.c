@@ -388,11 +388,15 @@ static PyObject *py_learn(PyObject *mod, PyObject *const *args, Py_ssize_t n)
     Py_RETURN_NONE;
 }
 
+PyObject *sc_py_huge_arrays(PyObject *mod, PyObject *const *args, Py_ssize_t n);   /* pages.c */
+
 static PyMethodDef defs[] = {
     {"collective", (PyCFunction)(void (*)(void))entry, METH_FASTCALL | METH_KEYWORDS, "a collective of one communicator"},
     {"exec", (PyCFunction)(void (*)(void))py_exec, METH_FASTCALL, "exec(context, program, sbuf, rbuf) -> rc"},
     {"learn", (PyCFunction)(void (*)(void))py_learn, METH_FASTCALL, "learn(dtype, itemsize, numpy.ndarray)"},
+    {"huge_arrays", (PyCFunction)(void (*)(void))sc_py_huge_arrays, METH_FASTCALL,
+     "huge_arrays(numpy _ARRAY_API, min_bytes)"},
 };
 
 /* Method definition i, for Python to bind with PyCFunction_NewEx. */
-void *sc_py_entry(int i) { return i >= 0 && i < 3 ? &defs[i] : NULL; }
+void *sc_py_entry(int i) { return i >= 0 && i < (int)(sizeof defs / sizeof defs[0]) ? &defs[i] : NULL; }

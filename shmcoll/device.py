@@ -53,7 +53,7 @@ def make_plan(nranks, topo, slots, options=None):
     if not 0 <= float(p["timeout"]) < 1e9:
         raise ValueError(f"timeout must be a number of seconds in [0, 1e9) (0: never), not {p['timeout']}")
     for name, low in (("chunk_bytes", 64), ("tile_bytes", 64), ("stripe_slots", 1), ("bcast_k", 1),
-                      ("nt_bytes", 0), ("cma_bytes", 0), ("adapt", 0)):
+                      ("nt_bytes", 0), ("cma_bytes", 0), ("adapt", 0), ("huge_bytes", 0)):
         if p[name] is not None and not low <= int(p[name]) < 1 << 50:
             raise ValueError(f"{name} must be at least {low}, not {p[name]}")
     if not 0 <= int(p["inline_bytes"]) <= lib.SC_INLINE:
@@ -137,6 +137,26 @@ _new_cfunction.restype = ctypes.py_object
 _new_cfunction.argtypes = (ctypes.c_void_p, ctypes.py_object, ctypes.py_object)
 _exec = _new_cfunction(int(ffi.cast("uintptr_t", lib.sc_py_entry(1))), None, None)
 learn_dtype = _new_cfunction(int(ffi.cast("uintptr_t", lib.sc_py_entry(2))), None, None)
+_huge_arrays = _new_cfunction(int(ffi.cast("uintptr_t", lib.sc_py_entry(3))), None, None)
+
+
+def huge_arrays(min_bytes):
+    """From now on, numpy arrays of min_bytes and more that this thread
+    makes are mapped 2 MiB-aligned on transparent huge pages (csrc/pages.c).
+    Nothing for 0, a kernel without THP or numpy before 1.22 (no NEP 49)."""
+    if not min_bytes or not hasattr(np.lib, "NumpyVersion") or np.lib.NumpyVersion(np.__version__) < "1.22.0":
+        return
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            if "[never]" in f.read():
+                return
+    except OSError:
+        return
+    try:
+        from numpy._core import _multiarray_umath as umath
+    except ImportError:
+        from numpy.core import _multiarray_umath as umath
+    _huge_arrays(umath._ARRAY_API, int(min_bytes))
 
 FIELDS_C = {"chan_bytes": "chan_bytes", "stripe_bytes": "stripe_bytes", "stripe_slots": "stripe_slots",
             "check": "check", "spin_now_ns": "spin_ns", "spin_far_ns": "spin_far_ns", "yield_ns": "yield_ns",
@@ -314,6 +334,7 @@ class Device:
         launcher, and its descendants) may read its memory."""
         if lib.sc_register(self.c, pid, tracer) != 0:
             raise RuntimeError(f"rank {self.rank} could not register")
+        huge_arrays(self.plan.params["huge_bytes"])
 
     def rank_state(self, rank):
         """0 not yet registered, 1 alive, 2 left, 3 dead."""
