@@ -38,101 +38,173 @@ typedef struct {
 
 static const np_allocator *base;    /* the handler replaced, for smaller arrays */
 static PyObject *base_capsule;      /* keeps it alive */
-static size_t min_bytes;
+static size_t min_bytes = HUGE;
 
-/* Our mappings (address, length): freed pointers that are 2 MiB-aligned
- * are looked up here; others are the base handler's. */
+/* Live mappings (start, length): a pointer handed to free or realloc that
+ * is 2 MiB-aligned is looked up here; any other is the base handler's.
+ * Freed mappings are kept for reuse, as malloc keeps freed heap memory
+ * (up to its largest mmap threshold, 32 MiB, each): a temporary made again
+ * and again would otherwise fault in and zero fresh pages every time. */
+#define KEEP 8
+#define KEEP_EACH ((size_t)32 << 20)
+#define KEEP_ALL ((size_t)64 << 20)
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static struct span { char *p; size_t n; } *spans;
-static size_t nspans, cap;
+static struct span { char *p; size_t n; } *spans, kept[KEEP];      /* kept: oldest first */
+static size_t nspans, cap, nkept, kept_bytes;
 
-static int remember(char *p, size_t n)
+static void relock(void) { pthread_mutex_init(&lock, NULL); }   /* a forked child's */
+
+/* size rounded up to whole pages, at least one; 0 if that overflows */
+static size_t pages(size_t size)
 {
-    pthread_mutex_lock(&lock);
-    if (nspans == cap) {
-        size_t c = cap ? 2 * cap : 64;
-        struct span *s = realloc(spans, c * sizeof *s);
-        if (!s) {
-            pthread_mutex_unlock(&lock);
-            return 0;
-        }
-        spans = s, cap = c;
-    }
-    spans[nspans++] = (struct span){p, n};
-    pthread_mutex_unlock(&lock);
-    return 1;
+    size_t page = (size_t)getpagesize(), n = size ? (size + page - 1) & ~(page - 1) : page;
+    return n < size || n + HUGE < n ? 0 : n;
 }
 
-/* The length of our mapping at p (0: not ours); forget it when take. */
-static size_t lookup(void *p, int take)
+static long find(const void *p)     /* lock held */
+{
+    for (size_t i = 0; i < nspans; i++)
+        if (spans[i].p == p) return (long)i;
+    return -1;
+}
+
+/* The length of our mapping at p; 0: not ours. */
+static size_t length_of(const void *p)
 {
     if (!p || (uintptr_t)p & (HUGE - 1)) return 0;
-    size_t n = 0;
     pthread_mutex_lock(&lock);
-    for (size_t i = 0; i < nspans; i++)
-        if (spans[i].p == p) {
-            n = spans[i].n;
-            if (take) spans[i] = spans[--nspans];
-            break;
-        }
+    long i = find(p);
+    size_t n = i < 0 ? 0 : spans[i].n;
     pthread_mutex_unlock(&lock);
     return n;
 }
 
-/* size bytes from a 2 MiB boundary: the whole 2 MiB ranges advised, the
- * rest (less than one) on small pages, so no memory is added. */
-static void *huge_map(size_t size)
+/* n bytes (whole pages) from a 2 MiB boundary: the whole 2 MiB ranges
+ * advised, the rest (less than one) on small pages, so no memory is added. */
+static char *fresh(size_t n)
 {
-    size_t page = (size_t)getpagesize(), n = (size + page - 1) & ~(page - 1), span = n + HUGE;
-    if (n < size || span < n) return NULL;
-    char *m = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    char *m = mmap(NULL, n + HUGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) return NULL;
     char *p = (char *)(((uintptr_t)m + HUGE - 1) & ~(uintptr_t)(HUGE - 1));
     if (p > m) munmap(m, p - m);
-    munmap(p + n, m + span - (p + n));
+    munmap(p + n, m + HUGE - p);
     if (n >= HUGE) madvise(p, n & ~(HUGE - 1), MADV_HUGEPAGE);
-    if (!remember(p, n)) {
-        munmap(p, n);
+    return p;
+}
+
+/* A live mapping of at least n bytes: the smallest kept one that fits
+ * (at most twice n), else a fresh one.  zero: clear its first size bytes. */
+static void *get(size_t n, size_t size, int zero)
+{
+    char *p = NULL;
+    size_t have = n;
+    pthread_mutex_lock(&lock);
+    long best = -1;
+    for (size_t i = 0; i < nkept; i++)
+        if (kept[i].n >= n && kept[i].n / 2 <= n && (best < 0 || kept[i].n < kept[best].n)) best = (long)i;
+    if (best >= 0) {
+        p = kept[best].p, have = kept[best].n;
+        kept_bytes -= have;
+        memmove(&kept[best], &kept[best + 1], (--nkept - best) * sizeof *kept);
+    }
+    pthread_mutex_unlock(&lock);
+    if (p && zero) memset(p, 0, size);
+    if (!p && !(p = fresh(n))) return NULL;
+    pthread_mutex_lock(&lock);
+    int room = nspans < cap;
+    if (!room) {
+        size_t c = cap ? 2 * cap : 64;
+        struct span *s = realloc(spans, c * sizeof *s);
+        if (s) spans = s, cap = c, room = 1;
+    }
+    if (room) spans[nspans++] = (struct span){p, have};
+    pthread_mutex_unlock(&lock);
+    if (!room) {
+        munmap(p, have);
         return NULL;
     }
     return p;
 }
 
+/* Free our mapping at p, keeping it for reuse if it is small enough;
+ * 0: p is not ours. */
+static int release(void *p)
+{
+    if (!p || (uintptr_t)p & (HUGE - 1)) return 0;
+    pthread_mutex_lock(&lock);
+    long i = find(p);
+    if (i < 0) {
+        pthread_mutex_unlock(&lock);
+        return 0;
+    }
+    struct span s = spans[i];
+    spans[i] = spans[--nspans];
+    if (s.n > KEEP_EACH) {
+        pthread_mutex_unlock(&lock);
+        munmap(s.p, s.n);
+        return 1;
+    }
+    while (nkept == KEEP || kept_bytes + s.n > KEEP_ALL) {      /* drop the oldest */
+        munmap(kept[0].p, kept[0].n);
+        kept_bytes -= kept[0].n;
+        memmove(&kept[0], &kept[1], --nkept * sizeof *kept);
+    }
+    kept[nkept++] = s;
+    kept_bytes += s.n;
+    pthread_mutex_unlock(&lock);
+    return 1;
+}
+
 static void *h_malloc(void *ctx, size_t size)
 {
-    return size >= min_bytes ? huge_map(size) : base->malloc(base->ctx, size);
+    if (size < min_bytes) return base->malloc(base->ctx, size);
+    size_t n = pages(size);
+    return n ? get(n, size, 0) : NULL;
 }
 
 static void *h_calloc(void *ctx, size_t nelem, size_t elsize)
 {
     if (elsize && nelem > SIZE_MAX / elsize) return NULL;
-    return nelem * elsize >= min_bytes ? huge_map(nelem * elsize) : base->calloc(base->ctx, nelem, elsize);
+    size_t size = nelem * elsize, n;
+    if (size < min_bytes) return base->calloc(base->ctx, nelem, elsize);
+    return (n = pages(size)) ? get(n, size, 1) : NULL;
 }
 
+/* Ours shrinks in place (it cannot fail, and keeps its start) and grows by
+ * a copy; the base handler's stays with it (only it knows the old size). */
 static void *h_realloc(void *ctx, void *ptr, size_t size)
 {
     if (!ptr) return h_malloc(ctx, size);
-    size_t had = lookup(ptr, 0);
+    size_t had = length_of(ptr), n = pages(size);
     if (!had) return base->realloc(base->ctx, ptr, size);
+    if (!n) return NULL;
+    if (n <= had) {
+        if (n < had) {
+            pthread_mutex_lock(&lock);
+            spans[find(ptr)].n = n;
+            pthread_mutex_unlock(&lock);
+            munmap((char *)ptr + n, had - n);
+        }
+        return ptr;
+    }
     void *q = h_malloc(ctx, size);
     if (!q) return NULL;
-    memcpy(q, ptr, size < had ? size : had);
-    munmap(ptr, lookup(ptr, 1));
+    memcpy(q, ptr, had);
+    release(ptr);
     return q;
 }
 
 static void h_free(void *ctx, void *ptr, size_t size)
 {
-    size_t n = lookup(ptr, 1);
-    if (n) munmap(ptr, n);
-    else base->free(base->ctx, ptr, size);
+    if (!release(ptr)) base->free(base->ctx, ptr, size);
 }
 
 static np_handler handler = {"shmcoll_huge_pages", 1, {NULL, h_malloc, h_calloc, h_realloc, h_free}};
 
-/* huge_arrays(numpy's _ARRAY_API capsule, min_bytes): allocate this
- * thread's (context's) numpy arrays of min_bytes and more on aligned huge
- * pages from now on. */
+/* huge_arrays(numpy's _ARRAY_API capsule, min_bytes) -> bool: from now on
+ * allocate this thread's (context's) numpy arrays of min_bytes and more
+ * on aligned huge pages; 0: stop (put the replaced handler back).  A
+ * handler the user set over the one replaced is left alone (False). */
 PyObject *sc_py_huge_arrays(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 2) {
@@ -142,37 +214,36 @@ PyObject *sc_py_huge_arrays(PyObject *mod, PyObject *const *args, Py_ssize_t nar
     void **api = PyCapsule_GetPointer(args[0], NULL);
     size_t at_least = PyLong_AsSize_t(args[1]);
     if (!api || (at_least == (size_t)-1 && PyErr_Occurred())) return NULL;
-    if (!at_least) {
-        PyErr_SetString(PyExc_ValueError, "huge_arrays: min_bytes must be positive");
-        return NULL;
-    }
     PyObject *(*set_handler)(PyObject *) = (PyObject * (*)(PyObject *)) api[API_SET_HANDLER];
     PyObject *(*get_handler)(void) = (PyObject * (*)(void)) api[API_GET_HANDLER];
-    PyObject *cur = get_handler();
+    PyObject *cur = get_handler(), *next = NULL;
     if (!cur) return NULL;
     np_handler *h = PyCapsule_GetPointer(cur, "mem_handler");
-    if (!h) {
-        Py_DECREF(cur);
-        return NULL;
-    }
-    if (h == &handler) {        /* already ours (a forked rank of a rank) */
-        Py_DECREF(cur);
+    int ours = h == &handler, mine = 0;
+    if (!h) goto fail;
+    if (ours && !at_least) {
+        next = Py_NewRef(base_capsule);
+    } else if (ours) {
         min_bytes = at_least;
-        Py_RETURN_NONE;
+        mine = 1;
+    } else if (at_least && (!base_capsule || h == PyCapsule_GetPointer(base_capsule, "mem_handler"))) {
+        static int atfork;
+        if (!atfork++) pthread_atfork(NULL, NULL, relock);
+        Py_XSETREF(base_capsule, Py_NewRef(cur));
+        base = &h->a;
+        min_bytes = at_least;
+        if (!(next = PyCapsule_New(&handler, "mem_handler", NULL))) goto fail;
+        mine = 1;
     }
-    if (base_capsule && h != (np_handler *)PyCapsule_GetPointer(base_capsule, "mem_handler")) {
-        Py_DECREF(cur);
-        PyErr_SetString(PyExc_RuntimeError, "huge_arrays: another numpy allocation handler was set since");
-        return NULL;
+    if (next) {
+        PyObject *old = set_handler(next);
+        Py_DECREF(next);
+        if (!old) goto fail;
+        Py_DECREF(old);
     }
-    Py_XSETREF(base_capsule, cur);
-    base = &h->a;
-    min_bytes = at_least;
-    PyObject *mine = PyCapsule_New(&handler, "mem_handler", NULL);
-    if (!mine) return NULL;
-    PyObject *old = set_handler(mine);
-    Py_DECREF(mine);
-    if (!old) return NULL;
-    Py_DECREF(old);
-    Py_RETURN_NONE;
+    Py_DECREF(cur);
+    return PyBool_FromLong(mine);
+fail:
+    Py_DECREF(cur);
+    return NULL;
 }

@@ -53,9 +53,11 @@ def make_plan(nranks, topo, slots, options=None):
     if not 0 <= float(p["timeout"]) < 1e9:
         raise ValueError(f"timeout must be a number of seconds in [0, 1e9) (0: never), not {p['timeout']}")
     for name, low in (("chunk_bytes", 64), ("tile_bytes", 64), ("stripe_slots", 1), ("bcast_k", 1),
-                      ("nt_bytes", 0), ("cma_bytes", 0), ("adapt", 0), ("huge_bytes", 0)):
+                      ("nt_bytes", 0), ("cma_bytes", 0), ("adapt", 0)):
         if p[name] is not None and not low <= int(p[name]) < 1 << 50:
             raise ValueError(f"{name} must be at least {low}, not {p[name]}")
+    if int(p["huge_bytes"]) and not 2 << 20 <= int(p["huge_bytes"]) < 1 << 50:
+        raise ValueError(f"huge_bytes must be 0 (off) or from 2 MiB (one huge page) to 2**50, not {p['huge_bytes']}")
     if not 0 <= int(p["inline_bytes"]) <= lib.SC_INLINE:
         raise ValueError(f"inline_bytes must be in 0 .. {lib.SC_INLINE}, not {p['inline_bytes']}")
     p["chunk_opt"], p["tile_opt"], p["cma_opt"] = p["chunk_bytes"], p["tile_bytes"], p["cma_bytes"]
@@ -142,21 +144,25 @@ _huge_arrays = _new_cfunction(int(ffi.cast("uintptr_t", lib.sc_py_entry(3))), No
 
 def huge_arrays(min_bytes):
     """From now on, numpy arrays of min_bytes and more that this thread
-    makes are mapped 2 MiB-aligned on transparent huge pages (csrc/pages.c).
-    Nothing for 0, a kernel without THP or numpy before 1.22 (no NEP 49)."""
-    if not min_bytes or not hasattr(np.lib, "NumpyVersion") or np.lib.NumpyVersion(np.__version__) < "1.22.0":
-        return
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
-            if "[never]" in f.read():
-                return
-    except OSError:
+    makes are mapped 2 MiB-aligned on transparent huge pages (csrc/pages.c);
+    0 stops it (a rank forked from a rank inherits its handler).  Nothing
+    with numpy before 1.22 (no NEP 49), and 0 where the kernel's huge pages
+    are off or numpy's are (NUMPY_MADVISE_HUGEPAGE=0)."""
+    if np.lib.NumpyVersion(np.__version__) < "1.22.0":
         return
     try:
         from numpy._core import _multiarray_umath as umath
     except ImportError:
         from numpy.core import _multiarray_umath as umath
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            thp = "[never]" not in f.read()
+    except OSError:
+        thp = False
+    if not thp or not getattr(umath, "_get_madvise_hugepage", lambda: True)():
+        min_bytes = 0
     _huge_arrays(umath._ARRAY_API, int(min_bytes))
+
 
 FIELDS_C = {"chan_bytes": "chan_bytes", "stripe_bytes": "stripe_bytes", "stripe_slots": "stripe_slots",
             "check": "check", "spin_now_ns": "spin_ns", "spin_far_ns": "spin_far_ns", "yield_ns": "yield_ns",

@@ -36,7 +36,8 @@ DEFAULTS = {
     "record_traffic": 0,        # count the bytes each rank reads from each other (Comm.traffic)
     "huge_bytes": 2 << 20,      # a rank's numpy arrays of this many bytes and more start on a 2 MiB boundary,
                                 # their whole 2 MiB ranges on transparent huge pages (the rest on small ones), so
-                                # a single copy pins one page per 2 MiB, not 512 (csrc/pages.c); 0: never
+                                # a single copy pins one page per 2 MiB, not 512; freed ones are kept for reuse,
+                                # 64 MiB at most, as malloc keeps its heap (csrc/pages.c); 0: never
     "shm_bytes": None,          # space the segment must fit in (default: what /dev/shm has free)
     "barrier_algorithm": None,
     "bcast_algorithm": None,

@@ -3,11 +3,14 @@ huge_bytes): a rank's arrays from huge_bytes on start on a 2 MiB boundary
 and are advised whole, smaller ones go to numpy's own allocator; every
 numpy path that allocates, grows, shrinks or frees keeps the data and
 gives the memory back."""
+import ctypes
+import resource
 import threading
 
 import numpy as np
 import pytest
 
+import shmcoll
 from conftest import pattern, run_ranks
 
 pytestmark = pytest.mark.timeout(120)
@@ -95,8 +98,11 @@ def _grow_shrink(comm):
     b.resize(3 * MIB, refcheck=False)                    # ours to ours
     checks.append((b[:MIB] == pattern(MIB, np.int64, comm.rank, 1)).all() and not b[MIB:].any())
     checks.append(b.ctypes.data % HUGE == 0)
-    b.resize(100, refcheck=False)                        # ours to numpy's
-    checks.append((b == pattern(100, np.int64, comm.rank, 1)).all())
+    at = b.ctypes.data
+    b.resize(MIB // 2, refcheck=False)                   # ours, smaller: in place (it cannot fail then)
+    checks.append(b.ctypes.data == at and (b == pattern(MIB // 2, np.int64, comm.rank, 1)).all())
+    b.resize(100, refcheck=False)
+    checks.append(b.ctypes.data == at and (b == pattern(100, np.int64, comm.rank, 1)).all())
     c = np.fromiter((i * 3 for i in range(2_000_000)), np.int64)
     checks.append((c == np.arange(2_000_000, dtype=np.int64) * 3).all())
     return checks
@@ -139,6 +145,96 @@ def test_freed_arrays_give_their_mappings_back():
         assert thread_handler == "default_allocator"
 
 
-def test_negative_huge_bytes_is_refused():
-    with pytest.raises(ValueError, match="huge_bytes"):
-        run_ranks(_placement, 1, [8], options={"huge_bytes": -1})
+def _temporaries(comm, n):
+    """Page faults of 50 temporaries of n bytes made and dropped."""
+    a, b = np.ones(n // 8), np.ones(n // 8)
+    (a + b).sum()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(50):
+        c = a + b
+        del c
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+@need_thp
+@pytest.mark.parametrize("nbytes", [3 * MIB, 8 * MIB])
+def test_temporaries_reuse_their_mappings(nbytes):
+    """A freed mapping is kept for the next array that fits, as malloc
+    keeps its heap: fresh ones fault in every page again (3 MiB: 12,800
+    faults for 50 temporaries)."""
+    for faults in run_ranks(_temporaries, 2, nbytes):
+        assert faults < 200, faults
+
+
+def _handlers(comm, huge_bytes, user):
+    if user:
+        _user_handler()
+    inner = shmcoll.launch(_placement, 1, ([8 * MIB],), options={"huge_bytes": huge_bytes})
+    return _name(np.zeros(8 * MIB, np.uint8)), inner[0][0][1]
+
+
+@need_thp
+def test_a_rank_of_a_rank_follows_its_own_option():
+    """A nested job's ranks inherit the handler by fork; huge_bytes=0
+    there puts numpy's back, and the default keeps ours."""
+    assert run_ranks(_handlers, 1, 0, False) == [("shmcoll_huge_pages", "default_allocator")]
+    assert run_ranks(_handlers, 1, 2 * MIB, False) == [("shmcoll_huge_pages", "shmcoll_huge_pages")]
+
+
+@need_thp
+def test_a_users_own_allocation_handler_is_left_alone():
+    """A handler the user set wins: nested ranks start, and keep it."""
+    assert run_ranks(_handlers, 1, 2 * MIB, True) == [("user_malloc", "user_malloc")]
+
+
+def _numpy_says_no(comm):
+    return _name(np.zeros(8 * MIB, np.uint8))
+
+
+@need_thp
+def test_numpys_own_switch_turns_it_off(monkeypatch):
+    """NUMPY_MADVISE_HUGEPAGE=0 (numpy's _set_madvise_hugepage) holds for us too."""
+    try:
+        from numpy._core import multiarray
+    except ImportError:
+        from numpy.core import multiarray
+    was = multiarray._set_madvise_hugepage(False)
+    try:
+        assert run_ranks(_numpy_says_no, 2) == ["default_allocator"] * 2
+    finally:
+        multiarray._set_madvise_hugepage(was)
+
+
+@pytest.mark.parametrize("value", [-1, 1, (2 << 20) - 1, 1 << 62])
+def test_huge_bytes_is_zero_or_at_least_a_huge_page(value):
+    with pytest.raises(ValueError, match="huge_bytes must be 0 .off. or from 2 MiB"):
+        run_ranks(_placement, 1, [8], options={"huge_bytes": value})
+
+
+def _user_handler():
+    """Set a NEP 49 handler of the user's (plain malloc, through ctypes)."""
+    try:
+        from numpy._core import _multiarray_umath as umath
+    except ImportError:
+        from numpy.core import _multiarray_umath as umath
+    libc = ctypes.CDLL(None)
+    vp, sz = ctypes.c_void_p, ctypes.c_size_t
+    for f, res, args in (("malloc", vp, (sz,)), ("calloc", vp, (sz, sz)), ("realloc", vp, (vp, sz)),
+                         ("free", None, (vp,))):
+        getattr(libc, f).restype, getattr(libc, f).argtypes = res, args
+    kinds = (ctypes.CFUNCTYPE(vp, vp, sz), ctypes.CFUNCTYPE(vp, vp, sz, sz), ctypes.CFUNCTYPE(vp, vp, vp, sz),
+             ctypes.CFUNCTYPE(None, vp, vp, sz))
+
+    class Handler(ctypes.Structure):
+        _fields_ = [("name", ctypes.c_char * 127), ("version", ctypes.c_uint8), ("ctx", vp),
+                    ("malloc", kinds[0]), ("calloc", kinds[1]), ("realloc", kinds[2]), ("free", kinds[3])]
+    h = Handler(b"user_malloc", 1, None, kinds[0](lambda c, n: libc.malloc(n)),
+                kinds[1](lambda c, a, b: libc.calloc(a, b)), kinds[2](lambda c, p, n: libc.realloc(p, n)),
+                kinds[3](lambda c, p, n: libc.free(p)))
+    _user_handler.keep = h
+    api = ctypes.pythonapi
+    api.PyCapsule_GetPointer.restype, api.PyCapsule_GetPointer.argtypes = vp, (ctypes.py_object, ctypes.c_char_p)
+    api.PyCapsule_New.restype, api.PyCapsule_New.argtypes = ctypes.py_object, (vp, ctypes.c_char_p, vp)
+    table = ctypes.cast(api.PyCapsule_GetPointer(umath._ARRAY_API, None), ctypes.POINTER(vp))
+    set_handler = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.py_object)(table[304])
+    set_handler(api.PyCapsule_New(ctypes.addressof(h), b"mem_handler", None))
