@@ -6,9 +6,9 @@
  * numpy advises huge pages for arrays from 4 MiB, but over malloc's
  * unaligned mapping, so only the whole aligned 2 MiB ranges inside get one
  * and which block does depends on where the allocation landed.  This NEP 49
- * allocation handler, installed in each rank, maps arrays from huge_bytes
- * (2 MiB) on a 2 MiB boundary and advises their whole 2 MiB ranges; smaller
- * ones go to the handler it replaced. */
+ * allocation handler, installed in each rank over numpy's own, maps arrays
+ * from huge_bytes (2 MiB) on a 2 MiB boundary and advises their whole 2 MiB
+ * ranges; smaller ones go to numpy's. */
 #include <Python.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -35,10 +35,11 @@ typedef struct {
 /* PyArray_API slots of PyDataMem_SetHandler and PyDataMem_GetHandler (__multiarray_api.h) */
 #define API_SET_HANDLER 304
 #define API_GET_HANDLER 305
+#define API_DEFAULT_HANDLER 306     /* PyObject **: numpy's own handler */
 
-static const np_allocator *base;    /* the handler replaced, for smaller arrays */
-static PyObject *base_capsule;      /* keeps it alive */
-static size_t min_bytes = HUGE;
+static const np_allocator *base;    /* numpy's own handler, for smaller arrays */
+static PyObject *base_capsule;
+static size_t min_bytes = HUGE;     /* one for the process; SIZE_MAX once turned off */
 
 /* Live mappings (start, length): a pointer handed to free or realloc that
  * is 2 MiB-aligned is looked up here; any other is the base handler's.
@@ -52,7 +53,9 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct span { char *p; size_t n; } *spans, kept[KEEP];      /* kept: oldest first */
 static size_t nspans, cap, nkept, kept_bytes;
 
-static void relock(void) { pthread_mutex_init(&lock, NULL); }   /* a forked child's */
+/* fork: no thread holds the lock across it, so the child's lists are whole */
+static void fork_prepare(void) { pthread_mutex_lock(&lock); }
+static void fork_done(void) { pthread_mutex_unlock(&lock); }
 
 /* size rounded up to whole pages, at least one; 0 if that overflows */
 static size_t pages(size_t size)
@@ -108,6 +111,10 @@ static void *get(size_t n, size_t size, int zero)
         memmove(&kept[best], &kept[best + 1], (--nkept - best) * sizeof *kept);
     }
     pthread_mutex_unlock(&lock);
+    if (p && have > n) {        /* only what is asked for stays with the array */
+        munmap(p + n, have - n);
+        have = n;
+    }
     if (p && zero) memset(p, 0, size);
     if (!p && !(p = fresh(n))) return NULL;
     pthread_mutex_lock(&lock);
@@ -202,9 +209,10 @@ static void h_free(void *ctx, void *ptr, size_t size)
 static np_handler handler = {"shmcoll_huge_pages", 1, {NULL, h_malloc, h_calloc, h_realloc, h_free}};
 
 /* huge_arrays(numpy's _ARRAY_API capsule, min_bytes) -> bool: from now on
- * allocate this thread's (context's) numpy arrays of min_bytes and more
- * on aligned huge pages; 0: stop (put the replaced handler back).  A
- * handler the user set over the one replaced is left alone (False). */
+ * numpy arrays of min_bytes and more that this thread (context) makes go
+ * on aligned huge pages (the threshold is the process's); 0: no more
+ * (numpy's handler back).  Only numpy's own handler is replaced: one the
+ * user set is left alone (False). */
 PyObject *sc_py_huge_arrays(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 2) {
@@ -216,24 +224,23 @@ PyObject *sc_py_huge_arrays(PyObject *mod, PyObject *const *args, Py_ssize_t nar
     if (!api || (at_least == (size_t)-1 && PyErr_Occurred())) return NULL;
     PyObject *(*set_handler)(PyObject *) = (PyObject * (*)(PyObject *)) api[API_SET_HANDLER];
     PyObject *(*get_handler)(void) = (PyObject * (*)(void)) api[API_GET_HANDLER];
+    PyObject *numpys = *(PyObject **)api[API_DEFAULT_HANDLER];
+    np_handler *dflt = PyCapsule_GetPointer(numpys, "mem_handler");
     PyObject *cur = get_handler(), *next = NULL;
-    if (!cur) return NULL;
+    if (!cur || !dflt) goto fail;
     np_handler *h = PyCapsule_GetPointer(cur, "mem_handler");
-    int ours = h == &handler, mine = 0;
     if (!h) goto fail;
-    if (ours && !at_least) {
-        next = Py_NewRef(base_capsule);
-    } else if (ours) {
+    if (!at_least) {
+        if (base) min_bytes = SIZE_MAX;         /* our arrays, grown, go to numpy's too */
+        if (h == &handler) next = Py_NewRef(numpys);
+    } else if (h == &handler || h == dflt) {
+        if (!base) {
+            pthread_atfork(fork_prepare, fork_done, fork_done);
+            base_capsule = Py_NewRef(numpys);
+            base = &dflt->a;
+        }
         min_bytes = at_least;
-        mine = 1;
-    } else if (at_least && (!base_capsule || h == PyCapsule_GetPointer(base_capsule, "mem_handler"))) {
-        static int atfork;
-        if (!atfork++) pthread_atfork(NULL, NULL, relock);
-        Py_XSETREF(base_capsule, Py_NewRef(cur));
-        base = &h->a;
-        min_bytes = at_least;
-        if (!(next = PyCapsule_New(&handler, "mem_handler", NULL))) goto fail;
-        mine = 1;
+        if (h == dflt && !(next = PyCapsule_New(&handler, "mem_handler", NULL))) goto fail;
     }
     if (next) {
         PyObject *old = set_handler(next);
@@ -241,9 +248,10 @@ PyObject *sc_py_huge_arrays(PyObject *mod, PyObject *const *args, Py_ssize_t nar
         if (!old) goto fail;
         Py_DECREF(old);
     }
+    int mine = at_least && (h == &handler || h == dflt);
     Py_DECREF(cur);
     return PyBool_FromLong(mine);
 fail:
-    Py_DECREF(cur);
+    Py_XDECREF(cur);
     return NULL;
 }

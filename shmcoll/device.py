@@ -143,9 +143,11 @@ _huge_arrays = _new_cfunction(int(ffi.cast("uintptr_t", lib.sc_py_entry(3))), No
 
 
 def huge_arrays(min_bytes):
-    """From now on, numpy arrays of min_bytes and more that this thread
-    makes are mapped 2 MiB-aligned on transparent huge pages (csrc/pages.c);
-    0 stops it (a rank forked from a rank inherits its handler).  Nothing
+    """From now on, numpy arrays of min_bytes (one threshold per process)
+    and more that this thread makes are mapped 2 MiB-aligned on transparent
+    huge pages (csrc/pages.c), unless the user set a numpy allocation
+    handler of their own; 0 stops it (a rank forked from a rank inherits
+    its handler).  Nothing
     with numpy before 1.22 (no NEP 49), and 0 where the kernel's huge pages
     are off or numpy's are (NUMPY_MADVISE_HUGEPAGE=0)."""
     if np.lib.NumpyVersion(np.__version__) < "1.22.0":

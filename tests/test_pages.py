@@ -4,7 +4,10 @@ and are advised whole, smaller ones go to numpy's own allocator; every
 numpy path that allocates, grows, shrinks or frees keeps the data and
 gives the memory back."""
 import ctypes
+import os
 import resource
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -185,6 +188,57 @@ def test_a_rank_of_a_rank_follows_its_own_option():
 def test_a_users_own_allocation_handler_is_left_alone():
     """A handler the user set wins: nested ranks start, and keep it."""
     assert run_ranks(_handlers, 1, 2 * MIB, True) == [("user_malloc", "user_malloc")]
+
+
+def _grow_inherited(comm, a):
+    a.resize(5 * MIB, refcheck=False)
+    return a.ctypes.data % HUGE, bool((a[:3 * MIB] == 3).all() and not a[3 * MIB:].any())
+
+
+def _inherit(comm):
+    a = np.full(3 * MIB, 3, np.uint8)
+    return shmcoll.launch(_grow_inherited, 1, (a,), options={"huge_bytes": 0})[0], a.ctypes.data % HUGE
+
+
+@need_thp
+def test_off_in_a_rank_of_a_rank_holds_for_inherited_arrays():
+    """An array the outer rank made on our handler, grown in a nested rank
+    with huge_bytes=0, goes to numpy's allocator (malloc: off the boundary)."""
+    (inner_at, kept), outer_at = run_ranks(_inherit, 1)[0]
+    assert outer_at == 0 and inner_at != 0 and kept
+
+
+def _reuse_rss(comm):
+    live, before = [], _rss_kib()
+    for _ in range(10):
+        big = np.ones(16 * MIB, np.uint8)
+        del big
+        live.append(np.zeros(8 * MIB + 4096, np.uint8))
+        live[-1][:] = 1
+    return _rss_kib() - before
+
+
+def _rss_kib():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+@need_thp
+def test_a_reused_mapping_keeps_only_what_the_array_needs():
+    """A kept 16 MiB mapping given to an 8 MiB array gives back the rest:
+    10 such arrays held 160 MiB before, 80 plus the last 16 MiB kept now."""
+    for grown in run_ranks(_reuse_rss, 1):
+        assert grown < 120 * 1024, grown
+
+
+@need_thp
+def test_a_handler_set_before_the_first_rank_is_left_alone():
+    """In a fresh process: the user's handler, then a job; its ranks keep it."""
+    code = ("import os, sys, numpy as np, shmcoll; sys.path.insert(0, %r); import test_pages as t; "
+            "t._user_handler(); r = shmcoll.launch(t._numpy_says_no, 1, timeout=60); "
+            "print(r[0], flush=True); os._exit(0)" % os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90)
+    assert out.stdout.split() == ["user_malloc"], out.stderr
 
 
 def _numpy_says_no(comm):
