@@ -56,6 +56,15 @@ static size_t nspans, cap, nkept, kept_bytes;
 /* fork: no thread holds the lock across it, so the child's lists are whole */
 static void fork_prepare(void) { pthread_mutex_lock(&lock); }
 static void fork_done(void) { pthread_mutex_unlock(&lock); }
+static void at_fork(void) { pthread_atfork(fork_prepare, fork_done, fork_done); }
+
+static void drop_kept(void)
+{
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < nkept; i++) munmap(kept[i].p, kept[i].n);
+    nkept = kept_bytes = 0;
+    pthread_mutex_unlock(&lock);
+}
 
 /* size rounded up to whole pages, at least one; 0 if that overflows */
 static size_t pages(size_t size)
@@ -95,6 +104,14 @@ static char *fresh(size_t n)
     return p;
 }
 
+/* Where a mapping of have bytes shrinks to hold n: at n in its small-page
+ * tail, else at the next 2 MiB boundary: a huge page cut in two is held
+ * whole by the kernel until memory runs short, unseen in RSS. */
+static size_t cut_at(size_t have, size_t n)
+{
+    return n >= (have & ~(HUGE - 1)) ? n : (n + HUGE - 1) & ~(HUGE - 1);
+}
+
 /* A live mapping of at least n bytes: the smallest kept one that fits
  * (at most twice n), else a fresh one.  zero: clear its first size bytes. */
 static void *get(size_t n, size_t size, int zero)
@@ -111,9 +128,9 @@ static void *get(size_t n, size_t size, int zero)
         memmove(&kept[best], &kept[best + 1], (--nkept - best) * sizeof *kept);
     }
     pthread_mutex_unlock(&lock);
-    if (p && have > n) {        /* only what is asked for stays with the array */
-        munmap(p + n, have - n);
-        have = n;
+    if (p && cut_at(have, n) < have) {      /* only what is asked for stays with the array */
+        munmap(p + cut_at(have, n), have - cut_at(have, n));
+        have = cut_at(have, n);
     }
     if (p && zero) memset(p, 0, size);
     if (!p && !(p = fresh(n))) return NULL;
@@ -133,8 +150,8 @@ static void *get(size_t n, size_t size, int zero)
     return p;
 }
 
-/* Free our mapping at p, keeping it for reuse if it is small enough;
- * 0: p is not ours. */
+/* Free our mapping at p, keeping it for reuse if a later array may want
+ * it (one huge page to KEEP_EACH, while on); 0: p is not ours. */
 static int release(void *p)
 {
     if (!p || (uintptr_t)p & (HUGE - 1)) return 0;
@@ -146,7 +163,7 @@ static int release(void *p)
     }
     struct span s = spans[i];
     spans[i] = spans[--nspans];
-    if (s.n > KEEP_EACH) {
+    if (s.n > KEEP_EACH || s.n < HUGE || min_bytes == SIZE_MAX) {
         pthread_mutex_unlock(&lock);
         munmap(s.p, s.n);
         return 1;
@@ -186,11 +203,12 @@ static void *h_realloc(void *ctx, void *ptr, size_t size)
     if (!had) return base->realloc(base->ctx, ptr, size);
     if (!n) return NULL;
     if (n <= had) {
-        if (n < had) {
+        size_t c = cut_at(had, n);
+        if (c < had) {
             pthread_mutex_lock(&lock);
-            spans[find(ptr)].n = n;
+            spans[find(ptr)].n = c;
             pthread_mutex_unlock(&lock);
-            munmap((char *)ptr + n, had - n);
+            munmap((char *)ptr + c, had - c);
         }
         return ptr;
     }
@@ -231,11 +249,15 @@ PyObject *sc_py_huge_arrays(PyObject *mod, PyObject *const *args, Py_ssize_t nar
     np_handler *h = PyCapsule_GetPointer(cur, "mem_handler");
     if (!h) goto fail;
     if (!at_least) {
-        if (base) min_bytes = SIZE_MAX;         /* our arrays, grown, go to numpy's too */
+        if (base) {
+            min_bytes = SIZE_MAX;               /* our arrays, grown, go to numpy's too */
+            drop_kept();
+        }
         if (h == &handler) next = Py_NewRef(numpys);
     } else if (h == &handler || h == dflt) {
         if (!base) {
-            pthread_atfork(fork_prepare, fork_done, fork_done);
+            static pthread_once_t once = PTHREAD_ONCE_INIT;
+            pthread_once(&once, at_fork);
             base_capsule = Py_NewRef(numpys);
             base = &dflt->a;
         }

@@ -231,6 +231,38 @@ def test_a_reused_mapping_keeps_only_what_the_array_needs():
         assert grown < 120 * 1024, grown
 
 
+def _cut(comm):
+    big = np.ones(16 * MIB, np.uint8)
+    del big
+    a = np.zeros(8 * MIB + 4096, np.uint8)
+    return _huge_kib(a.ctypes.data), a.ctypes.data % HUGE, not a.any()
+
+
+@need_thp
+def test_a_reused_mapping_is_cut_at_a_huge_page_boundary():
+    """Cut at 8 MiB + 4 KiB, a huge page would be split, its cut-off part
+    held by the kernel until memory runs short; at 10 MiB all five stay whole."""
+    for huge_kib, at, zero in run_ranks(_cut, 1):
+        assert huge_kib >= 10 * 1024 and at == 0 and zero, huge_kib
+
+
+def _turned_off(comm):
+    from shmcoll.device import huge_arrays
+    for _ in range(4):
+        a = np.ones(8 * MIB, np.uint8)
+        b = np.ones(8 * MIB, np.uint8)
+        del a, b
+    held = _rss_kib()
+    huge_arrays(0)
+    return held - _rss_kib()
+
+
+@need_thp
+def test_turning_it_off_gives_the_kept_mappings_back():
+    for freed_kib in run_ranks(_turned_off, 1):
+        assert freed_kib >= 12 * 1024, freed_kib
+
+
 @need_thp
 def test_a_handler_set_before_the_first_rank_is_left_alone():
     """In a fresh process: the user's handler, then a job; its ranks keep it."""
