@@ -128,9 +128,10 @@ static void *get(size_t n, size_t size, int zero)
         memmove(&kept[best], &kept[best + 1], (--nkept - best) * sizeof *kept);
     }
     pthread_mutex_unlock(&lock);
-    if (p && cut_at(have, n) < have) {      /* only what is asked for stays with the array */
-        munmap(p + cut_at(have, n), have - cut_at(have, n));
-        have = cut_at(have, n);
+    size_t cut = cut_at(have, n);
+    if (p && cut < have) {          /* only what is asked for stays with the array */
+        munmap(p + cut, have - cut);
+        have = cut;
     }
     if (p && zero) memset(p, 0, size);
     if (!p && !(p = fresh(n))) return NULL;
@@ -226,11 +227,11 @@ static void h_free(void *ctx, void *ptr, size_t size)
 
 static np_handler handler = {"shmcoll_huge_pages", 1, {NULL, h_malloc, h_calloc, h_realloc, h_free}};
 
-/* huge_arrays(numpy's _ARRAY_API capsule, min_bytes) -> bool: from now on
+/* huge_arrays(numpy's _ARRAY_API capsule, min_bytes): from now on
  * numpy arrays of min_bytes and more that this thread (context) makes go
  * on aligned huge pages (the threshold is the process's); 0: no more
  * (numpy's handler back).  Only numpy's own handler is replaced: one the
- * user set is left alone (False). */
+ * user set is left alone. */
 PyObject *sc_py_huge_arrays(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 2) {
@@ -270,9 +271,8 @@ PyObject *sc_py_huge_arrays(PyObject *mod, PyObject *const *args, Py_ssize_t nar
         if (!old) goto fail;
         Py_DECREF(old);
     }
-    int mine = at_least && (h == &handler || h == dflt);
     Py_DECREF(cur);
-    return PyBool_FromLong(mine);
+    Py_RETURN_NONE;
 fail:
     Py_XDECREF(cur);
     return NULL;

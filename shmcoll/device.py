@@ -147,9 +147,8 @@ def huge_arrays(min_bytes):
     and more that this thread makes are mapped 2 MiB-aligned on transparent
     huge pages (csrc/pages.c), unless the user set a numpy allocation
     handler of their own; 0 stops it (a rank forked from a rank inherits
-    its handler).  Nothing
-    with numpy before 1.22 (no NEP 49), and 0 where the kernel's huge pages
-    are off or numpy's are (NUMPY_MADVISE_HUGEPAGE=0)."""
+    its handler).  Nothing with numpy before 1.22 (no NEP 49), and 0 where
+    the kernel's huge pages are off or numpy's are (NUMPY_MADVISE_HUGEPAGE=0)."""
     if np.lib.NumpyVersion(np.__version__) < "1.22.0":
         return
     try:

@@ -31,18 +31,20 @@ def _thp():
 
 
 try:
-    from numpy._core.multiarray import get_handler_name as _name
+    from numpy._core import multiarray
 except ImportError:
-    from numpy.core.multiarray import get_handler_name as _name
+    from numpy.core import multiarray
+_name = multiarray.get_handler_name
 
 
 need_thp = pytest.mark.skipif(not _thp() or np.lib.NumpyVersion(np.__version__) < "1.22.0",
                               reason="transparent huge pages off, or numpy without NEP 49 handlers")
 
 
-def _vm_kib():
+def _status_kib(key):
+    """VmSize, VmRSS, ... of this process, KiB."""
     with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmSize:"))
+        return next(int(line.split()[1]) for line in f if line.startswith(key + ":"))
 
 
 def _huge_kib(addr):
@@ -122,14 +124,14 @@ def _churn(comm):
     threads; the mappings must go back (no leak) and new ones be zero."""
     for _ in range(3):
         np.ones(MIB, np.float64).sum()
-    before = _vm_kib()
+    before = _status_kib("VmSize")
     dirty = True
     for i in range(200):
         a = np.zeros(MIB + i, np.float64)
         dirty &= not a.any()
         a[:] = i
         del a
-    grown = _vm_kib() - before       # before threads: each reserves a stack and a malloc arena
+    grown = _status_kib("VmSize") - before       # before threads: each reserves a stack and a malloc arena
     kept = [np.full(MIB, 2.0)]
     t = threading.Thread(target=kept.clear)        # freed by another thread
     t.start()
@@ -209,18 +211,13 @@ def test_off_in_a_rank_of_a_rank_holds_for_inherited_arrays():
 
 
 def _reuse_rss(comm):
-    live, before = [], _rss_kib()
+    live, before = [], _status_kib("VmRSS")
     for _ in range(10):
         big = np.ones(16 * MIB, np.uint8)
         del big
         live.append(np.zeros(8 * MIB + 4096, np.uint8))
         live[-1][:] = 1
-    return _rss_kib() - before
-
-
-def _rss_kib():
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    return _status_kib("VmRSS") - before
 
 
 @need_thp
@@ -252,9 +249,9 @@ def _turned_off(comm):
         a = np.ones(8 * MIB, np.uint8)
         b = np.ones(8 * MIB, np.uint8)
         del a, b
-    held = _rss_kib()
+    held = _status_kib("VmRSS")
     huge_arrays(0)
-    return held - _rss_kib()
+    return held - _status_kib("VmRSS")
 
 
 @need_thp
@@ -280,10 +277,6 @@ def _numpy_says_no(comm):
 @need_thp
 def test_numpys_own_switch_turns_it_off(monkeypatch):
     """NUMPY_MADVISE_HUGEPAGE=0 (numpy's _set_madvise_hugepage) holds for us too."""
-    try:
-        from numpy._core import multiarray
-    except ImportError:
-        from numpy.core import multiarray
     was = multiarray._set_madvise_hugepage(False)
     try:
         assert run_ranks(_numpy_says_no, 2) == ["default_allocator"] * 2
@@ -299,10 +292,6 @@ def test_huge_bytes_is_zero_or_at_least_a_huge_page(value):
 
 def _user_handler():
     """Set a NEP 49 handler of the user's (plain malloc, through ctypes)."""
-    try:
-        from numpy._core import _multiarray_umath as umath
-    except ImportError:
-        from numpy.core import _multiarray_umath as umath
     libc = ctypes.CDLL(None)
     vp, sz = ctypes.c_void_p, ctypes.c_size_t
     for f, res, args in (("malloc", vp, (sz,)), ("calloc", vp, (sz, sz)), ("realloc", vp, (vp, sz)),
@@ -321,6 +310,6 @@ def _user_handler():
     api = ctypes.pythonapi
     api.PyCapsule_GetPointer.restype, api.PyCapsule_GetPointer.argtypes = vp, (ctypes.py_object, ctypes.c_char_p)
     api.PyCapsule_New.restype, api.PyCapsule_New.argtypes = ctypes.py_object, (vp, ctypes.c_char_p, vp)
-    table = ctypes.cast(api.PyCapsule_GetPointer(umath._ARRAY_API, None), ctypes.POINTER(vp))
+    table = ctypes.cast(api.PyCapsule_GetPointer(multiarray._ARRAY_API, None), ctypes.POINTER(vp))
     set_handler = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.py_object)(table[304])
     set_handler(api.PyCapsule_New(ctypes.addressof(h), b"mem_handler", None))

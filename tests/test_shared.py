@@ -80,16 +80,22 @@ def test_a_shared_move_keeps_the_writers_later_waits():
     assert max(waits) == max(acks) > 1, (waits, acks)
 
 
+def _claim_word(comm, reader, writer):
+    """The word reader and writer claim pieces on (csrc/sc_internal.h, claim_word)."""
+    from shmcoll._core import ffi
+    c = comm._c
+    row = -(-c.size * 8 // lib.SC_LINE) * lib.SC_LINE
+    return ffi.cast("uint64_t *", c.base + c.off_claim + reader * row + writer * 8)
+
+
 def _aged(comm, age):
     """The reader's claim word as the last shared copy `age` calls ago
     left it (8 pieces claimed, step 0), then a 1 MiB Bcast from rank 0."""
-    from shmcoll._core import ffi
     c = comm._c
     buf = np.full(1 << 20, 7, np.uint8) if comm.rank == 0 else np.zeros(1 << 20, np.uint8)
     comm.Barrier()
     if comm.rank == 1:
-        row = -(-c.size * 8 // lib.SC_LINE) * lib.SC_LINE
-        word = ffi.cast("uint64_t *", c.base + c.off_claim + row)
+        word = _claim_word(comm, 1, 0)
         then = (c.call + 2 - age) & ((1 << 64) - 1)       # the Bcast is this rank's second call from here
         word[0] = ((then << 4) & ((1 << 52) - 1)) << 12 | 4 << 6 | 4
     comm.Barrier()
@@ -189,11 +195,8 @@ def test_a_rank_killed_mid_share_fails_the_other(op, monkeypatch):
 def _claims(comm, calls):
     """Pieces of the root's Bcast this (reading) rank and the root claimed
     over calls: the claim word's two counts after each call."""
-    from shmcoll._core import ffi
     _compile.SHARE_PIECE = PIECE
-    c = comm._c
-    row = -(-c.size * 8 // lib.SC_LINE) * lib.SC_LINE
-    word = ffi.cast("uint64_t *", c.base + c.off_claim + comm.rank * row)
+    word = _claim_word(comm, comm.rank, 0)
     got, buf = [0, 0], np.zeros(7 * PIECE + 5, np.uint8)
     for _ in range(calls):
         comm.Bcast(buf, root=0)

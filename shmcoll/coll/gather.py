@@ -56,9 +56,9 @@ def root_bytes(cnt, root):
 
 def flat(call):
     """Big blocks by single copy: with one sender, root and sender share
-    the copy, piece by piece (sched.shared); with more, every sender writes its own into
-    the root's recvbuf at once, where the root alone would read them one
-    after another."""
+    the copy, piece by piece (sched.shared); with more, every sender
+    writes its own into the root's recvbuf at once, where the root alone
+    would read them one after another."""
     p, root, cnt = call.nranks, call.root, pieces(call)
     moves, sent = [], root_bytes(cnt, root)
     for s in range(1, p):
