@@ -354,13 +354,18 @@ static int recheck(sc_comm_t *c, int block)
  *
  * Rank 0's pick: each program twice (a first call pays first touches),
  * then the current one, which gives way when the other's estimate is 1/8
- * below its own.  The other is tried again once the calls since its last
- * trial took 64 times what a trial would cost over the current one: at
- * most 1/64 of the time goes to trials, and a program that loses by 20%
- * is retried every 13 calls, one 3x slower every 128.  The current one's
- * estimate is the lower of its last two times (one stall does not
- * condemn it, two slower calls in a row, as when the host moves the
- * CPUs apart, do); a trial's is its time. */
+ * below its own.  The other is tried again, for two calls in a row, once
+ * the calls since its last trial took 64 times what a trial would cost
+ * over the current one: at most 1/64 of the time goes to trials, and a
+ * program that loses by 20% is retried every 26 calls, one 3x slower
+ * every 256.  A trial's estimate is the lower of its two times: its first
+ * call pays for what the current one left in the caches (2 ranks, 32 KiB
+ * Bcast: single copy 4.5-5.5 us in a loop, 7.2-7.5 us as a one-call
+ * trial between staged calls: a one-call trial could keep the slower
+ * program for good once the host moved the CPUs back near).  The current
+ * one's estimate is the lower of its last two times (one stall does not
+ * condemn it, two slower calls in a row, as when the host moves the CPUs
+ * apart, do). */
 int64_t sc_twin_estimate(const int64_t *t, int v)
 {
     int64_t a = t[SC_TW_LAST + v], b = t[SC_TW_PREV + v];
@@ -376,11 +381,16 @@ int sc_twin_pick(int64_t *t)
     int64_t a = sc_twin_estimate(t, cur), b = sc_twin_estimate(t, !cur);
     if (b < a - a / 8) {
         t[SC_TW_CUR] = cur = !cur;
-        t[SC_TW_SINCE] = 0;
+        t[SC_TW_SINCE] = t[SC_TW_TRIAL] = 0;
         int64_t x = a; a = b; b = x;
     }
-    if (t[SC_TW_SINCE] >= 8 && t[SC_TW_SINCE] * (a / 64) >= b - a) {
+    if (t[SC_TW_TRIAL]) {
+        t[SC_TW_TRIAL] = 0;
+        return !cur;
+    }
+    if (t[SC_TW_SINCE] >= 8 && t[SC_TW_SINCE] * (a / 64) >= 2 * (b - a)) {
         t[SC_TW_SINCE] = 0;
+        t[SC_TW_TRIAL] = 1;
         return !cur;
     }
     return cur;
@@ -393,9 +403,10 @@ int sc_twin_pick(int64_t *t)
 void sc_twin_learn(int64_t *t, int v, int64_t ns)
 {
     ns = ns > 0 ? ns : 1;
-    int trial = !warming(t) && v != (t[SC_TW_CUR] & 1);
-    t[SC_TW_PREV + v] = trial ? ns : t[SC_TW_LAST + v];
+    int trial = !warming(t) && v != (t[SC_TW_CUR] & 1), again = trial && t[SC_TW_LEARNT] == v + 1;
+    t[SC_TW_PREV + v] = trial && !again ? ns : t[SC_TW_LAST + v];
     t[SC_TW_LAST + v] = ns;
+    t[SC_TW_LEARNT] = v + 1;
     if (!trial) t[SC_TW_SINCE]++;
 }
 

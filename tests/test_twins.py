@@ -262,7 +262,7 @@ def test_policy_warms_up_then_keeps_the_faster_and_tries_the_other_rarely():
 def test_policy_moves_within_two_calls_when_the_current_slows_and_not_for_one_stall():
     pol = Policy()
     pol.run(lambda i, v: (1000, 1500)[v], 200)
-    assert pol.run(lambda i, v: (1000 if i else 50_000, 1500)[v], 20).count(1) <= 1     # one stall: stays
+    assert pol.run(lambda i, v: (1000 if i else 50_000, 1500)[v], 20).count(1) <= 2     # one stall: stays (a trial: 2)
     after = pol.run(lambda i, v: (4000, 1500)[v], 10)       # the host moved: 0 is now slow
     assert after[2:] == [1] * 8, after
 
@@ -272,6 +272,25 @@ def test_policy_finds_the_other_once_it_became_faster():
     pol.run(lambda i, v: (1000, 1200)[v], 100)
     later = pol.run(lambda i, v: (1000, 500)[v], 40)
     assert later[-10:].count(1) >= 9, later
+
+
+def test_policy_tries_the_other_for_two_calls_as_its_first_runs_cold():
+    """The first call after a switch pays for what the other program left
+    in the caches (measured at 2 ranks, 32 KiB Bcast: single copy 4.5-5.5
+    us in a loop, 7.2-7.5 as a trial between staged calls).  A trial of one
+    call would hold the other to its cold time and keep the slower one for
+    good once the host moved the CPUs back near; two calls give its warm
+    time."""
+    pol, last = Policy(), [None]
+
+    def times(v, slow_1):
+        cold = 3000 if last[0] not in (None, v) else 0
+        last[0] = v
+        return (5000, 20_000 if slow_1 else 2000)[v] + cold
+    pol.run(lambda i, v: times(v, False), 50)
+    assert pol.run(lambda i, v: times(v, True), 50)[-40:] == [0] * 40       # 1 slowed: moved to 0
+    later = pol.run(lambda i, v: times(v, False), 2000)                      # 1 fast again, cold first call
+    assert later[-100:].count(1) >= 90, later[-100:].count(1)
 
 
 def _two_twins_then_inline(comm, count, rounds):
