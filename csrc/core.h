@@ -189,6 +189,7 @@ const char *sc_reduce_isa(void);
 int sc_twin_pick(int64_t *t);
 int64_t sc_twin_estimate(const int64_t *t, int v);
 void sc_twin_learn(int64_t *t, int v, int64_t ns);
+void sc_twin_ran(int64_t *t, int v);
 
 int sc_cache_slot(const int64_t *key);
 /* What a fast entry reads in place on every call (csrc/pyfast.c): its

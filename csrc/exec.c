@@ -354,18 +354,18 @@ static int recheck(sc_comm_t *c, int block)
  *
  * Rank 0's pick: each program twice (a first call pays first touches),
  * then the current one, which gives way when the other's estimate is 1/8
- * below its own.  The other is tried again, for two calls in a row, once
- * the calls since its last trial took 64 times what a trial would cost
- * over the current one: at most 1/64 of the time goes to trials, and a
- * program that loses by 20% is retried every 26 calls, one 3x slower
- * every 256.  A trial's estimate is the lower of its two times: its first
- * call pays for what the current one left in the caches (2 ranks, 32 KiB
- * Bcast: single copy 4.5-5.5 us in a loop, 7.2-7.5 us as a one-call
- * trial between staged calls: a one-call trial could keep the slower
- * program for good once the host moved the CPUs back near).  The current
- * one's estimate is the lower of its last two times (one stall does not
- * condemn it, two slower calls in a row, as when the host moves the CPUs
- * apart, do). */
+ * below its own.  The other is tried again, for two calls, once the
+ * calls since its last trial took 128 times what its two calls cost over
+ * the current one (twice, as the current one's first call after them pays
+ * too): at most 1/64 of the time goes to trials, and a program that loses
+ * by 20% is retried every 52 calls, one 3x slower every 512.  A trial's
+ * estimate is the lower of its two times: its first call pays for what
+ * the current one left in the caches (2 ranks, 32 KiB Bcast: single copy
+ * 4.5-5.5 us in a loop, 7.2-7.5 us as a one-call trial between staged
+ * calls: a one-call trial could keep the slower program for good once the
+ * host moved the CPUs back near).  The current one's estimate is the
+ * lower of its last two times (one stall does not condemn it, two slower
+ * calls in a row, as when the host moves the CPUs apart, do). */
 int64_t sc_twin_estimate(const int64_t *t, int v)
 {
     int64_t a = t[SC_TW_LAST + v], b = t[SC_TW_PREV + v];
@@ -382,18 +382,23 @@ int sc_twin_pick(int64_t *t)
     if (b < a - a / 8) {
         t[SC_TW_CUR] = cur = !cur;
         t[SC_TW_SINCE] = t[SC_TW_TRIAL] = 0;
-        int64_t x = a; a = b; b = x;
+        a = b;
     }
-    if (t[SC_TW_TRIAL]) {
-        t[SC_TW_TRIAL] = 0;
-        return !cur;
-    }
-    if (t[SC_TW_SINCE] >= 8 && t[SC_TW_SINCE] * (a / 64) >= 2 * (b - a)) {
+    if (t[SC_TW_TRIAL]) return !cur;            /* calls of the trial still to run (sc_twin_ran) */
+    if (t[SC_TW_SINCE] >= 8 && t[SC_TW_SINCE] * (a / 128) >= t[SC_TW_LAST + !cur] + t[SC_TW_PREV + !cur] - 2 * a) {
         t[SC_TW_SINCE] = 0;
-        t[SC_TW_TRIAL] = 1;
+        t[SC_TW_TRIAL] = 2;
         return !cur;
     }
     return cur;
+}
+
+/* A call ran program v: counted, and a trial's call used up (by a call
+ * that ran, so a pick promised for a call that never came costs nothing). */
+void sc_twin_ran(int64_t *t, int v)
+{
+    t[SC_TW_RUNS + v]++;
+    if (t[SC_TW_TRIAL] && v != (t[SC_TW_CUR] & 1)) t[SC_TW_TRIAL]--;
 }
 
 /* Rank 0's time (ns) of a call that ran program v (learnt a few calls
@@ -549,7 +554,7 @@ int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
         if (c->rank) rc = twin_follow(c, &v);
         if (!rc) {
             prog = (const int64_t *)twin[SC_TW_PROG + v];
-            twin[SC_TW_RUNS + v]++;
+            sc_twin_ran(twin, v);
             if (prog[3]) {
                 post_event(post_line(c, c->rank), (uint64_t)prog[3]);
                 c->owe = 0;

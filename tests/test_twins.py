@@ -244,6 +244,7 @@ class Policy:
         picks = []
         for i in range(calls):
             v = lib.sc_twin_pick(self.p)
+            lib.sc_twin_ran(self.p, v)
             lib.sc_twin_learn(self.p, v, times(i, v))
             picks.append(v)
         return picks
@@ -251,12 +252,12 @@ class Policy:
 
 def test_policy_warms_up_then_keeps_the_faster_and_tries_the_other_rarely():
     pol = Policy()
-    picks = pol.run(lambda i, v: (1000, 3000)[v], 1000)
+    picks = pol.run(lambda i, v: (1000, 3000)[v], 3000)
     assert picks[:4] == [0, 1, 0, 1]
-    trials = [i for i, v in enumerate(picks[4:], 4) if v]
-    assert 5 <= len(trials) <= 10, trials                   # every 64 x 2000 / 1000 = 128 calls
+    trials = [i for i, v in enumerate(picks[4:], 4) if v]   # trial calls: two every 128 x 2 x 2000 / 1000 = 512
+    assert 8 <= len(trials) <= 12, trials
     extra = 2000 * len(trials)
-    assert extra <= 1000 * 1000 / 64 * 1.2
+    assert extra <= 3000 * 1000 / 64 * 1.2
 
 
 def test_policy_moves_within_two_calls_when_the_current_slows_and_not_for_one_stall():
@@ -291,6 +292,60 @@ def test_policy_tries_the_other_for_two_calls_as_its_first_runs_cold():
     assert pol.run(lambda i, v: times(v, True), 50)[-40:] == [0] * 40       # 1 slowed: moved to 0
     later = pol.run(lambda i, v: times(v, False), 2000)                      # 1 fast again, cold first call
     assert later[-100:].count(1) >= 90, later[-100:].count(1)
+
+
+class Executor(Policy):
+    """Policy in csrc/exec.c's order for a twin called every other call:
+    pick (or the promised pick), run, then promise a pick for the next
+    call, which another collective takes, so the promise goes unused;
+    each call's time learnt at the twin's next call."""
+
+    def run(self, times, calls):
+        picks, due = [], None
+        for i in range(calls):
+            if due:
+                lib.sc_twin_learn(self.p, *due)
+            v = lib.sc_twin_pick(self.p)
+            lib.sc_twin_ran(self.p, v)
+            due = (v, times(i, v))
+            lib.sc_twin_pick(self.p)        # the promise for a call that never came
+            picks.append(v)
+        return picks
+
+
+def _cold(last, warm, penalty):
+    """times(i, v): warm[v], and penalty more for the first call after the other ran."""
+    def times(i, v):
+        extra = penalty if last[0] not in (None, v) else 0
+        last[0] = v
+        return warm[v] + extra
+    return times
+
+
+def test_policy_runs_both_calls_of_a_trial_when_other_calls_come_between():
+    """A promised pick that another collective's call took the place of
+    does not use up a call of the trial: the other program still gets two
+    calls in a row, and wins back (one-call trials kept the 2.5x slower
+    program, 11% of calls on the faster)."""
+    pol, last = Executor(), [None]
+    pol.run(lambda i, v: _cold(last, (5000, 2000), 3000)(i, v), 50)
+    assert pol.run(lambda i, v: _cold(last, (5000, 20_000), 3000)(i, v), 50)[-40:] == [0] * 40
+    later = pol.run(lambda i, v: _cold(last, (5000, 2000), 3000)(i, v), 2000)
+    assert later[-100:].count(1) >= 90, later[-100:].count(1)
+
+
+@pytest.mark.parametrize("warm", [(5000, 5000), (5000, 4600), (4000, 5000)])
+def test_policy_trials_cost_at_most_a_64th_with_a_cold_first_call(warm):
+    """Each trial is charged what its two calls took, the cold first one
+    included: with the other as fast or nearly (within the 1/8 that a
+    switch needs) trials came every 8 calls and cost 3-5%."""
+    pol, last = Policy(), [None]
+    times = _cold(last, warm, 2500)
+    spent = []
+    pol.run(lambda i, v: spent.append(times(i, v)) or spent[-1], 3000)
+    steady = min(warm) if min(warm) < max(warm) - max(warm) // 8 else warm[0]
+    over = sum(spent[200:]) / (steady * len(spent[200:])) - 1
+    assert over <= 1 / 64 * 1.2, over
 
 
 def _two_twins_then_inline(comm, count, rounds):
