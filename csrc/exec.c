@@ -356,16 +356,18 @@ static int recheck(sc_comm_t *c, int block)
  * then the current one, which gives way when the other's estimate is 1/8
  * below its own.  The other is tried again, for two calls, once the
  * calls since its last trial took 128 times what its two calls cost over
- * the current one (twice, as the current one's first call after them pays
- * too): at most 1/64 of the time goes to trials, and a program that loses
- * by 20% is retried every 52 calls, one 3x slower every 512.  A trial's
- * estimate is the lower of its two times: its first call pays for what
- * the current one left in the caches (2 ranks, 32 KiB Bcast: single copy
- * 4.5-5.5 us in a loop, 7.2-7.5 us as a one-call trial between staged
- * calls: a one-call trial could keep the slower program for good once the
- * host moved the CPUs back near).  The current one's estimate is the
- * lower of its last two times (one stall does not condemn it, two slower
- * calls in a row, as when the host moves the CPUs apart, do). */
+ * the current one: by rank 0's estimates 1/128 of the time goes to
+ * trials, 1/64 with the current one's first call after them as cold as
+ * the trial's first (a colder one, unmeasured, is not bounded), and a
+ * program that loses by 20% is retried every 52 calls, one 3x slower every
+ * 512 (at 5 us calls; a / 128 rounds down).  A trial's estimate is the
+ * lower of its two times: its first call pays for what the current one
+ * left in the caches (2 ranks, 32 KiB Bcast: single copy 4.5-5.5 us in a
+ * loop, 7.2-7.5 us as a one-call trial between staged calls: a one-call
+ * trial could keep the slower program for good once the host moved the
+ * CPUs back near).  The current one's estimate is the lower of its last
+ * two times (one stall does not condemn it, two slower calls in a row, as
+ * when the host moves the CPUs apart, do). */
 int64_t sc_twin_estimate(const int64_t *t, int v)
 {
     int64_t a = t[SC_TW_LAST + v], b = t[SC_TW_PREV + v];
