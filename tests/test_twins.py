@@ -275,6 +275,15 @@ def test_policy_finds_the_other_once_it_became_faster():
     assert later[-10:].count(1) >= 9, later
 
 
+def _cold(last, warm, penalty):
+    """times(i, v): warm[v], and penalty more for the first call after the other ran."""
+    def times(i, v):
+        extra = penalty if last[0] not in (None, v) else 0
+        last[0] = v
+        return warm[v] + extra
+    return times
+
+
 def test_policy_tries_the_other_for_two_calls_as_its_first_runs_cold():
     """The first call after a switch pays for what the other program left
     in the caches (measured at 2 ranks, 32 KiB Bcast: single copy 4.5-5.5
@@ -283,14 +292,9 @@ def test_policy_tries_the_other_for_two_calls_as_its_first_runs_cold():
     good once the host moved the CPUs back near; two calls give its warm
     time."""
     pol, last = Policy(), [None]
-
-    def times(v, slow_1):
-        cold = 3000 if last[0] not in (None, v) else 0
-        last[0] = v
-        return (5000, 20_000 if slow_1 else 2000)[v] + cold
-    pol.run(lambda i, v: times(v, False), 50)
-    assert pol.run(lambda i, v: times(v, True), 50)[-40:] == [0] * 40       # 1 slowed: moved to 0
-    later = pol.run(lambda i, v: times(v, False), 2000)                      # 1 fast again, cold first call
+    pol.run(_cold(last, (5000, 2000), 3000), 50)
+    assert pol.run(_cold(last, (5000, 20_000), 3000), 50)[-40:] == [0] * 40     # 1 slowed: moved to 0
+    later = pol.run(_cold(last, (5000, 2000), 3000), 2000)                      # 1 fast again, cold first call
     assert later[-100:].count(1) >= 90, later[-100:].count(1)
 
 
@@ -313,24 +317,15 @@ class Executor(Policy):
         return picks
 
 
-def _cold(last, warm, penalty):
-    """times(i, v): warm[v], and penalty more for the first call after the other ran."""
-    def times(i, v):
-        extra = penalty if last[0] not in (None, v) else 0
-        last[0] = v
-        return warm[v] + extra
-    return times
-
-
 def test_policy_runs_both_calls_of_a_trial_when_other_calls_come_between():
     """A promised pick that another collective's call took the place of
     does not use up a call of the trial: the other program still gets two
     calls in a row, and wins back (one-call trials kept the 2.5x slower
     program, 11% of calls on the faster)."""
     pol, last = Executor(), [None]
-    pol.run(lambda i, v: _cold(last, (5000, 2000), 3000)(i, v), 50)
-    assert pol.run(lambda i, v: _cold(last, (5000, 20_000), 3000)(i, v), 50)[-40:] == [0] * 40
-    later = pol.run(lambda i, v: _cold(last, (5000, 2000), 3000)(i, v), 2000)
+    pol.run(_cold(last, (5000, 2000), 3000), 50)
+    assert pol.run(_cold(last, (5000, 20_000), 3000), 50)[-40:] == [0] * 40
+    later = pol.run(_cold(last, (5000, 2000), 3000), 2000)
     assert later[-100:].count(1) >= 90, later[-100:].count(1)
 
 
