@@ -72,7 +72,7 @@ def _loop(comm, ops, count, calls):
 @pytest.mark.parametrize("n", [2, 3, 5])
 def test_every_rank_runs_rank_0s_pick_and_gets_the_data(n):
     """Each collective 12 times in turn, roots rotating: right on every
-    call, both programs ran (each twice while rank 0 warms up), and every
+    call, both programs ran (each three times while rank 0 warms up), and every
     rank ran each as often as rank 0 did (a rank running the other program
     would hang or corrupt)."""
     need_cma(n)
@@ -82,7 +82,7 @@ def test_every_rank_runs_rank_0s_pick_and_gets_the_data(n):
     runs = got[0][1]
     assert len(runs) >= 4, runs
     for key, (single, staged) in runs.items():
-        assert single >= 2 and staged >= 2, (key, single, staged)
+        assert single >= 3 and staged >= 3, (key, single, staged)
     for rank, (_, theirs) in enumerate(got):
         assert theirs == runs, (rank, theirs, runs)
 
@@ -253,8 +253,8 @@ class Policy:
 def test_policy_warms_up_then_keeps_the_faster_and_tries_the_other_rarely():
     pol = Policy()
     picks = pol.run(lambda i, v: (1000, 3000)[v], 3000)
-    assert picks[:4] == [0, 1, 0, 1]
-    trials = [i for i, v in enumerate(picks[4:], 4) if v]   # trial calls: two every 2 x 2000 / (1000 // 128) = 572
+    assert picks[:6] == [0, 1, 0, 1, 0, 1]
+    trials = [i for i, v in enumerate(picks[6:], 6) if v]   # trial calls: two every 2 x 2000 / (1000 // 128) = 572
     assert 8 <= len(trials) <= 12, trials
     extra = 2000 * len(trials)
     assert extra <= 3000 * 1000 / 64 * 1.2
@@ -273,6 +273,22 @@ def test_policy_finds_the_other_once_it_became_faster():
     pol.run(lambda i, v: (1000, 1200)[v], 100)
     later = pol.run(lambda i, v: (1000, 500)[v], 40)
     assert later[-10:].count(1) >= 9, later
+
+
+def test_policy_does_not_count_a_programs_first_call():
+    """A program's first call pays first touches (2 ranks, 16 MiB
+    Allreduce on a 2-vCPU Xeon: single copy 58 ms, then 3.0, 2.8, 2.3,
+    1.9 ms; staged 9.2 ms, then 3.2 down to 2.5).  Counted, it made single
+    copy lose the warm-up and charged its next trial so much that the
+    staged program, 1.4x slower, ran for thousands of calls."""
+    pol, runs = Policy(), [0, 0]
+    warm = ([58_000, 3900, 3400, 2300, 1900], [9000, 2500])
+
+    def times(i, v):
+        k, runs[v] = runs[v], runs[v] + 1
+        return warm[v][k] if k < len(warm[v]) else (1800, 2450)[v]
+    later = pol.run(times, 1000)[-500:]
+    assert later.count(0) >= 475, later.count(0)     # trials of staged: two calls every 90 or so
 
 
 def _cold(last, warm, penalty):
