@@ -53,7 +53,7 @@ def make_plan(nranks, topo, slots, options=None):
     if not 0 <= float(p["timeout"]) < 1e9:
         raise ValueError(f"timeout must be a number of seconds in [0, 1e9) (0: never), not {p['timeout']}")
     for name, low in (("chunk_bytes", 64), ("tile_bytes", 64), ("stripe_slots", 1), ("bcast_k", 1),
-                      ("nt_bytes", 0), ("cma_bytes", 0), ("adapt", 0)):
+                      ("nt_bytes", 0), ("cma_bytes", 0), ("adapt", 0), ("reduce_block_bytes", 1)):
         if p[name] is not None and not low <= int(p[name]) < 1 << 50:
             raise ValueError(f"{name} must be at least {low}, not {p[name]}")
     if int(p["huge_bytes"]) and not 2 << 20 <= int(p["huge_bytes"]) < 1 << 50:
@@ -61,6 +61,7 @@ def make_plan(nranks, topo, slots, options=None):
     if not 0 <= int(p["inline_bytes"]) <= lib.SC_INLINE:
         raise ValueError(f"inline_bytes must be in 0 .. {lib.SC_INLINE}, not {p['inline_bytes']}")
     p["chunk_opt"], p["tile_opt"], p["cma_opt"] = p["chunk_bytes"], p["tile_bytes"], p["cma_bytes"]
+    p["block_opt"] = p["reduce_block_bytes"]
     _derive(p, nranks, topo, slots)
     plan = Plan(nranks, p, list(slots), topo)
     plan.size = Device.layout(plan)
@@ -87,6 +88,8 @@ def _derive(p, nranks, topo, slots):
     p["chunk_bytes"] = min(int(p.get("chunk_opt") or max(PAGE, min(l2 // 4, half // 2))), half)
     p["tile_bytes"] = min(int(p.get("tile_opt") or max(PAGE, min(l2 // 4, shared // (2 * nranks)))), half)
     p["nt_bytes"] = int(p["nt_bytes"] or shared)
+    # a block's inputs and results, 2 x ranks x block, in a quarter of the shared cache
+    p["reduce_block_bytes"] = int(p.get("block_opt") or max(2 << 20, shared // (8 * nranks)))
     # one reader at a time gains from 32 KiB (2 ranks, 32 KiB, near cores:
     # alltoall 5.5 vs 6.5 us, gather 4.7 vs 5.4; with the cores far apart a
     # staged copy is 2-4x slower, a single copy not: bench/README.md); with

@@ -375,10 +375,13 @@ def test_folds_stream_from_twice_the_footprint_copies_do():
 def test_folds_their_rank_stages_again_do_not_stream():
     """A folded slice its own rank then copies into its ring (staged
     allgather) stays in cache: the copy would read it back from memory;
-    read by single copy instead, it streams (16 MiB Allreduce)."""
-    staged, s = _flagged("allreduce", "reduce_scatter_allgather", 3, 16 << 20, "float64", {"cma_bytes": 0})
+    read by single copy instead, it streams (16 MiB Allreduce; nt_bytes
+    set, as the shared cache it defaults to held the call on a host with
+    260 MiB of L3)."""
+    opts = {"nt_bytes": 16 << 20}
+    staged, s = _flagged("allreduce", "reduce_scatter_allgather", 3, 16 << 20, "float64", dict(opts, cma_bytes=0))
     assert s.stream and all(len(r) and not len(f) for r, f in staged)
-    direct, _ = _flagged("allreduce", "reduce_scatter_allgather", 3, 16 << 20, "float64", {"cma_bytes": 1})
+    direct, _ = _flagged("allreduce", "reduce_scatter_allgather", 3, 16 << 20, "float64", dict(opts, cma_bytes=1))
     assert all(len(f) == len(r) // 2 for r, f in direct)
 
 
@@ -667,7 +670,7 @@ def test_reduce_pushes_only_from_cma_bytes():
     8 ranks pushed 8 KiB slices under the 1 MiB default)."""
     def vias(p, cpus, n, **opts):
         call = select.typed("reduce", planned(p, cpus, n), "float64")
-        call.params.update(opts)
+        call.params.update(dict(reduce_block_bytes=2 << 20), **opts)   # whatever the host's cache makes it
         return {m.via for st in select.plan("reduce", "reduce_scatter_gather", call).steps for m in st.moves
                 if m.sbuf == "tmp"}
     assert vias(3, 3, 3 << 20) == {"push"}
