@@ -352,12 +352,14 @@ static int recheck(sc_comm_t *c, int block)
  * the guest sees neither.  So rank 0 times each (the longest any rank
  * took), picks per call, and every rank runs its pick.
  *
- * Rank 0's pick: each program three times, in turn, its first call not
- * counted (it pays first touches: 2 ranks, 16 MiB Allreduce on a 2-vCPU
- * Xeon, single copy took 58 ms, then 3.0, 2.8, 2.3, 1.9 ms, staged 9.2,
- * then 3.2, 2.8, 2.6, 2.5: counted, the first call made single copy lose
- * and charged its next trial so much that it came after 3000 calls),
- * then the current one, which gives way when the other's estimate is 1/8
+ * Rank 0's pick: each program in turn (by calls run, however late their
+ * times are learnt) until three calls of each are learnt, the first of
+ * each not counted: it pays first touches (2 ranks, 16 MiB Allreduce on
+ * a 2-vCPU Xeon: single copy's first call 58 ms, staged's 9.2, then both
+ * 2-4 ms, settling at 1.8 and 2.5).  Counted, it went into the charge of
+ * the next trial, so single copy, having lost a warm-up of cold calls
+ * (3.9 ms against 2.4 as rank 0 measured them), was tried again only
+ * after about 3000 calls.  Then the current one, which gives way when the other's estimate is 1/8
  * below its own.  The other is tried again, for two calls, once the
  * calls since its last trial took 128 times what its two calls cost over
  * the current one: by rank 0's estimates 1/128 of the time goes to
@@ -382,7 +384,7 @@ static int warming(const int64_t *t) { return t[SC_TW_SEEN] < 3 || t[SC_TW_SEEN 
 
 int sc_twin_pick(int64_t *t)
 {
-    if (warming(t)) return t[SC_TW_SEEN] > t[SC_TW_SEEN + 1];     /* 0, 1, 0, 1, 0, 1 */
+    if (warming(t)) return t[SC_TW_RUNS] > t[SC_TW_RUNS + 1];     /* 0, 1, 0, 1, 0, 1 */
     int cur = (int)t[SC_TW_CUR] & 1;
     int64_t a = sc_twin_estimate(t, cur), b = sc_twin_estimate(t, !cur);
     if (b < a - a / 8) {

@@ -275,20 +275,51 @@ def test_policy_finds_the_other_once_it_became_faster():
     assert later[-10:].count(1) >= 9, later
 
 
-def test_policy_does_not_count_a_programs_first_call():
+def test_policy_does_not_charge_a_programs_first_call_to_its_trials():
     """A program's first call pays first touches (2 ranks, 16 MiB
-    Allreduce on a 2-vCPU Xeon: single copy 58 ms, then 3.0, 2.8, 2.3,
-    1.9 ms; staged 9.2 ms, then 3.2 down to 2.5).  Counted, it made single
-    copy lose the warm-up and charged its next trial so much that the
-    staged program, 1.4x slower, ran for thousands of calls."""
+    Allreduce on a 2-vCPU Xeon: single copy 58 ms, staged 9.2, then both
+    2-4 ms, settling at 1.8 and 2.5).  Single copy lost a warm-up of cold
+    calls (3.9 ms against 2.4 as rank 0 measured them), which is allowed;
+    but its first call, counted, went into the charge of its next trial,
+    so the staged program, 1.4x slower, ran for about 3000 calls."""
     pol, runs = Policy(), [0, 0]
     warm = ([58_000, 3900, 3400, 2300, 1900], [9000, 2500])
 
     def times(i, v):
         k, runs[v] = runs[v], runs[v] + 1
         return warm[v][k] if k < len(warm[v]) else (1800, 2450)[v]
-    later = pol.run(times, 1000)[-500:]
-    assert later.count(0) >= 475, later.count(0)     # trials of staged: two calls every 90 or so
+    later = pol.run(times, 1000)[150:]
+    assert later.count(0) >= 0.95 * len(later), later.count(0)     # trials of staged: two calls every 90 or so
+
+
+class Lagging(Policy):
+    """Policy as a loop of one twin runs it (csrc/exec.c): each call's pick
+    promised at the end of the call before, after it ran, and its time
+    learnt lag calls later."""
+
+    def __init__(self, lag):
+        super().__init__()
+        self.lag = lag
+
+    def run(self, times, calls):
+        picks, due, v = [], [], lib.sc_twin_pick(self.p)
+        for i in range(calls):
+            while len(due) > self.lag:
+                lib.sc_twin_learn(self.p, *due.pop(0))
+            lib.sc_twin_ran(self.p, v)
+            due.append((v, times(i, v)))
+            picks.append(v)
+            v = lib.sc_twin_pick(self.p)
+        return picks
+
+
+@pytest.mark.parametrize("lag", [0, 1, 2])
+def test_policy_warms_up_in_turn_however_late_it_learns(lag):
+    """Warm-up goes by the calls run, not the times learnt: by the latter a
+    loop ran 0, 0, 1, 1, 1, 0, 0 at a lag of one call (the second call's
+    pick is promised before the first's time is in), and more of the
+    slower program the later rank 0 learnt."""
+    assert Lagging(lag).run(lambda i, v: (1000, 3000)[v], 6) == [0, 1, 0, 1, 0, 1]
 
 
 def _cold(last, warm, penalty):

@@ -66,7 +66,7 @@ def reduce_scatter_gather(call):
                 for s, (off, n) in enumerate(sl) if s != root and n]
     if last:
         steps.append(Step(last))
-    return steps, 2 * big
+    return steps, min(len(cut), 2) * big
 
 
 def _pushes(call):
