@@ -359,8 +359,16 @@ static int recheck(sc_comm_t *c, int block)
  * 2-4 ms, settling at 1.8 and 2.5).  Counted, it went into the charge of
  * the next trial, so single copy, having lost a warm-up of cold calls
  * (3.9 ms against 2.4 as rank 0 measured them), was tried again only
- * after about 3000 calls.  Then the current one, which gives way when the other's estimate is 1/8
- * below its own.  The other is tried again, for two calls, once the
+ * after about 3000 calls.  Then the current one, which gives way when
+ * the other's estimate is 1/8 below its own.  After the warm-up and
+ * after each switch the other is tried again 8 calls later, whatever its
+ * estimate: that may come from calls slowed by what ran before them (2
+ * ranks, 16 MiB Allreduce after 60 copies of 16 MiB: by single copy 4.4,
+ * 4.1, 2.9 ms, down to 1.7 over 8 calls, staged as slow at first; two
+ * such calls made staged's older estimate look faster, single copy's
+ * next trial was charged them, and half the bench's calls ran staged:
+ * 2562 us a call against 1666 for the algorithm named).  From then on
+ * the other is tried again, for two calls, once the
  * calls since its last trial took 128 times what its two calls cost over
  * the current one: by rank 0's estimates 1/128 of the time goes to
  * trials, 1/64 with the current one's first call after them as cold as
@@ -389,13 +397,15 @@ int sc_twin_pick(int64_t *t)
     int64_t a = sc_twin_estimate(t, cur), b = sc_twin_estimate(t, !cur);
     if (b < a - a / 8) {
         t[SC_TW_CUR] = cur = !cur;
-        t[SC_TW_SINCE] = t[SC_TW_TRIAL] = 0;
+        t[SC_TW_SINCE] = t[SC_TW_TRIAL] = t[SC_TW_CHECKED] = 0;
         a = b;
     }
     if (t[SC_TW_TRIAL]) return !cur;            /* calls of the trial still to run (sc_twin_ran) */
-    if (t[SC_TW_SINCE] >= 8 && t[SC_TW_SINCE] * (a / 128) >= t[SC_TW_LAST + !cur] + t[SC_TW_PREV + !cur] - 2 * a) {
+    if (t[SC_TW_SINCE] >= 8 && (!t[SC_TW_CHECKED] ||
+                                t[SC_TW_SINCE] * (a / 128) >= t[SC_TW_LAST + !cur] + t[SC_TW_PREV + !cur] - 2 * a)) {
         t[SC_TW_SINCE] = 0;
         t[SC_TW_TRIAL] = 2;
+        t[SC_TW_CHECKED] = 1;
         return !cur;
     }
     return cur;

@@ -292,6 +292,24 @@ def test_policy_does_not_charge_a_programs_first_call_to_its_trials():
     assert later.count(0) >= 0.95 * len(later), later.count(0)     # trials of staged: two calls every 90 or so
 
 
+def test_policy_checks_a_switch_after_8_calls():
+    """Calls slowed by what ran before them (2 ranks, 16 MiB Allreduce
+    after 60 copies of 16 MiB, on the Xeon: by single copy 4.4, 4.1, 2.9
+    ms, down to 1.7 over 8 calls; staged 3.1, then 2.7 to 2.5) made the
+    current program's two slow calls lose to the other's older estimate;
+    the one left was charged its slow calls and not tried for 160 calls.
+    Here phases of 60 calls, each time k calls into a phase a factor over
+    the warm one, 1 + 1.6 x 0.75^k by single copy, 1 + 0.25 x 0.5^k staged.
+    Checked 8 calls after a switch, single copy is back within the phase."""
+    pol, k = Policy(), [0]
+
+    def times(i, v):
+        k[0] = 0 if i % 60 == 0 else k[0] + 1
+        return int(1700 * (1 + 1.6 * 0.75 ** k[0]) if v == 0 else 2500 * (1 + 0.25 * 0.5 ** k[0]))
+    picks = pol.run(times, 1200)[120:]
+    assert picks.count(1) <= 0.2 * len(picks), picks.count(1)
+
+
 class Lagging(Policy):
     """Policy as a loop of one twin runs it (csrc/exec.c): each call's pick
     promised at the end of the call before, after it ran, and its time
@@ -340,7 +358,7 @@ def test_policy_tries_the_other_for_two_calls_as_its_first_runs_cold():
     time."""
     pol, last = Policy(), [None]
     pol.run(_cold(last, (5000, 2000), 3000), 50)
-    assert pol.run(_cold(last, (5000, 20_000), 3000), 50)[-40:] == [0] * 40     # 1 slowed: moved to 0
+    assert pol.run(_cold(last, (5000, 20_000), 3000), 50)[-30:] == [0] * 30     # 1 slowed: moved to 0 (checked once)
     later = pol.run(_cold(last, (5000, 2000), 3000), 2000)                      # 1 fast again, cold first call
     assert later[-100:].count(1) >= 90, later[-100:].count(1)
 
@@ -371,7 +389,7 @@ def test_policy_runs_both_calls_of_a_trial_when_other_calls_come_between():
     program, 11% of calls on the faster)."""
     pol, last = Executor(), [None]
     pol.run(_cold(last, (5000, 2000), 3000), 50)
-    assert pol.run(_cold(last, (5000, 20_000), 3000), 50)[-40:] == [0] * 40
+    assert pol.run(_cold(last, (5000, 20_000), 3000), 50)[-30:] == [0] * 30
     later = pol.run(_cold(last, (5000, 2000), 3000), 2000)
     assert later[-100:].count(1) >= 90, later[-100:].count(1)
 
