@@ -354,34 +354,37 @@ static int recheck(sc_comm_t *c, int block)
  *
  * Rank 0's pick: each program in turn (by calls run, however late their
  * times are learnt) until three calls of each are learnt, the first of
- * each not counted: it pays first touches (2 ranks, 16 MiB Allreduce on
- * a 2-vCPU Xeon: single copy's first call 58 ms, staged's 9.2, then both
- * 2-4 ms, settling at 1.8 and 2.5).  Counted, it went into the charge of
- * the next trial, so single copy, having lost a warm-up of cold calls
- * (3.9 ms against 2.4 as rank 0 measured them), was tried again only
- * after about 3000 calls.  Then the current one, which gives way when
- * the other's estimate is 1/8 below its own.  After the warm-up and
- * after each switch the other is tried again 8 calls later, whatever its
- * estimate: that may come from calls slowed by what ran before them (2
- * ranks, 16 MiB Allreduce after 60 copies of 16 MiB: by single copy 4.4,
- * 4.1, 2.9 ms, down to 1.7 over 8 calls, staged as slow at first; two
- * such calls made staged's older estimate look faster, single copy's
- * next trial was charged them, and half the bench's calls ran staged:
- * 2562 us a call against 1666 for the algorithm named).  From then on
- * the other is tried again, for two calls, once the
- * calls since its last trial took 128 times what its two calls cost over
- * the current one: by rank 0's estimates 1/128 of the time goes to
- * trials, 1/64 with the current one's first call after them as cold as
- * the trial's first (a colder one, unmeasured, is not bounded), and a
- * program that loses by 20% is retried every 52 calls, one 3x slower every
- * 512 (at 5 us calls; a / 128 rounds down).  A trial's estimate is the
- * lower of its two times: its first call pays for what the current one
- * left in the caches (2 ranks, 32 KiB Bcast: single copy 4.5-5.5 us in a
- * loop, 7.2-7.5 us as a one-call trial between staged calls: a one-call
- * trial could keep the slower program for good once the host moved the
- * CPUs back near).  The current one's estimate is the lower of its last
- * two times (one stall does not condemn it, two slower calls in a row, as
- * when the host moves the CPUs apart, do). */
+ * each not counted: it pays first touches (2 ranks, 16 MiB Allreduce on a
+ * 2-vCPU Xeon: single copy's first call 58 ms, staged's 9.2, then both 2-4
+ * ms, settling at 1.8 and 2.5).  Counted, it went into the charge of the
+ * next trial, so single copy, having lost a warm-up of cold calls (3.9 ms
+ * against 2.4 as rank 0 measured them), was tried again only after about
+ * 3000 calls.  Then the current one, which gives way when the other's
+ * estimate is 1/8 below its own.  After the warm-up (4 calls later: its
+ * own calls count) and 8 calls after each switch the other is tried again,
+ * whatever its estimate: that may come from calls slowed by what ran
+ * before them (2 ranks, 16 MiB Allreduce after 60 copies of 16 MiB: by
+ * single copy 4.4, 4.1, 2.9 ms, down to 1.7 over 8 calls, staged as slow
+ * at first; two such calls made staged's older estimate look faster,
+ * single copy's next trial was charged them, and half the bench's calls
+ * ran staged: 2562 us a call against 1666 for the algorithm named).  A
+ * switch thus costs a trial whatever the other costs, and switches that
+ * recur every 10-16 calls (slowdowns of that period) lock into switching
+ * back and forth: in simulation up to 52-73% of calls on a 1.5x slower
+ * program (not seen measured; to be bounded).  Between switches the other
+ * is tried again, for two calls, once the calls since its last trial took
+ * 128 times what its two calls cost over the current one: by rank 0's
+ * estimates 1/128 of the time goes to trials, 1/64 with the current one's
+ * first call after them as cold as the trial's first (a colder one,
+ * unmeasured, is not bounded), and a program that loses by 20% is retried
+ * every 52 calls, one 3x slower every 512 (at 5 us calls; a / 128 rounds
+ * down).  A trial's estimate is the lower of its two times: its first call
+ * pays for what the current one left in the caches (2 ranks, 32 KiB Bcast:
+ * single copy 4.5-5.5 us in a loop, 7.2-7.5 us as a one-call trial between
+ * staged calls: a one-call trial could keep the slower program for good
+ * once the host moved the CPUs back near).  The current one's estimate is
+ * the lower of its last two times (one stall does not condemn it, two
+ * slower calls in a row, as when the host moves the CPUs apart, do). */
 int64_t sc_twin_estimate(const int64_t *t, int v)
 {
     int64_t a = t[SC_TW_LAST + v], b = t[SC_TW_PREV + v];
