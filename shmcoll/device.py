@@ -61,7 +61,6 @@ def make_plan(nranks, topo, slots, options=None):
     if not 0 <= int(p["inline_bytes"]) <= lib.SC_INLINE:
         raise ValueError(f"inline_bytes must be in 0 .. {lib.SC_INLINE}, not {p['inline_bytes']}")
     p["chunk_opt"], p["tile_opt"], p["cma_opt"] = p["chunk_bytes"], p["tile_bytes"], p["cma_bytes"]
-    p["block_opt"] = p["reduce_block_bytes"]
     _derive(p, nranks, topo, slots)
     plan = Plan(nranks, p, list(slots), topo)
     plan.size = Device.layout(plan)
@@ -89,7 +88,7 @@ def _derive(p, nranks, topo, slots):
     p["tile_bytes"] = min(int(p.get("tile_opt") or max(PAGE, min(l2 // 4, shared // (2 * nranks)))), half)
     p["nt_bytes"] = int(p["nt_bytes"] or shared)
     # a block's inputs and results, 2 x ranks x block, in a quarter of the shared cache
-    p["reduce_block_bytes"] = int(p.get("block_opt") or max(2 << 20, shared // (8 * nranks)))
+    p["reduce_block_bytes"] = int(p["reduce_block_bytes"] or max(2 << 20, shared // (8 * nranks)))
     # one reader at a time gains from 32 KiB (2 ranks, 32 KiB, near cores:
     # alltoall 5.5 vs 6.5 us, gather 4.7 vs 5.4; with the cores far apart a
     # staged copy is 2-4x slower, a single copy not: bench/README.md); with
