@@ -367,12 +367,13 @@ static int recheck(sc_comm_t *c, int block)
  * single copy 4.4, 4.1, 2.9 ms, down to 1.7 over 8 calls, staged as slow
  * at first; two such calls made staged's older estimate look faster,
  * single copy's next trial was charged them, and half the bench's calls
- * ran staged: 2562 us a call against 1666 for the algorithm named).  A
- * switch thus costs a trial whatever the other costs, and switches that
- * recur every 10-16 calls (slowdowns of that period) lock into switching
- * back and forth: in simulation up to 52-73% of calls on a 1.5x slower
- * program (not seen measured; to be bounded).  Between switches the other
- * is tried again, for two calls, once the calls since its last trial took
+ * ran staged: 2562 us a call against 1666 for the algorithm named).  Not
+ * after a switch a trial made, and later (16, 32 up to 128 calls) each
+ * time a switch follows such a switch back within twice the delay: with
+ * slowdowns recurring every 10-16 calls, a check after every switch
+ * locked into switching back and forth, 1.22-1.53x the time of the faster
+ * program alone in the policy tests, now 1.03-1.14x.  Between switches
+ * the other is tried again, for two calls, once the calls since its last trial took
  * 128 times what its two calls cost over the current one: by rank 0's
  * estimates 1/128 of the time goes to trials, 1/64 with the current one's
  * first call after them as cold as the trial's first (a colder one,
@@ -399,12 +400,21 @@ int sc_twin_pick(int64_t *t)
     int cur = (int)t[SC_TW_CUR] & 1;
     int64_t a = sc_twin_estimate(t, cur), b = sc_twin_estimate(t, !cur);
     if (b < a - a / 8) {
+        int64_t n = t[SC_TW_RUNS] + t[SC_TW_RUNS + 1];
+        if (t[SC_TW_LEARNT] == !cur + 1) {      /* a trial won: no check back */
+            t[SC_TW_CHECKED] = 1;
+            t[SC_TW_BACK_AT] = n;
+        } else {                                /* the current one lost on its own times */
+            t[SC_TW_CHECKED] = 0;
+            int64_t k = t[SC_TW_BACKOFF];
+            t[SC_TW_BACKOFF] = t[SC_TW_BACK_AT] && n - t[SC_TW_BACK_AT] < (16 << k) ? (k < 4 ? k + 1 : 4) : 0;
+        }
         t[SC_TW_CUR] = cur = !cur;
-        t[SC_TW_SINCE] = t[SC_TW_TRIAL] = t[SC_TW_CHECKED] = 0;
+        t[SC_TW_SINCE] = t[SC_TW_TRIAL] = 0;
         a = b;
     }
     if (t[SC_TW_TRIAL]) return !cur;            /* calls of the trial still to run (sc_twin_ran) */
-    if (t[SC_TW_SINCE] >= 8 && (!t[SC_TW_CHECKED] ||
+    if (t[SC_TW_SINCE] >= 8 && ((!t[SC_TW_CHECKED] && t[SC_TW_SINCE] >= 8 << t[SC_TW_BACKOFF]) ||
                                 t[SC_TW_SINCE] * (a / 128) >= t[SC_TW_LAST + !cur] + t[SC_TW_PREV + !cur] - 2 * a)) {
         t[SC_TW_SINCE] = 0;
         t[SC_TW_TRIAL] = 2;

@@ -310,6 +310,22 @@ def test_policy_checks_a_switch_after_8_calls():
     assert picks.count(1) <= 0.2 * len(picks), picks.count(1)
 
 
+@pytest.mark.parametrize("period, slower, factor", [(11, 1.5, 2), (11, 2, 3), (14, 2, 3), (16, 1.5, 2)])
+def test_policy_does_not_lock_into_switching_when_slowdowns_recur(period, slower, factor):
+    """Two calls of every `period` slowed `factor` times, whichever program
+    runs: two slow calls make the current one lose, the check 8 calls
+    after that switch wins it back, and the next slow pair comes just
+    then.  Checked after every switch, these took 1.22-1.53x the time of
+    the faster program alone; now 1.03-1.14x: the check comes only after a
+    switch the current program's own times made, later each time one
+    follows a check's switch back within twice its delay."""
+    pol = Policy()
+    times = lambda i, v: int((1000, 1000 * slower)[v] * (factor if i % period < 2 else 1))
+    spent = [times(i, v) for i, v in enumerate(pol.run(times, 3000))][300:]
+    best = sum(times(i, 0) for i in range(300, 3000))
+    assert sum(spent) <= 1.15 * best, sum(spent) / best
+
+
 class Lagging(Policy):
     """Policy as a loop of one twin runs it (csrc/exec.c): each call's pick
     promised at the end of the call before, after it ran, and its time
