@@ -243,7 +243,8 @@ def test_floor_is_measured_beside_auto_and_scaled(tmp_path, monkeypatch, capsys)
 def test_measure_beside_alternates_repetitions():
     seen = []
     cfg = bench.parse(["allreduce", "--min-time", "0.001", "--max-iters", "2", "--reps", "4"])
-    a, b = bench.measure_beside(lambda: seen.append("a"), lambda: seen.append("b"), lambda: None, lambda x: x, cfg)
+    a, b = bench.measure_beside(lambda: seen.append("a"), lambda: seen.append("b"), lambda: seen.append("|"),
+                                lambda x: x, cfg)
     assert len(a) == len(b) == 4
-    timed_part = "".join(seen)[-16:]            # after calibration and warm-up: 4 x (2 a's, 2 b's)
-    assert timed_part == "aabb" * 4
+    timed_part = "".join(seen)[-32:]            # after calibration: 4 x (a call untimed, a sync, 2 timed), same for b
+    assert timed_part == "a|aab|bb" * 4
