@@ -19,8 +19,8 @@
  * call from the times it measured, publishes its pick in its arrival
  * record, and every rank runs it (csrc/exec.c). */
 enum { SC_TW_PROG = 0, SC_TW_LAST = 2, SC_TW_PREV = 4, SC_TW_RUNS = 6, SC_TW_CUR = 8, SC_TW_SINCE = 9, SC_TW_TRIAL = 10,
-       SC_TW_LEARNT = 11, SC_TW_SEEN = 12, SC_TW_CHECKED = 14, SC_TW_BACKOFF = 15, SC_TW_BACK_AT = 16,
-       SC_TW_WORDS = 17 };
+       SC_TW_LEARNT = 11, SC_TW_SEEN = 12, SC_TW_CHECKED = 14, SC_TW_BEFORE = 15, SC_TW_EARLIER = 17, SC_TW_BACK = 19,
+       SC_TW_WORDS = 20 };
 
 #define SC_OK 0
 #define SC_EABORT -1     /* the job was aborted: abort word says who and why */

@@ -360,21 +360,23 @@ static int recheck(sc_comm_t *c, int block)
  * next trial, so single copy, having lost a warm-up of cold calls (3.9 ms
  * against 2.4 as rank 0 measured them), was tried again only after about
  * 3000 calls.  Then the current one, which gives way when the other's
- * estimate is 1/8 below its own.  After the warm-up (4 calls later: its
- * own calls count) and 8 calls after each switch the other is tried again,
- * whatever its estimate: that may come from calls slowed by what ran
- * before them (2 ranks, 16 MiB Allreduce after 60 copies of 16 MiB: by
- * single copy 4.4, 4.1, 2.9 ms, down to 1.7 over 8 calls, staged as slow
- * at first; two such calls made staged's older estimate look faster,
- * single copy's next trial was charged them, and half the bench's calls
- * ran staged: 2562 us a call against 1666 for the algorithm named).  Not
- * after a switch a trial made, and later (16, 32 up to 128 calls) each
- * time a switch follows such a switch back within twice the delay: with
- * slowdowns recurring every 10-16 calls, a check after every switch
- * locked into switching back and forth, 1.22-1.53x the time of the faster
- * program alone in the policy tests, now 1.03-1.14x.  Between switches
- * the other is tried again, for two calls, once the calls since its last trial took
- * 128 times what its two calls cost over the current one: by rank 0's
+ * estimate is 1/8 below its own.  Calls slowed by what ran before them
+ * slow both programs alike (2 ranks, 16 MiB Allreduce after any break, a
+ * sleep or 60 copies of 16 MiB: by single copy 4.4, 4.1, 2.9 ms, down to
+ * 1.7 over 8-15 calls, staged 3.1 down to 2.5), but two of them make the
+ * current one lose to the other's older estimate.  So after a switch made
+ * on the current one's own times, the other's first two calls must beat
+ * by 1/8 what the old one took before its last two, or the old one is
+ * back (and kept if it is still slow, the next switch coming within two
+ * calls).  Before, the old one stayed charged with its slowed calls and
+ * half the bench's calls ran staged (2562 us a call against 1666 for the
+ * algorithm named); a check 8 calls after each switch (b39b914) fixed
+ * that but locked into switching back and forth with slowdowns recurring
+ * every 10-33 calls, the policy tests' 1.22-1.53x the time of the faster
+ * program alone, now 1.06-1.13x.  The other is tried again, for two
+ * calls, after the warm-up whatever its estimate (4 calls later: the
+ * warm-up's own calls count), then once the calls since its last trial took 128 times what
+ * its two calls cost over the current one: by rank 0's
  * estimates 1/128 of the time goes to trials, 1/64 with the current one's
  * first call after them as cold as the trial's first (a colder one,
  * unmeasured, is not bounded), and a program that loses by 20% is retried
@@ -398,23 +400,24 @@ int sc_twin_pick(int64_t *t)
 {
     if (warming(t)) return t[SC_TW_RUNS] > t[SC_TW_RUNS + 1];     /* 0, 1, 0, 1, 0, 1 */
     int cur = (int)t[SC_TW_CUR] & 1;
-    int64_t a = sc_twin_estimate(t, cur), b = sc_twin_estimate(t, !cur);
-    if (b < a - a / 8) {
-        int64_t n = t[SC_TW_RUNS] + t[SC_TW_RUNS + 1];
-        if (t[SC_TW_LEARNT] == !cur + 1) {      /* a trial won: no check back */
-            t[SC_TW_CHECKED] = 1;
-            t[SC_TW_BACK_AT] = n;
-        } else {                                /* the current one lost on its own times */
-            t[SC_TW_CHECKED] = 0;
-            int64_t k = t[SC_TW_BACKOFF];
-            t[SC_TW_BACKOFF] = t[SC_TW_BACK_AT] && n - t[SC_TW_BACK_AT] < (16 << k) ? (k < 4 ? k + 1 : 4) : 0;
+    int64_t a = sc_twin_estimate(t, cur), b = sc_twin_estimate(t, !cur), back = t[SC_TW_BACK];
+    if (back < 0 && t[SC_TW_SINCE] >= 2) back = t[SC_TW_BACK] = 0;
+    if (back > 0 && t[SC_TW_SINCE] >= 2) {      /* two calls since a switch on the old one's own times: */
+        t[SC_TW_BACK] = 0;
+        if (a >= back - back / 8) {             /* not better than the old one before it slowed */
+            t[SC_TW_CUR] = cur = !cur;
+            t[SC_TW_SINCE] = t[SC_TW_TRIAL] = 0;
+            t[SC_TW_BACK] = -1;
+            a = b;
         }
+    } else if (b < a - a / 8) {                 /* not after a trial won, nor just after going back: */
+        t[SC_TW_BACK] = t[SC_TW_LEARNT] == !cur + 1 || back < 0 ? 0 : t[SC_TW_EARLIER + cur];
         t[SC_TW_CUR] = cur = !cur;
         t[SC_TW_SINCE] = t[SC_TW_TRIAL] = 0;
         a = b;
     }
     if (t[SC_TW_TRIAL]) return !cur;            /* calls of the trial still to run (sc_twin_ran) */
-    if (t[SC_TW_SINCE] >= 8 && ((!t[SC_TW_CHECKED] && t[SC_TW_SINCE] >= 8 << t[SC_TW_BACKOFF]) ||
+    if (t[SC_TW_SINCE] >= 8 && (!t[SC_TW_CHECKED] ||
                                 t[SC_TW_SINCE] * (a / 128) >= t[SC_TW_LAST + !cur] + t[SC_TW_PREV + !cur] - 2 * a)) {
         t[SC_TW_SINCE] = 0;
         t[SC_TW_TRIAL] = 2;
@@ -441,6 +444,8 @@ void sc_twin_learn(int64_t *t, int v, int64_t ns)
     ns = ns > 0 ? ns : 1;
     int trial = !warming(t) && v != (t[SC_TW_CUR] & 1), again = trial && t[SC_TW_LEARNT] == v + 1;
     if (!t[SC_TW_SEEN + v]++) return;           /* a program's first call: its first touches, not its time */
+    t[SC_TW_EARLIER + v] = t[SC_TW_BEFORE + v];
+    t[SC_TW_BEFORE + v] = sc_twin_estimate(t, v);
     t[SC_TW_PREV + v] = trial && !again ? ns : t[SC_TW_LAST + v];
     t[SC_TW_LAST + v] = ns;
     t[SC_TW_LEARNT] = v + 1;
