@@ -109,15 +109,16 @@ def measure_beside(run, other, sync, share, cfg):
     """Per-call seconds of run and of other, their repetitions alternating,
     so that both see the host in the same state (it drifts 2-5x within
     minutes: a floor measured a minute apart says little).  Each repetition
-    follows a quarter of its calls untimed: after any break, here the
-    other's repetition, a 2-vCPU Xeon guest ran 16 MiB folds 2.5x slower,
-    back to speed only after 12-15 calls (numpy's add alone too; copies
-    after 3), which the peers' repetitions, back to back, never pay."""
+    follows a quarter of its calls untimed, 16 at least (or as many as it
+    has): after any break, here the other's repetition, a 2-vCPU Xeon guest
+    ran 16 MiB folds 2.5x slower, back to speed only after 12-15 calls
+    (numpy's add alone too; copies after 3), which the peers' repetitions,
+    back to back, never pay."""
     n = calibrate(run, sync, share, cfg.min_time, cfg.max_iters)
     m = calibrate(other, sync, share, cfg.min_time, cfg.max_iters)
 
     def rep(f, k):
-        for _ in range(max(1, k // 4)):
+        for _ in range(max(k // 4, min(k, 16))):
             f()
         return timed(f, sync, k)
     pairs = [(rep(run, n), rep(other, m)) for _ in range(cfg.reps)]

@@ -246,5 +246,15 @@ def test_measure_beside_alternates_repetitions():
     a, b = bench.measure_beside(lambda: seen.append("a"), lambda: seen.append("b"), lambda: seen.append("|"),
                                 lambda x: x, cfg)
     assert len(a) == len(b) == 4
-    timed_part = "".join(seen)[-32:]            # after calibration: 4 x (a call untimed, a sync, 2 timed), same for b
-    assert timed_part == "a|aab|bb" * 4
+    timed_part = "".join(seen)[-40:]            # after calibration: 4 x (2 calls untimed, a sync, 2 timed), same for b
+    assert timed_part == "aa|aabb|bb" * 4
+
+
+@pytest.mark.parametrize("iters, warm", [(40, 16), (100, 25)])
+def test_measure_beside_warms_up_16_calls_or_a_quarter(iters, warm):
+    """A fold slowed by a break takes 12-15 calls back to speed, whatever
+    the repetition's length."""
+    seen = []
+    cfg = bench.parse(["allreduce", "--min-time", "1000", "--max-iters", str(iters), "--reps", "2"])
+    bench.measure_beside(lambda: seen.append("a"), lambda: seen.append("b"), lambda: seen.append("|"), lambda x: x, cfg)
+    assert "".join(seen).endswith(("a" * warm + "|" + "a" * iters + "b" * warm + "|" + "b" * iters) * 2)
