@@ -8,7 +8,8 @@
  * and which block does depends on where the allocation landed.  This NEP 49
  * allocation handler, installed in each rank over numpy's own, maps arrays
  * from huge_bytes (2 MiB) on a 2 MiB boundary and advises their whole 2 MiB
- * ranges; smaller ones go to numpy's. */
+ * ranges.  Mid-size ones, from huge_slot_bytes (64 KiB), share 2 MiB huge
+ * pages in slots (below); smaller ones go to numpy's. */
 #include <Python.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -53,6 +54,17 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct span { char *p; size_t n; } *spans, kept[KEEP];      /* kept: oldest first */
 static size_t nspans, cap, nkept, kept_bytes;
 
+/* Slabs: 2 MiB mappings on a huge page, each cut in slots of one power of
+ * two, for arrays from slot_min up to min_bytes (and 2 MiB): a single copy
+ * of a 256 KiB block on small pages pins 64 of them, 14.6 us against 6.4
+ * for a memcpy of it (2 ranks, 256 KiB Allgather: 19-24 us, 15-17 from
+ * slots; 64 KiB: 7 us, 5).  At most SLABS slabs (128 MiB; then numpy's),
+ * two of them kept empty at most; slot k of slab i is its p + k << shift. */
+#define SLABS 64
+#define SLOT_ALIGN ((size_t)64 << 10)   /* the smallest slot: other pointers are not looked up */
+static struct slab { char *p; uint64_t used; int shift; } slab[SLABS];   /* p NULL: a free entry */
+static size_t slot_min = SIZE_MAX;
+
 /* fork: no thread holds the lock across it, so the child's lists are whole */
 static void fork_prepare(void) { pthread_mutex_lock(&lock); }
 static void fork_done(void) { pthread_mutex_unlock(&lock); }
@@ -63,6 +75,8 @@ static void drop_kept(void)
     pthread_mutex_lock(&lock);
     for (size_t i = 0; i < nkept; i++) munmap(kept[i].p, kept[i].n);
     nkept = kept_bytes = 0;
+    for (int i = 0; i < SLABS; i++)
+        if (slab[i].p && !slab[i].used) munmap(slab[i].p, HUGE), slab[i].p = NULL;
     pthread_mutex_unlock(&lock);
 }
 
@@ -180,8 +194,67 @@ static int release(void *p)
     return 1;
 }
 
+/* A slot of at least size bytes (zero: its first size bytes cleared), or
+ * NULL: none free and no room for another slab. */
+static void *slot_get(size_t size, int zero)
+{
+    int shift = __builtin_ctzll(slot_min), i, hit = -1, empty = -1, none = -1;
+    while (((size_t)1 << shift) < size) shift++;
+    int n = 1 << (21 - shift);
+    uint64_t full = n == 64 ? ~0ULL : (1ULL << n) - 1;
+    pthread_mutex_lock(&lock);
+    for (i = 0; i < SLABS && hit < 0; i++) {
+        if (!slab[i].p) none = none < 0 ? i : none;
+        else if (slab[i].shift == shift && slab[i].used != full) hit = i;
+        else if (!slab[i].used && empty < 0) empty = i;
+    }
+    if (hit < 0 && (hit = empty) < 0 && none >= 0) {
+        char *p = fresh(HUGE);
+        if (p) slab[hit = none] = (struct slab){p, 0, shift};
+    }
+    char *p = NULL;
+    if (hit >= 0) {
+        int k = __builtin_ctzll(~slab[hit].used);
+        slab[hit].shift = shift;
+        slab[hit].used |= 1ULL << k;
+        p = slab[hit].p + ((size_t)k << shift);
+    }
+    pthread_mutex_unlock(&lock);
+    if (p && zero) memset(p, 0, size);
+    return p;
+}
+
+/* Could p be a slot?  Only then is the lock taken (every free asks). */
+static int slotlike(const void *p) { return p && !((uintptr_t)p & (SLOT_ALIGN - 1)); }
+
+/* The slab holding p (lock held), -1: none. */
+static int slab_of(const void *p)
+{
+    char *at = (char *)((uintptr_t)p & ~(uintptr_t)(HUGE - 1));
+    for (int i = 0; i < SLABS; i++)
+        if (slab[i].p == at) return i;
+    return -1;
+}
+
+/* Free the slot at p (a third empty slab is unmapped); 0: not a slot. */
+static int slot_release(void *p)
+{
+    if (!slotlike(p)) return 0;
+    pthread_mutex_lock(&lock);
+    int i = slab_of(p), empties = 0;
+    if (i >= 0) {
+        slab[i].used &= ~(1ULL << (((char *)p - slab[i].p) >> slab[i].shift));
+        for (int j = 0; j < SLABS && !slab[i].used; j++) empties += slab[j].p && !slab[j].used;
+        if (empties > 2 || (empties && min_bytes == SIZE_MAX)) munmap(slab[i].p, HUGE), slab[i].p = NULL;
+    }
+    pthread_mutex_unlock(&lock);
+    return i >= 0;
+}
+
 static void *h_malloc(void *ctx, size_t size)
 {
+    void *p;
+    if (size >= slot_min && size < min_bytes && size <= HUGE && (p = slot_get(size, 0))) return p;
     if (size < min_bytes) return base->malloc(base->ctx, size);
     size_t n = pages(size);
     return n ? get(n, size, 0) : NULL;
@@ -191,6 +264,8 @@ static void *h_calloc(void *ctx, size_t nelem, size_t elsize)
 {
     if (elsize && nelem > SIZE_MAX / elsize) return NULL;
     size_t size = nelem * elsize, n;
+    void *p;
+    if (size >= slot_min && size < min_bytes && size <= HUGE && (p = slot_get(size, 1))) return p;
     if (size < min_bytes) return base->calloc(base->ctx, nelem, elsize);
     return (n = pages(size)) ? get(n, size, 1) : NULL;
 }
@@ -200,6 +275,19 @@ static void *h_calloc(void *ctx, size_t nelem, size_t elsize)
 static void *h_realloc(void *ctx, void *ptr, size_t size)
 {
     if (!ptr) return h_malloc(ctx, size);
+    size_t slot = 0;
+    if (slotlike(ptr)) {
+        pthread_mutex_lock(&lock);
+        int i = slab_of(ptr);
+        slot = i < 0 ? 0 : (size_t)1 << slab[i].shift;
+        pthread_mutex_unlock(&lock);
+    }
+    if (slot) {
+        if (size <= slot) return ptr;
+        void *q = h_malloc(ctx, size);
+        if (q) memcpy(q, ptr, slot), slot_release(ptr);
+        return q;
+    }
     size_t had = length_of(ptr), n = pages(size);
     if (!had) return base->realloc(base->ctx, ptr, size);
     if (!n) return NULL;
@@ -222,25 +310,30 @@ static void *h_realloc(void *ctx, void *ptr, size_t size)
 
 static void h_free(void *ctx, void *ptr, size_t size)
 {
-    if (!release(ptr)) base->free(base->ctx, ptr, size);
+    if (!release(ptr) && !slot_release(ptr)) base->free(base->ctx, ptr, size);
 }
 
 static np_handler handler = {"shmcoll_huge_pages", 1, {NULL, h_malloc, h_calloc, h_realloc, h_free}};
 
-/* huge_arrays(numpy's _ARRAY_API capsule, min_bytes): from now on
- * numpy arrays of min_bytes and more that this thread (context) makes go
- * on aligned huge pages (the threshold is the process's); 0: no more
- * (numpy's handler back).  Only numpy's own handler is replaced: one the
- * user set is left alone. */
+/* huge_arrays(numpy's _ARRAY_API capsule, min_bytes, slot_bytes): from
+ * now on numpy arrays of min_bytes and more that this thread (context)
+ * makes go on aligned huge pages, from slot_bytes (a power of two from 64
+ * KiB, 0: none) in slots of shared ones (the thresholds are the
+ * process's); min_bytes 0: no more (numpy's handler back).  Only numpy's
+ * own handler is replaced: one the user set is left alone. */
 PyObject *sc_py_huge_arrays(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "huge_arrays(_ARRAY_API, min_bytes)");
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "huge_arrays(_ARRAY_API, min_bytes, slot_bytes)");
         return NULL;
     }
     void **api = PyCapsule_GetPointer(args[0], NULL);
-    size_t at_least = PyLong_AsSize_t(args[1]);
-    if (!api || (at_least == (size_t)-1 && PyErr_Occurred())) return NULL;
+    size_t at_least = PyLong_AsSize_t(args[1]), slots = PyLong_AsSize_t(args[2]);
+    if (!api || ((at_least == (size_t)-1 || slots == (size_t)-1) && PyErr_Occurred())) return NULL;
+    if (slots && (slots < SLOT_ALIGN || slots > HUGE || (slots & (slots - 1)))) {
+        PyErr_SetString(PyExc_ValueError, "slot_bytes: 0 or a power of two from 64 KiB to 2 MiB");
+        return NULL;
+    }
     PyObject *(*set_handler)(PyObject *) = (PyObject * (*)(PyObject *)) api[API_SET_HANDLER];
     PyObject *(*get_handler)(void) = (PyObject * (*)(void)) api[API_GET_HANDLER];
     PyObject *numpys = *(PyObject **)api[API_DEFAULT_HANDLER];
@@ -251,7 +344,7 @@ PyObject *sc_py_huge_arrays(PyObject *mod, PyObject *const *args, Py_ssize_t nar
     if (!h) goto fail;
     if (!at_least) {
         if (base) {
-            min_bytes = SIZE_MAX;               /* our arrays, grown, go to numpy's too */
+            min_bytes = slot_min = SIZE_MAX;    /* our arrays, grown, go to numpy's too */
             drop_kept();
         }
         if (h == &handler) next = Py_NewRef(numpys);
@@ -263,6 +356,7 @@ PyObject *sc_py_huge_arrays(PyObject *mod, PyObject *const *args, Py_ssize_t nar
             base = &dflt->a;
         }
         min_bytes = at_least;
+        slot_min = slots ? slots : SIZE_MAX;
         if (h == dflt && !(next = PyCapsule_New(&handler, "mem_handler", NULL))) goto fail;
     }
     if (next) {

@@ -395,7 +395,7 @@ static PyMethodDef defs[] = {
     {"exec", (PyCFunction)(void (*)(void))py_exec, METH_FASTCALL, "exec(context, program, sbuf, rbuf) -> rc"},
     {"learn", (PyCFunction)(void (*)(void))py_learn, METH_FASTCALL, "learn(dtype, itemsize, numpy.ndarray)"},
     {"huge_arrays", (PyCFunction)(void (*)(void))sc_py_huge_arrays, METH_FASTCALL,
-     "huge_arrays(numpy _ARRAY_API, min_bytes)"},
+     "huge_arrays(numpy _ARRAY_API, min_bytes, slot_bytes)"},
 };
 
 /* Method definition i, for Python to bind with PyCFunction_NewEx. */

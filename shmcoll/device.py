@@ -58,6 +58,9 @@ def make_plan(nranks, topo, slots, options=None):
             raise ValueError(f"{name} must be at least {low}, not {p[name]}")
     if int(p["huge_bytes"]) and not 2 << 20 <= int(p["huge_bytes"]) < 1 << 50:
         raise ValueError(f"huge_bytes must be 0 (off) or from 2 MiB (one huge page) to 2**50, not {p['huge_bytes']}")
+    slot = int(p["huge_slot_bytes"])
+    if slot and not (64 << 10 <= slot <= 2 << 20 and slot & (slot - 1) == 0):
+        raise ValueError(f"huge_slot_bytes must be 0 (off) or a power of two from 64 KiB to 2 MiB, not {slot}")
     if not 0 <= int(p["inline_bytes"]) <= lib.SC_INLINE:
         raise ValueError(f"inline_bytes must be in 0 .. {lib.SC_INLINE}, not {p['inline_bytes']}")
     p["chunk_opt"], p["tile_opt"], p["cma_opt"] = p["chunk_bytes"], p["tile_bytes"], p["cma_bytes"]
@@ -144,12 +147,13 @@ learn_dtype = _new_cfunction(int(ffi.cast("uintptr_t", lib.sc_py_entry(2))), Non
 _huge_arrays = _new_cfunction(int(ffi.cast("uintptr_t", lib.sc_py_entry(3))), None, None)
 
 
-def huge_arrays(min_bytes):
+def huge_arrays(min_bytes, slot_bytes=0):
     """From now on, numpy arrays of min_bytes (one threshold per process)
     and more that this thread makes are mapped 2 MiB-aligned on transparent
-    huge pages (csrc/pages.c), unless the user set a numpy allocation
-    handler of their own; 0 stops it (a rank forked from a rank inherits
-    its handler).  Nothing with numpy before 1.22 (no NEP 49), and 0 where
+    huge pages (csrc/pages.c), and from slot_bytes (0: none) put in slots
+    of shared ones, unless the user set a numpy allocation handler of their
+    own; min_bytes 0 stops it (a rank forked from a rank inherits its
+    handler).  Nothing with numpy before 1.22 (no NEP 49), and 0 where
     the kernel's huge pages are off or numpy's are (NUMPY_MADVISE_HUGEPAGE=0)."""
     if np.lib.NumpyVersion(np.__version__) < "1.22.0":
         return
@@ -164,7 +168,7 @@ def huge_arrays(min_bytes):
         thp = False
     if not thp or not getattr(umath, "_get_madvise_hugepage", lambda: True)():
         min_bytes = 0
-    _huge_arrays(umath._ARRAY_API, int(min_bytes))
+    _huge_arrays(umath._ARRAY_API, int(min_bytes), int(slot_bytes))
 
 
 FIELDS_C = {"chan_bytes": "chan_bytes", "stripe_bytes": "stripe_bytes", "stripe_slots": "stripe_slots",
@@ -343,7 +347,7 @@ class Device:
         launcher, and its descendants) may read its memory."""
         if lib.sc_register(self.c, pid, tracer) != 0:
             raise RuntimeError(f"rank {self.rank} could not register")
-        huge_arrays(self.plan.params["huge_bytes"])
+        huge_arrays(self.plan.params["huge_bytes"], self.plan.params["huge_slot_bytes"])
 
     def rank_state(self, rank):
         """0 not yet registered, 1 alive, 2 left, 3 dead."""

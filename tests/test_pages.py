@@ -77,12 +77,80 @@ def test_large_arrays_start_on_a_huge_page_and_get_them(huge_bytes):
     sizes = [at - 1, at, 8 * MIB + 1]
     opts = {} if huge_bytes is None else {"huge_bytes": huge_bytes}
     for rank in run_ranks(_placement, 2, sizes, options=opts):
-        small, exact, big = rank
-        assert small[1] == exact[1] == "shmcoll_huge_pages" and all(r[3] for r in rank)
+        below, exact, big = rank
+        assert below[1] == exact[1] == "shmcoll_huge_pages" and all(r[3] for r in rank)
         assert exact[0] == big[0] == 0
         assert exact[2] >= 2048 and big[2] >= 8 * 1024    # whole 2 MiB pages, kernel willing
         assert big[4] == 0            # the last byte's part holds no whole 2 MiB: small pages, no memory added
-        assert small[0] != 0          # numpy's own allocation (malloc's header puts it off the boundary)
+        if huge_bytes is None:        # 2 MiB - 1: a slot of 2 MiB, a huge page of its own
+            assert below[0] == 0 and below[2] >= 2048
+        else:                         # 3 MiB - 1: above the slots, numpy's (malloc's header: off the boundary)
+            assert below[0] != 0
+
+
+def _slots(comm, sizes):
+    """Per size: offset in its 2 MiB page, huge KiB there, contents kept;
+    then the same after all are freed and made again."""
+    out = []
+    for _ in range(2):
+        arrays = [pattern(n, np.uint8, comm.rank) for n in sizes]
+        out.append([(a.ctypes.data % HUGE, a.ctypes.data % max(64 << 10, 1 << (n - 1).bit_length()),
+                     _huge_kib(a.ctypes.data), bool((a == pattern(n, np.uint8, comm.rank)).all()))
+                    for a, n in zip(arrays, sizes)])
+        zeros = [np.zeros(n, np.uint8) for n in sizes]
+        out[-1].append(all(not z.any() for z in zeros))
+        del arrays, zeros
+    return out
+
+
+@need_thp
+def test_mid_size_arrays_share_huge_pages_in_slots():
+    """From huge_slot_bytes (64 KiB) to 2 MiB, arrays sit in slots of a
+    power of two (aligned to it) on shared huge pages: a single copy pins
+    one page, not one per 4 KiB.  Below, numpy's; made again after a free,
+    they reuse the slots, and np.zeros from a reused slot is zero."""
+    sizes = [(64 << 10) - 1, 64 << 10, (64 << 10) + 1, 256 << 10, 300 << 10, MIB, MIB + 1]
+    for rank in run_ranks(_slots, 2, sizes):
+        for made in rank:
+            small, *slotted, zero = made
+            assert all(r[3] for r in made[:-1]) and zero
+            assert all(at == 0 for _, at, _, _ in slotted), slotted
+            assert all(kib >= 2048 for _, _, kib, _ in slotted), slotted
+
+
+@need_thp
+def test_huge_slot_bytes_zero_leaves_mid_size_arrays_to_numpy():
+    for rank in run_ranks(_slots, 1, [256 << 10], options={"huge_slot_bytes": 0}):
+        assert rank[0][0][1] != 0 and rank[0][0][3]
+
+
+def _slot_churn(comm):
+    """Many arrays of mixed mid sizes made, kept, grown (within the slot
+    sizes: no large mapping is kept beside) and freed in a shuffled order:
+    contents hold, and the slabs go back."""
+    rng = np.random.default_rng(comm.rank)
+    before, live, ok = _status_kib("VmRSS"), {}, True
+    for i in range(3000):
+        if live and rng.random() < 0.5:
+            k = list(live)[int(rng.integers(len(live)))]
+            a, n = live.pop(k)
+            ok &= bool((a[:n] == k % 251).all())
+            if rng.random() < 0.3:
+                a.resize(min(n + int(rng.integers(1, MIB)), 2 * MIB - 1), refcheck=False)   # realloc, out of its slot
+                ok &= bool((a[:n] == k % 251).all())
+            del a
+        else:
+            n = int(rng.integers(64 << 10, 3 * MIB // 2))
+            live[i] = (np.full(n, i % 251, np.uint8), n)
+    live.clear()
+    return ok, _status_kib("VmRSS") - before
+
+
+@need_thp
+def test_slots_keep_data_through_churn_and_give_slabs_back():
+    for ok, grown_kib in run_ranks(_slot_churn, 2):
+        assert ok
+        assert grown_kib < 12 * 1024, grown_kib      # two empty slabs kept, and malloc's own
 
 
 @need_thp
@@ -282,6 +350,12 @@ def test_numpys_own_switch_turns_it_off(monkeypatch):
         assert run_ranks(_numpy_says_no, 2) == ["default_allocator"] * 2
     finally:
         multiarray._set_madvise_hugepage(was)
+
+
+@pytest.mark.parametrize("value", [-1, 1, 32 << 10, 96 << 10, 4 << 20])
+def test_huge_slot_bytes_is_zero_or_a_power_of_two_to_a_huge_page(value):
+    with pytest.raises(ValueError, match="huge_slot_bytes must be 0 .off. or a power of two from 64 KiB to 2 MiB"):
+        run_ranks(_placement, 1, [8], options={"huge_slot_bytes": value})
 
 
 @pytest.mark.parametrize("value", [-1, 1, (2 << 20) - 1, 1 << 62])
