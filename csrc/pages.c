@@ -59,8 +59,12 @@ static size_t nspans, cap, nkept, kept_bytes;
  * of a 256 KiB block on small pages pins 64 of them, 14.6 us against 6.4
  * for a memcpy of it (2 ranks, 256 KiB Allgather: 19-24 us, 15-17 from
  * slots; 64 KiB: 7 us, 5).  At most SLABS slabs (128 MiB; then numpy's),
- * two of them kept empty at most; slot k of slab i is its p + k << shift. */
+ * EMPTY of them kept empty (temporaries of three sizes made again and
+ * again faulted in a fresh huge page each time with two kept: 350 us an
+ * iteration against 32 by numpy's, 13 with eight); slot k of slab i is
+ * its p + k << shift. */
 #define SLABS 64
+#define EMPTY 8
 #define SLOT_ALIGN ((size_t)64 << 10)   /* the smallest slot: other pointers are not looked up */
 static struct slab { char *p; uint64_t used; int shift; } slab[SLABS];   /* p NULL: a free entry */
 static size_t slot_min = SIZE_MAX;
@@ -236,7 +240,7 @@ static int slab_of(const void *p)
     return -1;
 }
 
-/* Free the slot at p (a third empty slab is unmapped); 0: not a slot. */
+/* Free the slot at p (a slab emptied beyond EMPTY is unmapped); 0: not a slot. */
 static int slot_release(void *p)
 {
     if (!slotlike(p)) return 0;
@@ -245,7 +249,7 @@ static int slot_release(void *p)
     if (i >= 0) {
         slab[i].used &= ~(1ULL << (((char *)p - slab[i].p) >> slab[i].shift));
         for (int j = 0; j < SLABS && !slab[i].used; j++) empties += slab[j].p && !slab[j].used;
-        if (empties > 2 || (empties && min_bytes == SIZE_MAX)) munmap(slab[i].p, HUGE), slab[i].p = NULL;
+        if (empties > EMPTY || (empties && min_bytes == SIZE_MAX)) munmap(slab[i].p, HUGE), slab[i].p = NULL;
     }
     pthread_mutex_unlock(&lock);
     return i >= 0;

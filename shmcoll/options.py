@@ -40,7 +40,7 @@ DEFAULTS = {
                                 # 64 MiB at most, as malloc keeps its heap (csrc/pages.c); 0: never
     "huge_slot_bytes": 64 << 10,  # and from this many bytes (a power of two) up, in slots of one power of two
                                 # sharing 2 MiB huge pages (128 MiB of them at most, then numpy's): a 256 KiB
-                                # block pins one page, not 64; 0: never
+                                # block pins one page, not 64, for up to 2x the memory; 0: never
     "shm_bytes": None,          # space the segment must fit in (default: what /dev/shm has free)
     "barrier_algorithm": None,
     "bcast_algorithm": None,
