@@ -375,10 +375,10 @@ static int recheck(sc_comm_t *c, int block)
  * every 10-33 calls, the policy tests' 1.22-1.53x the time of the faster
  * program alone, now 1.06-1.13x.  The other is tried again, for two
  * calls, after the warm-up whatever its estimate (4 calls later: the
- * warm-up's own calls count), then once the calls since its last trial took 128 times what
- * its two calls cost over the current one: by rank 0's
- * estimates 1/128 of the time goes to trials, 1/64 with the current one's
- * first call after them as cold as the trial's first (a colder one,
+ * warm-up's own calls count), then once the calls since its last trial
+ * took 128 times what its two calls cost over the current one: by rank
+ * 0's estimates 1/128 of the time goes to trials, 1/64 with the current
+ * one's first call after them as cold as the trial's first (a colder one,
  * unmeasured, is not bounded), and a program that loses by 20% is retried
  * every 52 calls, one 3x slower every 512 (at 5 us calls; a / 128 rounds
  * down).  A trial's estimate is the lower of its two times: its first call

@@ -248,17 +248,22 @@ static int slot_release(void *p)
     int i = slab_of(p), empties = 0;
     if (i >= 0) {
         slab[i].used &= ~(1ULL << (((char *)p - slab[i].p) >> slab[i].shift));
-        for (int j = 0; j < SLABS && !slab[i].used; j++) empties += slab[j].p && !slab[j].used;
-        if (empties > EMPTY || (empties && min_bytes == SIZE_MAX)) munmap(slab[i].p, HUGE), slab[i].p = NULL;
+        if (!slab[i].used) {
+            for (int j = 0; j < SLABS; j++) empties += slab[j].p && !slab[j].used;
+            if (empties > EMPTY || min_bytes == SIZE_MAX) munmap(slab[i].p, HUGE), slab[i].p = NULL;
+        }
     }
     pthread_mutex_unlock(&lock);
     return i >= 0;
 }
 
+/* Does an array of size bytes go in a slot? */
+static int slotted(size_t size) { return size >= slot_min && size < min_bytes && size <= HUGE; }
+
 static void *h_malloc(void *ctx, size_t size)
 {
     void *p;
-    if (size >= slot_min && size < min_bytes && size <= HUGE && (p = slot_get(size, 0))) return p;
+    if (slotted(size) && (p = slot_get(size, 0))) return p;
     if (size < min_bytes) return base->malloc(base->ctx, size);
     size_t n = pages(size);
     return n ? get(n, size, 0) : NULL;
@@ -269,7 +274,7 @@ static void *h_calloc(void *ctx, size_t nelem, size_t elsize)
     if (elsize && nelem > SIZE_MAX / elsize) return NULL;
     size_t size = nelem * elsize, n;
     void *p;
-    if (size >= slot_min && size < min_bytes && size <= HUGE && (p = slot_get(size, 1))) return p;
+    if (slotted(size) && (p = slot_get(size, 1))) return p;
     if (size < min_bytes) return base->calloc(base->ctx, nelem, elsize);
     return (n = pages(size)) ? get(n, size, 1) : NULL;
 }
