@@ -10,7 +10,7 @@ from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CDEF_HEADERS = ["core.h"]
-SOURCES = ["core.c", "exec.c", "copy.c", "reduce.c", "pyfast.c", "pages.c"]
+SOURCES = ["core.c", "exec.c", "copy.c", "reduce.c", "pyfast.c", "pages.c", "peers.c"]
 
 ffibuilder = FFI()
 ffibuilder.cdef("\n".join(open(os.path.join(HERE, h)).read() for h in CDEF_HEADERS))

@@ -119,6 +119,7 @@ int sc_register(sc_comm_t *c, int32_t pid, int32_t tracer)
     if (tracer > 0) prctl(PR_SET_PTRACER, (unsigned long)tracer, 0, 0, 0);
     state(c, c->rank)->pid = pid;
     state(c, c->rank)->magic_addr = (uintptr_t)&cma_magic;
+    sc_publish_arena(c);
     atomic_store(&state(c, c->rank)->state, ST_ALIVE);
     return SC_OK;
 }
@@ -507,14 +508,19 @@ int sc_wait_slow(sc_comm_t *c, const sc_wait_t *w)
  * write into our buffers after this) and wait for the writes in flight,
  * so that none lands after we return.  A writer that is gone writes no
  * more; one stalled past the timeout is given up on (it looks at the
- * door again before each piece). */
+ * door again before each piece), and our buffers, if in our arena, which
+ * it may be writing into by plain stores, leave it (sc_quarantine). */
 void sc_shut(sc_comm_t *c)
 {
     atomic_store_explicit(&state(c, c->rank)->shut, 1, memory_order_seq_cst);
     int64_t t0 = sc_now_ns();
     for (int r = 0; r < c->size; r++)
         while (atomic_load_explicit(&state(c, r)->pushing, memory_order_seq_cst) == c->rank + 1 && !gone(c, r)) {
-            if (c->timeout_ns > 0 && sc_now_ns() - t0 > c->timeout_ns) return;
+            if (c->timeout_ns > 0 && sc_now_ns() - t0 > c->timeout_ns) {
+                sc_quarantine(post_line(c, c->rank)->addr[0]);
+                sc_quarantine(post_line(c, c->rank)->addr[1]);
+                return;
+            }
             let_go(c);
             sched_yield();
         }

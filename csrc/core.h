@@ -88,6 +88,7 @@ typedef struct sc_line sc_line_t;
 #define SC_NB 16         /* neighbours a rank may check: a star's centre up to 17 ranks */
 typedef struct { int64_t key[SC_KEY]; const int64_t *prog; } sc_entry_t;
 
+typedef struct sc_peers sc_peers_t;
 typedef struct sc_comm {
     /* plan, set by Python before sc_layout */
     int32_t rank;
@@ -164,6 +165,8 @@ typedef struct sc_comm {
     uint64_t err_call;       /* ... and the oldest call it may be in: the job is aborted from there */
     int64_t err_a;
     int64_t err_b;
+    sc_peers_t *peers;       /* the peers' arenas as mapped here (csrc/peers.c), made on first use */
+    int64_t direct;          /* bytes moved to or from peers' arenas by plain copies, or folded where they lie */
 } sc_comm_t;
 
 int64_t sc_layout(sc_comm_t *c);
@@ -171,6 +174,7 @@ int sc_attach(sc_comm_t *c, char *base);
 int sc_init_shared(sc_comm_t *c);
 int sc_register(sc_comm_t *c, int32_t pid, int32_t tracer);
 int sc_deregister(sc_comm_t *c, int ok);
+void sc_peers_close(sc_comm_t *c);
 uint64_t sc_calls_of(sc_comm_t *c, int32_t r);
 int sc_rank_state(sc_comm_t *c, int32_t rank);
 void sc_set_abort(sc_comm_t *c, int32_t rank, int32_t code);

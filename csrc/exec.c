@@ -12,6 +12,8 @@
 #include "sc_internal.h"
 #include <errno.h>
 
+#define PIECE (4 << 20)
+
 /* A writer using w inline slots a call (w a power of two) gives call C
  * the lines C * w .. C * w + w - 1 (mod SC_SLOTS): a line comes back
  * SC_SLOTS / w calls later, so a root writing to several readers is not
@@ -33,7 +35,10 @@ static char *space(sc_comm_t *c, int64_t sp, int64_t off, char *sbuf, char *rbuf
     switch (sp & 0xff) {
     case SC_SEND: return sbuf + off;
     case SC_RECV: return rbuf + off;
-    case SC_TMP: return c->tmp + off;
+    case SC_TMP: {                  /* a fold's input slot (bits 32-): the peer's bytes, if its CMA left them there */
+        char *a = sp >> 32 ? sc_alias(c, (int)(sp >> 32) - 1) : NULL;
+        return (a ? a : c->tmp) + off;
+    }
     case SC_CHAN: return chan_buf(c, r) + off;
     case SC_SLOT: return slot_data(c, r, slot_index(c->call, (uint64_t)(sp >> 32))) + off;
     case SC_TINY: return slot_tiny(c, r, slot_index(c->call, (uint64_t)(sp >> 32))) + off;
@@ -109,15 +114,33 @@ static void debt(sc_comm_t *c, int s, int who, uint64_t count)
     c->debt_cnt[(int64_t)s * c->size + c->debt_n[s]++] = count;
 }
 
+/* The same between local and who's arena, mapped here at p: a plain copy,
+ * a write in pieces, each started only while who's door is open. */
+static int direct(sc_comm_t *c, int who, char *local, char *p, int64_t n, int write)
+{
+    _Atomic int32_t *shut = &rank_rec(c, who)->shut;
+    for (int64_t done = 0; done < n; done += PIECE) {
+        int64_t k = n - done < PIECE ? n - done : PIECE;
+        if (!write) sc_copy(local + done, p + done, k, 0);
+        else if (atomic_load_explicit(shut, memory_order_seq_cst)) return ECANCELED;
+        else sc_copy(p + done, local + done, k, 0);
+    }
+    c->direct += n;
+    return 0;
+}
+
 /* Single copy between local and `addr` in rank who's memory: read into
  * local, or (write) from local into who's buffer, announced in our
  * `pushing` before we look at who's door (sc_shut: one of the two sees
- * the other). */
+ * the other); in who's arena, by plain copies (a writer stopped halfway
+ * through a piece finishes it whenever it goes on: sc_shut). */
 static int cma(sc_comm_t *c, int who, char *local, uint64_t addr, int64_t n, int write)
 {
     _Atomic int32_t *mine = &rank_rec(c, c->rank)->pushing;
     if (write) atomic_store_explicit(mine, who + 1, memory_order_seq_cst);
-    int err = sc_vm_move(rank_rec(c, who)->pid, local, addr, n, write ? &rank_rec(c, who)->shut : NULL);
+    char *p = sc_peer_ptr(c, who, addr, n);
+    int err = p ? direct(c, who, local, p, n, write)
+                : sc_vm_move(rank_rec(c, who)->pid, local, addr, n, write ? &rank_rec(c, who)->shut : NULL);
     if (write) atomic_store_explicit(mine, 0, memory_order_release);
     if (!err) return SC_OK;
     if (err == ECANCELED || err == ESRCH) {   /* who's call failed (it aborted the job first), or who */
@@ -266,11 +289,15 @@ static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
             sc_copy(space(c, in[1], in[2], sbuf, rbuf), space(c, in[3], in[4], sbuf, rbuf), in[5], (int)(in[6] & 1));
             if (c->traffic && in[7] >= 0) c->traffic[in[7]] += in[5];
             break;
-        case SC_OP_CMA:
-            rc = cma(c, (int)in[3], space(c, in[1], in[2], sbuf, rbuf),
-                     post_line(c, (int)in[3])->addr[in[4] - 1] + (uint64_t)in[5], in[6], 0);
+        case SC_OP_CMA: {
+            uint64_t at = post_line(c, (int)in[3])->addr[in[4] - 1] + (uint64_t)in[5];
+            char *p = in[7] ? sc_peer_ptr(c, (int)in[3], at, in[6]) : NULL;
+            if (in[7]) sc_alias_set(c, (int)in[7] - 1, p, in[2]);   /* folded where it lies */
+            if (p) c->direct += in[6];
+            else rc = cma(c, (int)in[3], space(c, in[1], in[2], sbuf, rbuf), at, in[6], 0);
             if (!rc && c->traffic) c->traffic[in[3]] += in[6];
             break;
+        }
         case SC_OP_CMAW: {
             uint64_t at;
             rc = buffer_of(c, (int)in[3], (int)in[4], &at);

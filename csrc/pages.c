@@ -1,20 +1,32 @@
-/* Large numpy arrays on whole transparent huge pages.
+/* A rank's numpy arrays in its arena, shared with its peers.
  *
- * A single copy (process_vm_readv/writev) pins the peer's pages one at a
- * time: a 2 MiB block on 4 KiB pages costs 512 pins, on a huge page one
- * (perf, 2 ranks, 2 MiB Alltoall: pinning was 15% of one rank's samples).
- * numpy advises huge pages for arrays from 4 MiB, but over malloc's
- * unaligned mapping, so only the whole aligned 2 MiB ranges inside get one
- * and which block does depends on where the allocation landed.  This NEP 49
- * allocation handler, installed in each rank over numpy's own, maps arrays
- * from huge_bytes (2 MiB) on a 2 MiB boundary and advises their whole 2 MiB
- * ranges.  Mid-size ones, from huge_slot_bytes (64 KiB), share 2 MiB huge
- * pages in slots (below); smaller ones go to numpy's. */
+ * This NEP 49 allocation handler, installed in each rank over numpy's own,
+ * puts arrays from huge_bytes (2 MiB) on a 2 MiB boundary, and mid-size
+ * ones, from huge_slot_bytes (64 KiB), in power-of-two slots of 2 MiB
+ * slabs (below); smaller ones go to numpy's.  Both come from the rank's
+ * arena, a memfd mapped shared, which the peers map too (csrc/peers.c): a
+ * peer copies from or into these arrays by plain loads and stores and
+ * folds another rank's input where it lies, with no system call and no
+ * copy in between (process_vm_readv pins the peer's pages one by one; 4
+ * ranks on 2 cores, 16 MiB Allreduce by single copy: 60% of the time in
+ * the kernel's copies; from the arena, 0.64-0.73x the time from 256 KiB
+ * up).  The arena's ranges are advised huge pages, which the kernel gives
+ * shared memory where shmem_enabled allows (elsewhere small pages; a
+ * large array's last 2 MiB is then a huge page whole).  Without an arena
+ * (the address space refused) arrays are mapped privately, on aligned
+ * transparent huge pages.  fork gives the child its own copy of the
+ * arena's arrays, as it would of private memory (at_fork): the parent
+ * waits until the child has made it. */
 #include <Python.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "sc_internal.h"
 
@@ -41,6 +53,7 @@ typedef struct {
 static const np_allocator *base;    /* numpy's own handler, for smaller arrays */
 static PyObject *base_capsule;
 static size_t min_bytes = HUGE;     /* one for the process; SIZE_MAX once turned off */
+static int advise = 1;              /* ask for huge pages (the kernel's and numpy's are on) */
 
 /* Live mappings (start, length): a pointer handed to free or realloc that
  * is 2 MiB-aligned is looked up here; any other is the base handler's.
@@ -54,11 +67,13 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct span { char *p; size_t n; } *spans, kept[KEEP];      /* kept: oldest first */
 static size_t nspans, cap, nkept, kept_bytes;
 
-/* Slabs: 2 MiB mappings on a huge page, each cut in slots of one power of
- * two, for arrays from slot_min up to min_bytes (and 2 MiB): a single copy
- * of a 256 KiB block on small pages pins 64 of them, 14.6 us against 6.4
- * for a memcpy of it (2 ranks, 256 KiB Allgather: 19-24 us, 15-17 from
- * slots; 64 KiB: 7 us, 5).  At most SLABS slabs (128 MiB; then numpy's),
+/* Slabs: 2 MiB grains of the arena (else huge-page mappings), each cut in
+ * slots of one power of two, for arrays from slot_min up to min_bytes (and
+ * 2 MiB), so they too are shared (2 ranks, 256 KiB Allgather: 15.8 us by
+ * single copy from huge-page slots, 12.5 from the arena's; 64 KiB
+ * Allreduce 5.2, 2.4); without the arena, a single copy of a 256 KiB
+ * block on small pages pins 64 of them, 14.6 us against 6.4 for a memcpy
+ * of it.  At most SLABS slabs (128 MiB; then numpy's),
  * EMPTY of them kept empty (temporaries of three sizes made again and
  * again faulted in a fresh huge page each time with two kept: 350 us an
  * iteration against 32 by numpy's, 13 with eight); slot k of slab i is
@@ -69,18 +84,243 @@ static size_t nspans, cap, nkept, kept_bytes;
 static struct slab { char *p; uint64_t used; int shift; } slab[SLABS];   /* p NULL: a free entry */
 static size_t slot_min = SIZE_MAX;
 
-/* fork: no thread holds the lock across it, so the child's lists are whole */
-static void fork_prepare(void) { pthread_mutex_lock(&lock); }
-static void fork_done(void) { pthread_mutex_unlock(&lock); }
-static void at_fork(void) { pthread_atfork(fork_prepare, fork_done, fork_done); }
+/* The arena: ARENA bytes of address space (the machine's memory, 16 GiB
+ * to 1 TiB: every peer maps it too) over a memfd of that size (sparse:
+ * only pages touched hold memory), handed out in 2 MiB grains, first fit;
+ * a freed range's pages go back to the kernel (a hole punched, which
+ * reads as zeros again).  arena_lock nests inside lock. */
+static size_t ARENA;
+static pthread_mutex_t arena_lock = PTHREAD_MUTEX_INITIALIZER;
+static char *arena;                 /* NULL: none (not made yet, or given up by fork) */
+static int arena_fd = -1;
+static uint64_t arena_ino;
+static struct hole { size_t at, n; } *holes;   /* free grains, sorted, apart */
+static size_t nholes, holes_cap;
+
+static int in_arena(const void *p) { return arena && (char *)p >= arena && (char *)p < arena + ARENA; }
+
+/* Make the arena (GIL held, once a process); 0 or -1 (then arrays are private). */
+static int arena_open(void)
+{
+    if (arena) return 0;
+    size_t ram = (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
+    ARENA = ram < ((size_t)16 << 30) ? (size_t)16 << 30 : ram > ((size_t)1 << 40) ? (size_t)1 << 40 : ram;
+    ARENA &= ~(HUGE - 1);
+    int fd = memfd_create("shmcoll-arrays", MFD_CLOEXEC);
+    struct stat st;
+    struct hole *h = malloc(64 * sizeof *h);
+    if (fd < 0 || !h || ftruncate(fd, (off_t)ARENA) || fstat(fd, &st)) goto fail;
+    char *m = mmap(NULL, ARENA + HUGE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) goto fail;
+    char *p = (char *)(((uintptr_t)m + HUGE - 1) & ~(uintptr_t)(HUGE - 1));
+    if (p > m) munmap(m, p - m);
+    munmap(p + ARENA, m + HUGE - p);
+    if (mmap(p, ARENA, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE | MAP_FIXED, fd, 0) == MAP_FAILED) {
+        munmap(p, ARENA);
+        goto fail;
+    }
+    if (advise) madvise(p, ARENA, MADV_HUGEPAGE);   /* where the kernel gives shared memory huge pages */
+    pthread_mutex_lock(&arena_lock);
+    holes = h, holes_cap = 64, nholes = 1, holes[0] = (struct hole){0, ARENA / HUGE};
+    arena_fd = fd, arena_ino = (uint64_t)st.st_ino, arena = p;
+    pthread_mutex_unlock(&arena_lock);
+    return 0;
+fail:
+    free(h);
+    if (fd >= 0) close(fd);
+    return -1;
+}
+
+/* n bytes at a 2 MiB boundary of the arena, zero, or NULL (none, or full). */
+static char *arena_take(size_t n)
+{
+    size_t g = (n + HUGE - 1) / HUGE;
+    char *p = NULL;
+    pthread_mutex_lock(&arena_lock);
+    for (size_t i = 0; arena && i < nholes && !p; i++) {
+        if (holes[i].n < g) continue;
+        p = arena + holes[i].at * HUGE;
+        holes[i].at += g, holes[i].n -= g;
+        if (!holes[i].n) memmove(&holes[i], &holes[i + 1], (--nholes - i) * sizeof *holes);
+    }
+    pthread_mutex_unlock(&arena_lock);
+    return p;
+}
+
+/* Ranges a peer stalled mid-copy may still write into through its
+ * mapping of the arena (sc_quarantine): private memory now, never given
+ * back to the arena; once there is one, no new communicator publishes the
+ * arena (its peers would read the memfd's pages, no longer ours there). */
+static struct hole *quarantined;
+static size_t nquarantined;
+
+static int in_quarantine(const char *p, size_t n)
+{
+    size_t a = (size_t)(uintptr_t)p;
+    for (size_t i = 0; i < nquarantined; i++)
+        if (a < quarantined[i].at + quarantined[i].n && quarantined[i].at < a + n) return 1;
+    return 0;
+}
+
+/* Give back [p, p + n) of an arena range (whole pages; the range's tail,
+ * or all of it): its pages to the kernel, its grains past p to the holes. */
+static void arena_give(char *p, size_t n)
+{
+    pthread_mutex_lock(&arena_lock);
+    if (in_quarantine(p, n)) {                  /* its memory back, its grains never */
+        madvise(p, n, MADV_DONTNEED);
+        pthread_mutex_unlock(&arena_lock);
+        return;
+    }
+    madvise(p, n, MADV_REMOVE);                 /* through the mapping: the fd may be closed by then */
+    size_t at = ((size_t)(p - arena) + HUGE - 1) / HUGE, end = ((size_t)(p - arena) + n + HUGE - 1) / HUGE, i = 0;
+    if (at < end) {
+        while (i < nholes && holes[i].at < at) i++;
+        int left = i > 0 && holes[i - 1].at + holes[i - 1].n == at, right = i < nholes && holes[i].at == end;
+        if (left && right) {
+            holes[i - 1].n += end - at + holes[i].n;
+            memmove(&holes[i], &holes[i + 1], (--nholes - i) * sizeof *holes);
+        } else if (left) {
+            holes[i - 1].n += end - at;
+        } else if (right) {
+            holes[i].at = at, holes[i].n += end - at;
+        } else {
+            if (nholes == holes_cap) {          /* no room: the grains stay taken (address space, not memory) */
+                struct hole *h = realloc(holes, 2 * holes_cap * sizeof *h);
+                if (!h) goto out;
+                holes = h, holes_cap *= 2;
+            }
+            memmove(&holes[i + 1], &holes[i], (nholes++ - i) * sizeof *holes);
+            holes[i] = (struct hole){at, end - at};
+        }
+    }
+out:
+    pthread_mutex_unlock(&arena_lock);
+}
+
+/* Unmap (or give back to the arena) n bytes of ours at p. */
+static void drop(void *p, size_t n)
+{
+    if (in_arena(p)) arena_give(p, n);
+    else munmap(p, n);
+}
+
+/* For a peer (csrc/peers.c): this process's arena, 0; -1 if none (or
+ * one with ranges in quarantine). */
+int sc_arena_of(int32_t *fd, uint64_t *base, uint64_t *len, uint64_t *ino)
+{
+    if (!arena || nquarantined) return -1;
+    *fd = arena_fd, *base = (uintptr_t)arena, *len = ARENA, *ino = arena_ino;
+    return 0;
+}
+
+/* Our call failed while a peer was still writing into our buffer at
+ * addr (sc_shut: it stalled mid-copy past the timeout), through its
+ * mapping of the arena, where it would go on writing whenever it runs
+ * again: the buffer's whole array (its span or slab, else its grain)
+ * gets private pages with what it holds, at the same address, and
+ * leaves the arena for good (in_quarantine). */
+void sc_quarantine(uint64_t addr)
+{
+    char *at = (char *)(uintptr_t)addr, *lo = NULL;
+    size_t n = 0;
+    if (!in_arena(at)) return;
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < nspans && !lo; i++)
+        if (at >= spans[i].p && at < spans[i].p + spans[i].n) lo = spans[i].p, n = spans[i].n;
+    if (!lo) lo = (char *)((uintptr_t)at & ~(uintptr_t)(HUGE - 1)), n = HUGE;   /* a slab's, or a grain */
+    n = (n + HUGE - 1) & ~(HUGE - 1);
+    pthread_mutex_lock(&arena_lock);
+    struct hole *q = in_quarantine(lo, n) ? NULL : realloc(quarantined, (nquarantined + 1) * sizeof *q);
+    char *m = q ? mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) : MAP_FAILED;
+    if (q) quarantined = q;
+    if (m != MAP_FAILED) {
+        memcpy(m, lo, n);
+        if (mremap(m, n, n, MREMAP_MAYMOVE | MREMAP_FIXED, lo) != MAP_FAILED)
+            quarantined[nquarantined++] = (struct hole){(size_t)(uintptr_t)lo, n};
+        else
+            munmap(m, n);
+    }
+    pthread_mutex_unlock(&arena_lock);
+    pthread_mutex_unlock(&lock);
+}
+
+/* fork: no thread holds the locks across it, so the child's lists are
+ * whole.  The child copies every live range of the arena (arrays, kept
+ * ranges, slabs) into private memory at the same address and leaves the
+ * arena, as fork would have given it private pages; the parent waits for
+ * that (through a pipe), so the copy is of the memory as it was at fork. */
+static int fork_pipe[2] = {-1, -1};
+
+static void fork_prepare(void)
+{
+    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&arena_lock);
+    if (arena && pipe2(fork_pipe, O_CLOEXEC)) fork_pipe[0] = fork_pipe[1] = -1;
+}
+
+static void fork_parent(void)
+{
+    if (fork_pipe[0] >= 0) {
+        char b;
+        close(fork_pipe[1]);
+        while (read(fork_pipe[0], &b, 1) < 0 && errno == EINTR) {}
+        close(fork_pipe[0]);
+        fork_pipe[0] = fork_pipe[1] = -1;
+    }
+    pthread_mutex_unlock(&arena_lock);
+    pthread_mutex_unlock(&lock);
+}
+
+static void privatize(void)
+{
+    size_t k = 0, most = nspans + KEEP + SLABS;
+    struct { char *p, *q; size_t n; } *r = malloc((most ? most : 1) * sizeof *r);
+    int ok = r != NULL;
+    for (size_t i = 0; ok && i < nspans + nkept + SLABS; i++) {
+        char *p = i < nspans ? spans[i].p : i < nspans + nkept ? kept[i - nspans].p : slab[i - nspans - nkept].p;
+        size_t n = i < nspans ? spans[i].n : i < nspans + nkept ? kept[i - nspans].n : HUGE;
+        if (!p || !in_arena(p)) continue;
+        char *q = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (q == MAP_FAILED) ok = 0;
+        else memcpy(q, p, n), r[k++] = (__typeof__(*r)){p, q, n};
+    }
+    if (ok) munmap(arena, ARENA);
+    for (size_t i = 0; ok && i < k; i++)
+        if (mremap(r[i].q, r[i].n, r[i].n, MREMAP_MAYMOVE | MREMAP_FIXED, r[i].p) == MAP_FAILED) ok = 0;
+    if (!ok) {                                  /* the child would share the parent's arrays: it may not go on */
+        static const char msg[] = "shmcoll: fork could not copy the arrays of the parent's arena\n";
+        if (write(2, msg, sizeof msg - 1)) {}
+        _exit(70);
+    }
+    free(r);
+    close(arena_fd);
+    arena = NULL, arena_fd = -1, nholes = 0;
+}
+
+static void fork_child(void)
+{
+    if (arena) privatize();
+    if (fork_pipe[0] >= 0) {
+        close(fork_pipe[0]);
+        if (write(fork_pipe[1], "", 1)) {}
+        close(fork_pipe[1]);
+        fork_pipe[0] = fork_pipe[1] = -1;
+    }
+    pthread_mutex_unlock(&arena_lock);
+    pthread_mutex_unlock(&lock);
+}
+
+static void at_fork(void) { pthread_atfork(fork_prepare, fork_parent, fork_child); }
+
 
 static void drop_kept(void)
 {
     pthread_mutex_lock(&lock);
-    for (size_t i = 0; i < nkept; i++) munmap(kept[i].p, kept[i].n);
+    for (size_t i = 0; i < nkept; i++) drop(kept[i].p, kept[i].n);
     nkept = kept_bytes = 0;
     for (int i = 0; i < SLABS; i++)
-        if (slab[i].p && !slab[i].used) munmap(slab[i].p, HUGE), slab[i].p = NULL;
+        if (slab[i].p && !slab[i].used) drop(slab[i].p, HUGE), slab[i].p = NULL;
     pthread_mutex_unlock(&lock);
 }
 
@@ -109,16 +349,19 @@ static size_t length_of(const void *p)
     return n;
 }
 
-/* n bytes (whole pages) from a 2 MiB boundary: the whole 2 MiB ranges
- * advised, the rest (less than one) on small pages, so no memory is added. */
+/* n bytes (whole pages), zero, from a 2 MiB boundary: in the arena, else
+ * mapped here, the whole 2 MiB ranges advised, the rest (less than one)
+ * on small pages, so no memory is added. */
 static char *fresh(size_t n)
 {
+    char *a = arena_take(n);
+    if (a) return a;
     char *m = mmap(NULL, n + HUGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) return NULL;
     char *p = (char *)(((uintptr_t)m + HUGE - 1) & ~(uintptr_t)(HUGE - 1));
     if (p > m) munmap(m, p - m);
     munmap(p + n, m + HUGE - p);
-    if (n >= HUGE) madvise(p, n & ~(HUGE - 1), MADV_HUGEPAGE);
+    if (n >= HUGE && advise) madvise(p, n & ~(HUGE - 1), MADV_HUGEPAGE);
     return p;
 }
 
@@ -148,7 +391,7 @@ static void *get(size_t n, size_t size, int zero)
     pthread_mutex_unlock(&lock);
     size_t cut = cut_at(have, n);
     if (p && cut < have) {          /* only what is asked for stays with the array */
-        munmap(p + cut, have - cut);
+        drop(p + cut, have - cut);
         have = cut;
     }
     if (p && zero) memset(p, 0, size);
@@ -163,7 +406,7 @@ static void *get(size_t n, size_t size, int zero)
     if (room) spans[nspans++] = (struct span){p, have};
     pthread_mutex_unlock(&lock);
     if (!room) {
-        munmap(p, have);
+        drop(p, have);
         return NULL;
     }
     return p;
@@ -184,11 +427,11 @@ static int release(void *p)
     spans[i] = spans[--nspans];
     if (s.n > KEEP_EACH || s.n < HUGE || min_bytes == SIZE_MAX) {
         pthread_mutex_unlock(&lock);
-        munmap(s.p, s.n);
+        drop(s.p, s.n);
         return 1;
     }
     while (nkept == KEEP || kept_bytes + s.n > KEEP_ALL) {      /* drop the oldest */
-        munmap(kept[0].p, kept[0].n);
+        drop(kept[0].p, kept[0].n);
         kept_bytes -= kept[0].n;
         memmove(&kept[0], &kept[1], --nkept * sizeof *kept);
     }
@@ -250,7 +493,7 @@ static int slot_release(void *p)
         slab[i].used &= ~(1ULL << (((char *)p - slab[i].p) >> slab[i].shift));
         if (!slab[i].used) {
             for (int j = 0; j < SLABS; j++) empties += slab[j].p && !slab[j].used;
-            if (empties > EMPTY || min_bytes == SIZE_MAX) munmap(slab[i].p, HUGE), slab[i].p = NULL;
+            if (empties > EMPTY || min_bytes == SIZE_MAX) drop(slab[i].p, HUGE), slab[i].p = NULL;
         }
     }
     pthread_mutex_unlock(&lock);
@@ -306,7 +549,7 @@ static void *h_realloc(void *ctx, void *ptr, size_t size)
             pthread_mutex_lock(&lock);
             spans[find(ptr)].n = c;
             pthread_mutex_unlock(&lock);
-            munmap((char *)ptr + c, had - c);
+            drop((char *)ptr + c, had - c);
         }
         return ptr;
     }
@@ -332,13 +575,14 @@ static np_handler handler = {"shmcoll_huge_pages", 1, {NULL, h_malloc, h_calloc,
  * own handler is replaced: one the user set is left alone. */
 PyObject *sc_py_huge_arrays(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "huge_arrays(_ARRAY_API, min_bytes, slot_bytes)");
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "huge_arrays(_ARRAY_API, min_bytes, slot_bytes, advise)");
         return NULL;
     }
     void **api = PyCapsule_GetPointer(args[0], NULL);
     size_t at_least = PyLong_AsSize_t(args[1]), slots = PyLong_AsSize_t(args[2]);
-    if (!api || ((at_least == (size_t)-1 || slots == (size_t)-1) && PyErr_Occurred())) return NULL;
+    int huge = PyObject_IsTrue(args[3]);
+    if (!api || ((at_least == (size_t)-1 || slots == (size_t)-1 || huge < 0) && PyErr_Occurred())) return NULL;
     if (slots && (slots < SLOT_ALIGN || slots > HUGE || (slots & (slots - 1)))) {
         PyErr_SetString(PyExc_ValueError, "slot_bytes: 0 or a power of two from 64 KiB to 2 MiB");
         return NULL;
@@ -366,6 +610,8 @@ PyObject *sc_py_huge_arrays(PyObject *mod, PyObject *const *args, Py_ssize_t nar
         }
         min_bytes = at_least;
         slot_min = slots ? slots : SIZE_MAX;
+        advise = huge;
+        arena_open();                           /* none: the arrays stay private, read by single copy */
         if (h == dflt && !(next = PyCapsule_New(&handler, "mem_handler", NULL))) goto fail;
     }
     if (next) {

@@ -78,8 +78,14 @@ typedef struct {
     _Atomic int32_t pushing, shut, waiting, pad2;
     int32_t mis_code, mis_when, mis_rank, pad3; int64_t mis_a, mis_b;
     uint64_t calls;               /* the calls it made, once it left (ST_DONE) */
-    int32_t counted, pad4;        /* calls is comparable: it left with no failure seen */
+    int32_t counted, arena_fd;    /* calls is comparable: it left with no failure seen; its arena's memfd */
+    uint64_t arena_base, arena_len, arena_ino;   /* and where that is (len 0: no arena), csrc/peers.c */
 } sc_rank_t;
+void sc_publish_arena(sc_comm_t *c);
+void sc_quarantine(uint64_t addr);
+char *sc_peer_ptr(sc_comm_t *c, int who, uint64_t addr, int64_t n);
+void sc_alias_set(sc_comm_t *c, int j, char *p, int64_t off);
+char *sc_alias(sc_comm_t *c, int j);
 static inline sc_rank_t *rank_rec(sc_comm_t *c, int r) { return (sc_rank_t *)(c->base + c->off_state) + r; }
 
 static inline sc_hdr_t *hdr(sc_comm_t *c) { return (sc_hdr_t *)c->base; }

@@ -367,8 +367,8 @@ class _Compiler:
                         if (r, i) in folded:
                             self.wait(r, moves[i].src, pieces[i][k], far_w, first,
                                       protos[i] == "inline" and pieces[i][k]["segs"])
+                            landed[i] = self.land(r, moves[i], protos[i], pieces[i][k], stage, len(held))
                             held.append(i)
-                            landed[i] = self.land(r, moves[i], protos[i], pieces[i][k], stage)
                         else:
                             self.read(r, moves[i], protos[i], slot_j[i], pieces[i][k], far_w, first)
                 for red, c, nt in reduces[r]:
@@ -599,17 +599,20 @@ class _Compiler:
             raise AssertionError("a reduce folds moves of its own size, inline, staged or direct, cut alike")
         return c.pop()
 
-    def land(self, r, m, proto, piece, stage):
-        """Where reader r folds piece of m from: where it was written (slot
-        line or ring), or, read directly, the copy r makes of it at stage[0]
-        in its scratch (moved past it), folded from cache."""
+    def land(self, r, m, proto, piece, stage, j):
+        """Where reader r folds piece of m, its j-th input of the round,
+        from: where it was written (slot line or ring), or, read directly,
+        the copy r makes of it at stage[0] in its scratch (moved past it),
+        folded from cache; or, one piece in the writer's arena, where it
+        lies (exec.c: the CMA leaves it there, fold input slot j)."""
         if proto != "direct":
             return piece["space"], piece["off"]
-        at = stage[0]
-        for so, _, ln, pos in piece["segs"]:
-            self.emit(r, CMA, space(BUF["tmp"]), at + pos, m.src, BUF[m.sbuf], so, ln)
-        stage[0] += _up(sum(ln for _, _, ln, _ in piece["segs"]))
-        return space(BUF["tmp"]), at
+        at, segs = stage[0], piece["segs"]
+        j = j + 1 if len(segs) == 1 and j < self.p else 0
+        for so, _, ln, pos in segs:
+            self.emit(r, CMA, space(BUF["tmp"]), at + pos, m.src, BUF[m.sbuf], so, ln, j)
+        stage[0] += _up(sum(ln for _, _, ln, _ in segs))
+        return space(BUF["tmp"], 0, j), at
 
     def fold_round(self, red, k, c, nt, moves, protos, landed):
         """Round k of red: its inputs' chunk k (of c bytes), folded where

@@ -149,12 +149,13 @@ _huge_arrays = _new_cfunction(int(ffi.cast("uintptr_t", lib.sc_py_entry(3))), No
 
 def huge_arrays(min_bytes, slot_bytes=0):
     """From now on, numpy arrays of min_bytes (one threshold per process)
-    and more that this thread makes are mapped 2 MiB-aligned on transparent
-    huge pages (csrc/pages.c), and from slot_bytes (0: none) put in slots
-    of shared ones, unless the user set a numpy allocation handler of their
-    own; min_bytes 0 stops it (a rank forked from a rank inherits its
-    handler).  Nothing with numpy before 1.22 (no NEP 49), and 0 where
-    the kernel's huge pages are off or numpy's are (NUMPY_MADVISE_HUGEPAGE=0)."""
+    and more that this thread makes are mapped 2 MiB-aligned, and from
+    slot_bytes (0: none) put in slots of 2 MiB ones, in the process's arena
+    that its peers map (csrc/pages.c), advised huge pages unless the
+    kernel's or numpy's are off (NUMPY_MADVISE_HUGEPAGE=0), and unless the
+    user set a numpy allocation handler of their own; min_bytes 0 stops it
+    (a rank forked from a rank inherits its handler).  Nothing with numpy
+    before 1.22 (no NEP 49)."""
     if np.lib.NumpyVersion(np.__version__) < "1.22.0":
         return
     try:
@@ -166,9 +167,8 @@ def huge_arrays(min_bytes, slot_bytes=0):
             thp = "[never]" not in f.read()
     except OSError:
         thp = False
-    if not thp or not getattr(umath, "_get_madvise_hugepage", lambda: True)():
-        min_bytes = 0
-    _huge_arrays(umath._ARRAY_API, int(min_bytes), int(slot_bytes))
+    advise = thp and getattr(umath, "_get_madvise_hugepage", lambda: True)()
+    _huge_arrays(umath._ARRAY_API, int(min_bytes), int(slot_bytes), bool(advise))
 
 
 FIELDS_C = {"chan_bytes": "chan_bytes", "stripe_bytes": "stripe_bytes", "stripe_slots": "stripe_slots",
@@ -345,9 +345,9 @@ class Device:
     def register(self, pid, tracer):
         """Mark this rank alive; only the job's processes (tracer, the
         launcher, and its descendants) may read its memory."""
+        huge_arrays(self.plan.params["huge_bytes"], self.plan.params["huge_slot_bytes"])   # its arena, published
         if lib.sc_register(self.c, pid, tracer) != 0:
             raise RuntimeError(f"rank {self.rank} could not register")
-        huge_arrays(self.plan.params["huge_bytes"], self.plan.params["huge_slot_bytes"])
 
     def rank_state(self, rank):
         """0 not yet registered, 1 alive, 2 left, 3 dead."""
@@ -363,7 +363,8 @@ class Device:
         return None if r < 0 else (r, (lib.sc_calls_of(self.c, r) - base) % (1 << 64), (self.c.call - base) % (1 << 64))
 
     def close(self):
-        """Unmap (the creator's or a rank's view); the name is long gone."""
+        """Unmap (the creator's or a rank's view, and the peers' arenas); the name is long gone."""
+        lib.sc_peers_close(self.c)
         ffi.release(self._base)
         self.segment.mmap.close()
         self.segment.close_fd()

@@ -47,17 +47,36 @@ def _status_kib(key):
         return next(int(line.split()[1]) for line in f if line.startswith(key + ":"))
 
 
+def _shared_thp():
+    """Does the kernel give shared memory (the arena, a memfd) huge pages
+    when asked (madvise)?  Where not, arena arrays sit on small pages."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/shmem_enabled") as f:
+            return f.read().split("[")[1].split("]")[0] in ("always", "within_size", "advise", "force")
+    except (OSError, IndexError):
+        return False
+
+
 def _huge_kib(addr):
-    """AnonHugePages of the mapping holding addr."""
-    lines, hit = open("/proc/self/smaps").read().splitlines(), False
+    """Huge pages (KiB) of the mapping holding addr (anonymous, or shared
+    memory mapped by whole huge pages), and whether it is the arena."""
+    lines, hit, kib, arena = open("/proc/self/smaps").read().splitlines(), False, 0, False
     for line in lines:
         head = line.split()[0]
         if "-" in head and all(c in "0123456789abcdef-" for c in head):
             lo, hi = (int(x, 16) for x in head.split("-"))
             hit = lo <= addr < hi
-        elif hit and line.startswith("AnonHugePages:"):
-            return int(line.split()[1])
-    return 0
+            arena = arena or hit and "/memfd:shmcoll-arrays" in line
+        elif hit and line.split()[0] in ("AnonHugePages:", "ShmemPmdMapped:", "FilePmdMapped:"):
+            kib += int(line.split()[1])
+    return kib, arena
+
+
+def _whole(kib_arena, kib):
+    """At least kib KiB on huge pages, where the kernel gives the memory
+    any: the arena's only where shared memory gets them (_shared_thp)."""
+    got, arena = kib_arena
+    return got >= kib or arena and not _shared_thp()
 
 
 def _placement(comm, sizes):
@@ -65,8 +84,7 @@ def _placement(comm, sizes):
     for n in sizes:
         a = np.zeros(n, np.uint8)
         a[:] = 7
-        out.append((a.ctypes.data % HUGE, _name(a), _huge_kib(a.ctypes.data), int(a.sum()) == 7 * n,
-                    _huge_kib(a.ctypes.data + n - 1)))
+        out.append((a.ctypes.data % HUGE, _name(a), _huge_kib(a.ctypes.data), int(a.sum()) == 7 * n))
     return out
 
 
@@ -80,10 +98,10 @@ def test_large_arrays_start_on_a_huge_page_and_get_them(huge_bytes):
         below, exact, big = rank
         assert below[1] == exact[1] == "shmcoll_huge_pages" and all(r[3] for r in rank)
         assert exact[0] == big[0] == 0
-        assert exact[2] >= 2048 and big[2] >= 8 * 1024    # whole 2 MiB pages, kernel willing
-        assert big[4] == 0            # the last byte's part holds no whole 2 MiB: small pages, no memory added
+        assert exact[2][1] and big[2][1] and below[2][1] == (huge_bytes is None)    # in the arena
+        assert _whole(exact[2], 2048) and _whole(big[2], 8 * 1024)    # whole 2 MiB pages, kernel willing
         if huge_bytes is None:        # 2 MiB - 1: a slot of 2 MiB, a huge page of its own
-            assert below[0] == 0 and below[2] >= 2048
+            assert below[0] == 0 and _whole(below[2], 2048)
         else:                         # 3 MiB - 1: above the slots, numpy's (malloc's header: off the boundary)
             assert below[0] != 0
 
@@ -116,7 +134,7 @@ def test_mid_size_arrays_share_huge_pages_in_slots():
             assert all(r[3] for r in made[:-1]) and zero
             assert small[0] != 0          # numpy's own allocation (malloc's header puts it off the boundary)
             assert all(at == 0 for _, at, _, _ in slotted), slotted
-            assert all(kib >= 2048 for _, _, kib, _ in slotted), slotted
+            assert all(kib[1] and _whole(kib, 2048) for _, _, kib, _ in slotted), slotted
 
 
 @need_thp
@@ -346,7 +364,7 @@ def test_a_reused_mapping_is_cut_at_a_huge_page_boundary():
     """Cut at 8 MiB + 4 KiB, a huge page would be split, its cut-off part
     held by the kernel until memory runs short; at 10 MiB all five stay whole."""
     for huge_kib, at, zero in run_ranks(_cut, 1):
-        assert huge_kib >= 10 * 1024 and at == 0 and zero, huge_kib
+        assert _whole(huge_kib, 10 * 1024) and at == 0 and zero, huge_kib
 
 
 def _turned_off(comm):
@@ -371,21 +389,23 @@ def test_a_handler_set_before_the_first_rank_is_left_alone():
     """In a fresh process: the user's handler, then a job; its ranks keep it."""
     code = ("import os, sys, numpy as np, shmcoll; sys.path.insert(0, %r); import test_pages as t; "
             "t._user_handler(); r = shmcoll.launch(t._numpy_says_no, 1, timeout=60); "
-            "print(r[0], flush=True); os._exit(0)" % os.path.dirname(os.path.abspath(__file__)))
+            "print(r[0][0], flush=True); os._exit(0)" % os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90)
     assert out.stdout.split() == ["user_malloc"], out.stderr
 
 
 def _numpy_says_no(comm):
-    return _name(np.zeros(8 * MIB, np.uint8))
+    a = np.ones(8 * MIB, np.uint8)
+    return _name(a), _huge_kib(a.ctypes.data)
 
 
 @need_thp
-def test_numpys_own_switch_turns_it_off(monkeypatch):
-    """NUMPY_MADVISE_HUGEPAGE=0 (numpy's _set_madvise_hugepage) holds for us too."""
+def test_numpys_own_switch_turns_huge_pages_off(monkeypatch):
+    """NUMPY_MADVISE_HUGEPAGE=0 (numpy's _set_madvise_hugepage) holds for
+    us too: arrays still go to the arena, but nothing is advised."""
     was = multiarray._set_madvise_hugepage(False)
     try:
-        assert run_ranks(_numpy_says_no, 2) == ["default_allocator"] * 2
+        assert run_ranks(_numpy_says_no, 2) == [("shmcoll_huge_pages", (0, True))] * 2
     finally:
         multiarray._set_madvise_hugepage(was)
 
