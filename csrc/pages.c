@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include "sc_internal.h"
@@ -99,13 +100,34 @@ static size_t nholes, holes_cap;
 
 static int in_arena(const void *p) { return arena && (char *)p >= arena && (char *)p < arena + ARENA; }
 
+/* Can this process have an arena, and how large (ARENA)?  Not under
+ * strict overcommit (its pages are charged when touched: a touch past the
+ * limit would be SIGBUS, not MemoryError) nor a limit on address space
+ * (each peer's arena is mapped too); 4x the memory per CPU, from 4 GiB to
+ * all of it (1 TiB at most): every rank maps every peer's, so 128 ranks
+ * on a 1 TiB node take 4 TiB of address space, not 128; an array that
+ * does not fit is mapped privately. */
+static int arena_fits(void)
+{
+    struct rlimit as;
+    char strict = '0';
+    FILE *f = fopen("/proc/sys/vm/overcommit_memory", "r");
+    if (f) {
+        if (fread(&strict, 1, 1, f) != 1) strict = '0';
+        fclose(f);
+    }
+    if (strict == '2' || (!getrlimit(RLIMIT_AS, &as) && as.rlim_cur != RLIM_INFINITY)) return 0;
+    size_t ram = (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    size_t a = 4 * ram / (size_t)(cpus > 0 ? cpus : 1), lo = (size_t)4 << 30, hi = ram < ((size_t)1 << 40) ? ram : (size_t)1 << 40;
+    ARENA = (a < lo ? lo : a > hi ? hi : a) & ~(HUGE - 1);
+    return 1;
+}
+
 /* Make the arena (GIL held, once a process); 0 or -1 (then arrays are private). */
 static int arena_open(void)
 {
-    if (arena) return 0;
-    size_t ram = (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
-    ARENA = ram < ((size_t)16 << 30) ? (size_t)16 << 30 : ram > ((size_t)1 << 40) ? (size_t)1 << 40 : ram;
-    ARENA &= ~(HUGE - 1);
+    if (arena || !arena_fits()) return arena ? 0 : -1;
     int fd = memfd_create("shmcoll-arrays", MFD_CLOEXEC);
     struct stat st;
     struct hole *h = malloc(64 * sizeof *h);
@@ -272,18 +294,42 @@ static void fork_parent(void)
     pthread_mutex_unlock(&lock);
 }
 
+/* Into q, [p, p + n) of the arena: only the memfd's data ranges (a read
+ * of a hole would fill it: a never-touched array would take memory); a
+ * range in quarantine is private memory already, copied whole. */
+static void copy_data(char *q, char *p, size_t n)
+{
+    if (in_quarantine(p, n)) {
+        memcpy(q, p, n);
+        return;
+    }
+    off_t at = p - arena, end = at + (off_t)n;
+    while (at < end) {
+        off_t d = lseek(arena_fd, at, SEEK_DATA), h;
+        if (d < 0 || d >= end) break;
+        h = lseek(arena_fd, d, SEEK_HOLE);
+        if (h < 0 || h > end) h = end;
+        memcpy(q + (d - (p - arena)), arena + d, (size_t)(h - d));
+        at = h;
+    }
+}
+
+/* The child's arrays in the arena, and its slabs with a live slot, to
+ * private memory at the same addresses (what they held at the fork:
+ * what other threads of the parent wrote meanwhile may show); its kept
+ * ranges and empty slabs are dropped. */
 static void privatize(void)
 {
-    size_t k = 0, most = nspans + KEEP + SLABS;
+    size_t k = 0, most = nspans + SLABS;
     struct { char *p, *q; size_t n; } *r = malloc((most ? most : 1) * sizeof *r);
     int ok = r != NULL;
-    for (size_t i = 0; ok && i < nspans + nkept + SLABS; i++) {
-        char *p = i < nspans ? spans[i].p : i < nspans + nkept ? kept[i - nspans].p : slab[i - nspans - nkept].p;
-        size_t n = i < nspans ? spans[i].n : i < nspans + nkept ? kept[i - nspans].n : HUGE;
+    for (size_t i = 0; ok && i < nspans + SLABS; i++) {
+        char *p = i < nspans ? spans[i].p : slab[i - nspans].used ? slab[i - nspans].p : NULL;
+        size_t n = i < nspans ? spans[i].n : HUGE;
         if (!p || !in_arena(p)) continue;
         char *q = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (q == MAP_FAILED) ok = 0;
-        else memcpy(q, p, n), r[k++] = (__typeof__(*r)){p, q, n};
+        else copy_data(q, p, n), r[k++] = (__typeof__(*r)){p, q, n};
     }
     if (ok) munmap(arena, ARENA);
     for (size_t i = 0; ok && i < k; i++)
@@ -294,8 +340,15 @@ static void privatize(void)
         _exit(70);
     }
     free(r);
+    size_t keep = 0;
+    for (size_t i = 0; i < nkept; i++)
+        if (!in_arena(kept[i].p)) kept[keep++] = kept[i];
+        else kept_bytes -= kept[i].n;
+    nkept = keep;
+    for (int i = 0; i < SLABS; i++)
+        if (slab[i].p && !slab[i].used && in_arena(slab[i].p)) slab[i].p = NULL;
     close(arena_fd);
-    arena = NULL, arena_fd = -1, nholes = 0;
+    arena = NULL, arena_fd = -1, nholes = 0, nquarantined = 0;
 }
 
 static void fork_child(void)

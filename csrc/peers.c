@@ -21,9 +21,21 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static mapping_t *maps;
 static int nmaps, cap;
 
+/* A forked child inherits no peer's arena (MADV_DONTFORK: it would keep a
+ * dead peer's memory alive, and could write into it): its communicators
+ * see a new generation and map again if ever used. */
+static int generation;
+static void fork_prepare(void) { pthread_mutex_lock(&lock); }
+static void fork_parent(void) { pthread_mutex_unlock(&lock); }
+static void fork_child(void)
+{
+    nmaps = 0, generation++;
+    pthread_mutex_unlock(&lock);
+}
+
 typedef struct { char *p; uint64_t base, len; int state; } sc_peer_t;  /* state 0 not tried, 1 mapped, -1 none */
 struct sc_peers {
-    int n;
+    int n, generation;
     char **alias;                /* per fold input slot: the peer's bytes a CMA left in place, less its offset */
     sc_peer_t m[];
 };
@@ -35,10 +47,18 @@ void sc_publish_arena(sc_comm_t *c)
     if (sc_arena_of(&me->arena_fd, &me->arena_base, &me->arena_len, &me->arena_ino)) me->arena_len = 0;
 }
 
+static void at_fork(void) { pthread_atfork(fork_prepare, fork_parent, fork_child); }
+
 static sc_peers_t *peers(sc_comm_t *c)
 {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, at_fork);
+    if (c->peers && c->peers->generation != generation) {     /* forked since: nothing is mapped here */
+        for (int i = 0; i < c->peers->n; i++) c->peers->m[i].state = 0;
+        c->peers->generation = generation;
+    }
     if (!c->peers && (c->peers = calloc(1, sizeof(sc_peers_t) + c->size * sizeof(sc_peer_t)))) {
-        c->peers->n = c->size;
+        c->peers->n = c->size, c->peers->generation = generation;
         if (!(c->peers->alias = calloc((size_t)c->size, sizeof(char *)))) {
             free(c->peers);
             c->peers = NULL;
@@ -67,7 +87,10 @@ static char *hold(int32_t pid, int32_t fd, uint64_t ino, uint64_t len)
         if (f >= 0 && !fstat(f, &st) && (uint64_t)st.st_ino == ino && (uint64_t)st.st_size >= len)
             m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, f, 0);
         if (f >= 0) close(f);
-        if (m != MAP_FAILED) maps[nmaps++] = (mapping_t){pid, ino, len, p = m, 1};
+        if (m != MAP_FAILED) {
+            madvise(m, len, MADV_DONTFORK);
+            maps[nmaps++] = (mapping_t){pid, ino, len, p = m, 1};
+        }
     }
     pthread_mutex_unlock(&lock);
     return p;
@@ -118,14 +141,16 @@ char *sc_alias(sc_comm_t *c, int j)
     return c->peers && j < c->peers->n ? c->peers->alias[j] : NULL;
 }
 
-/* The communicator is closed: its peers' mappings lose a user. */
+/* The communicator is left or closed: its peers' mappings lose a user
+ * (a peer's arena is unmapped once no communicator uses it: a peer that
+ * exited leaves no memory behind). */
 void sc_peers_close(sc_comm_t *c)
 {
     sc_peers_t *ps = c->peers;
     if (!ps) return;
     c->peers = NULL;
     for (int i = 0; i < ps->n; i++)
-        if (ps->m[i].state > 0 && i != c->rank) let_go(ps->m[i].p);
+        if (ps->m[i].state > 0 && i != c->rank && ps->generation == generation) let_go(ps->m[i].p);
     free(ps->alias);
     free(ps);
 }

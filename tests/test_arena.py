@@ -139,6 +139,7 @@ def _forked(comm):
     the parent's; it makes and frees its own large arrays."""
     a = np.full(4 * MIB, 1.0)
     s = np.full(100 << 10, 5, np.uint8)             # a slot
+    comm.Allreduce(a.copy(), np.empty_like(a))      # the peer's arena mapped here
     go_r, go_w = os.pipe()
     done_r, done_w = os.pipe()
     pid = os.fork()
@@ -150,6 +151,7 @@ def _forked(comm):
         s[:] = 9
         b = np.zeros(8 * MIB)
         ok &= not b.any() and not _mapping_of(b.ctypes.data).startswith(ARENA)    # no arena of its own
+        ok &= _arenas_mapped() == 0                  # nor the peers' (not inherited)
         del b
         os.write(done_w, b"\1" if ok else b"\0")
         os._exit(0)
@@ -169,6 +171,50 @@ def _forked(comm):
 def test_a_forked_child_gets_its_own_copy_of_the_arena():
     for child_ok, status, mine, reduced, in_arena in run_ranks(_forked, 2):
         assert child_ok and status == 0 and mine and reduced and in_arena
+
+
+def _arenas_mapped():
+    with open("/proc/self/maps") as f:
+        return sum(ARENA in line for line in f)
+
+
+def _system_shmem_mib():
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("Shmem:")) >> 10
+
+
+def _fork_untouched(comm):
+    """The child copies only what holds data: a never-touched 2 GiB
+    array costs it (and the parent) nothing; reading the arena's holes
+    would have filled them."""
+    z = np.zeros(2 << 30, np.uint8)
+    before = _system_shmem_mib()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if z[:4096].sum() == 0 else 1)
+    _, status = os.waitpid(pid, 0)
+    return status, _system_shmem_mib() - before
+
+
+@need_handler
+def test_fork_copies_only_what_holds_data():
+    for status, grown in run_ranks(_fork_untouched, 1):
+        assert status == 0 and grown < 64, grown
+
+
+def _left(comm):
+    x = np.ones(4 * MIB // 8)
+    comm.Allreduce(x, np.empty_like(x))
+    mapped = _arenas_mapped()
+    comm.Free()                                      # the launcher's own Free finds it done
+    return mapped, _arenas_mapped()
+
+
+@need_handler
+def test_leaving_unmaps_the_peers_arenas():
+    """Each rank maps its own arena and its peer's; once it leaves the
+    communicator, only its own: a peer that exits leaves no memory behind."""
+    assert run_ranks(_left, 2) == [(2, 1), (2, 1)]
 
 
 def _given_back(comm):
