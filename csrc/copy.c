@@ -107,13 +107,20 @@ void sc_stream(char *dst, const char *src, int64_t n)
  * With shut (a write: the peer's door), process_vm_writev from local, in
  * pieces, each started only while the peer's door is open: a peer whose
  * call failed shuts it and then waits for the piece in flight, so nothing
- * lands in its memory after it returned (ECANCELED). */
-static int vm_move(int32_t pid, char *local, uint64_t addr, int64_t n, _Atomic int32_t *shut)
+ * lands in its memory after it returned (ECANCELED).  With mapped (addr
+ * is mapped here there: the peer's arena, csrc/peers.c), plain copies. */
+static int vm_move(int32_t pid, char *local, uint64_t addr, int64_t n, _Atomic int32_t *shut, char *mapped)
 {
     for (int64_t done = 0; done < n;) {
         int64_t k = shut && n - done > PIECE ? PIECE : n - done;
         struct iovec l = { local + done, (size_t)k }, r = { (void *)(uintptr_t)(addr + done), (size_t)k };
         if (shut && atomic_load_explicit(shut, memory_order_seq_cst)) return ECANCELED;
+        if (mapped) {
+            if (shut) sc_copy(mapped + done, local + done, k, 0);
+            else sc_copy(local + done, mapped + done, k, 0);
+            done += k;
+            continue;
+        }
         ssize_t got = shut ? process_vm_writev(pid, &l, 1, &r, 1, 0) : process_vm_readv(pid, &l, 1, &r, 1, 0);
         if (got <= 0) return got < 0 ? errno : EFAULT;
         done += got;
@@ -122,21 +129,23 @@ static int vm_move(int32_t pid, char *local, uint64_t addr, int64_t n, _Atomic i
 }
 
 /* Single copy between this process's local and pid's addr (a write when
- * shut is given, see vm_move): a pair whose destination sits 1..63 bytes
- * past its source modulo 4 KiB goes through a bounce buffer at addr's
- * page offset. */
-int sc_vm_move(int32_t pid, char *local, uint64_t addr, int64_t n, _Atomic int32_t *shut)
+ * shut is given; by plain copies when mapped: see vm_move): a system
+ * call's pair whose destination sits 1..63 bytes past its source modulo 4
+ * KiB goes through a bounce buffer at addr's page offset (a plain copy
+ * takes the vector loop instead, sc_copy). */
+int sc_vm_move(int32_t pid, char *local, uint64_t addr, int64_t n, _Atomic int32_t *shut, char *mapped)
 {
     static __thread char *bounce;
     const char *remote = (const char *)(uintptr_t)addr;
     int write = shut != NULL;
-    if (n < PAGE || !(write ? aliased(remote, local) : aliased(local, remote))) return vm_move(pid, local, addr, n, shut);
-    if (!bounce && !(bounce = aligned_alloc(PAGE, BOUNCE + PAGE))) return vm_move(pid, local, addr, n, shut);
+    if (mapped || n < PAGE || !(write ? aliased(remote, local) : aliased(local, remote)))
+        return vm_move(pid, local, addr, n, shut, mapped);
+    if (!bounce && !(bounce = aligned_alloc(PAGE, BOUNCE + PAGE))) return vm_move(pid, local, addr, n, shut, NULL);
     char *b = bounce + (addr & (PAGE - 1));
     for (int64_t done = 0; done < n; done += BOUNCE) {
         int64_t k = n - done < BOUNCE ? n - done : BOUNCE;
         if (write) copy_vec(b, local + done, k);
-        int err = vm_move(pid, b, addr + done, k, shut);
+        int err = vm_move(pid, b, addr + done, k, shut, NULL);
         if (err) return err;
         if (!write) copy_vec(local + done, b, k);
     }

@@ -12,8 +12,6 @@
 #include "sc_internal.h"
 #include <errno.h>
 
-#define PIECE (4 << 20)
-
 /* A writer using w inline slots a call (w a power of two) gives call C
  * the lines C * w .. C * w + w - 1 (mod SC_SLOTS): a line comes back
  * SC_SLOTS / w calls later, so a root writing to several readers is not
@@ -114,21 +112,6 @@ static void debt(sc_comm_t *c, int s, int who, uint64_t count)
     c->debt_cnt[(int64_t)s * c->size + c->debt_n[s]++] = count;
 }
 
-/* The same between local and who's arena, mapped here at p: a plain copy,
- * a write in pieces, each started only while who's door is open. */
-static int direct(sc_comm_t *c, int who, char *local, char *p, int64_t n, int write)
-{
-    _Atomic int32_t *shut = &rank_rec(c, who)->shut;
-    for (int64_t done = 0; done < n; done += PIECE) {
-        int64_t k = n - done < PIECE ? n - done : PIECE;
-        if (!write) sc_copy(local + done, p + done, k, 0);
-        else if (atomic_load_explicit(shut, memory_order_seq_cst)) return ECANCELED;
-        else sc_copy(p + done, local + done, k, 0);
-    }
-    c->direct += n;
-    return 0;
-}
-
 /* Single copy between local and `addr` in rank who's memory: read into
  * local, or (write) from local into who's buffer, announced in our
  * `pushing` before we look at who's door (sc_shut: one of the two sees
@@ -139,9 +122,9 @@ static int cma(sc_comm_t *c, int who, char *local, uint64_t addr, int64_t n, int
     _Atomic int32_t *mine = &rank_rec(c, c->rank)->pushing;
     if (write) atomic_store_explicit(mine, who + 1, memory_order_seq_cst);
     char *p = sc_peer_ptr(c, who, addr, n);
-    int err = p ? direct(c, who, local, p, n, write)
-                : sc_vm_move(rank_rec(c, who)->pid, local, addr, n, write ? &rank_rec(c, who)->shut : NULL);
+    int err = sc_vm_move(rank_rec(c, who)->pid, local, addr, n, write ? &rank_rec(c, who)->shut : NULL, p);
     if (write) atomic_store_explicit(mine, 0, memory_order_release);
+    if (!err && p) c->direct += n;
     if (!err) return SC_OK;
     if (err == ECANCELED || err == ESRCH) {   /* who's call failed (it aborted the job first), or who */
         int rc = aborted_at(c, c->call);      /* is gone: after raising, or dead */

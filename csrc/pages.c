@@ -13,8 +13,8 @@
  * up).  The arena's ranges are advised huge pages, which the kernel gives
  * shared memory where shmem_enabled allows (elsewhere small pages; a
  * large array's last 2 MiB is then a huge page whole).  Without an arena
- * (the address space refused) arrays are mapped privately, on aligned
- * transparent huge pages.  fork gives the child its own copy of the
+ * (arena_fits, or the address space refused) arrays are mapped privately,
+ * on aligned transparent huge pages.  fork gives the child its own copy of the
  * arena's arrays, as it would of private memory (at_fork): the parent
  * waits until the child has made it. */
 #include <Python.h>
@@ -85,8 +85,8 @@ static size_t nspans, cap, nkept, kept_bytes;
 static struct slab { char *p; uint64_t used; int shift; } slab[SLABS];   /* p NULL: a free entry */
 static size_t slot_min = SIZE_MAX;
 
-/* The arena: ARENA bytes of address space (the machine's memory, 16 GiB
- * to 1 TiB: every peer maps it too) over a memfd of that size (sparse:
+/* The arena: ARENA bytes of address space (arena_fits: every peer maps
+ * it too) over a memfd of that size (sparse:
  * only pages touched hold memory), handed out in 2 MiB grains, first fit;
  * a freed range's pages go back to the kernel (a hole punched, which
  * reads as zeros again).  arena_lock nests inside lock. */
@@ -268,10 +268,10 @@ void sc_quarantine(uint64_t addr)
 }
 
 /* fork: no thread holds the locks across it, so the child's lists are
- * whole.  The child copies every live range of the arena (arrays, kept
- * ranges, slabs) into private memory at the same address and leaves the
- * arena, as fork would have given it private pages; the parent waits for
- * that (through a pipe), so the copy is of the memory as it was at fork. */
+ * whole.  The child copies its arrays in the arena into private memory at
+ * the same addresses and leaves the arena (privatize), as fork would have
+ * given it private pages; the parent's forking thread waits for that
+ * (through a pipe). */
 static int fork_pipe[2] = {-1, -1};
 
 static void fork_prepare(void)

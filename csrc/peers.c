@@ -52,12 +52,12 @@ static void at_fork(void) { pthread_atfork(fork_prepare, fork_parent, fork_child
 static sc_peers_t *peers(sc_comm_t *c)
 {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, at_fork);
     if (c->peers && c->peers->generation != generation) {     /* forked since: nothing is mapped here */
         for (int i = 0; i < c->peers->n; i++) c->peers->m[i].state = 0;
         c->peers->generation = generation;
     }
     if (!c->peers && (c->peers = calloc(1, sizeof(sc_peers_t) + c->size * sizeof(sc_peer_t)))) {
+        pthread_once(&once, at_fork);           /* before anything is mapped */
         c->peers->n = c->size, c->peers->generation = generation;
         if (!(c->peers->alias = calloc((size_t)c->size, sizeof(char *)))) {
             free(c->peers);
