@@ -52,7 +52,8 @@ enum {
     SC_OP_QWAIT = 10,   /* a=queue b=entry c=who */
     SC_OP_REDUCE = 11,  /* word 0 also holds the kernel (sc_reduce); a=dst space b=dst off c,d=a's e,f=b's g=items */
     SC_OP_COUNT = 12,   /* a=source rank b=bytes: the traffic record of a folded input */
-    SC_OP_CMAW = 13,    /* a=src space b=src off c=who d=who's space e=dst off f=n: single copy into who's buffer */
+    SC_OP_CMAW = 13,    /* a=src space b=src off c=who d=who's space e=dst off f=n g=(twin's recv off + 1) << 1 | stream,
+                           or 0: single copy into who's buffer, and into this rank's recv at the twin's offset */
     SC_OP_SHARE = 14,   /* a=who b=role (0 reader, 1 writer) | step (< 16) << 8 c=writer's space (1 send, 2 recv) d=src off
                            e=dst off (reader's recv) f=n g=piece: a single copy that reader and writer split,
                            piece by piece, each claiming the next until none is left */

@@ -116,13 +116,25 @@ static void debt(sc_comm_t *c, int s, int who, uint64_t count)
  * local, or (write) from local into who's buffer, announced in our
  * `pushing` before we look at who's door (sc_shut: one of the two sees
  * the other); in who's arena, by plain copies (a writer stopped halfway
- * through a piece finishes it whenever it goes on: sc_shut). */
-static int cma(sc_comm_t *c, int who, char *local, uint64_t addr, int64_t n, int write)
+ * through a piece finishes it whenever it goes on: sc_shut).  A write
+ * with a twin (this rank's own copy of the same bytes, nt: streamed)
+ * goes TWIN bytes at a time, each copied into the twin first and then
+ * into who while still in cache, so local is read from memory once (2
+ * ranks, 16 MiB Allgather: 0.84x the copy into the twin, then the push). */
+#define TWIN (256 << 10)
+static int cma(sc_comm_t *c, int who, char *local, uint64_t addr, int64_t n, int write, char *twin, int nt)
 {
-    _Atomic int32_t *mine = &rank_rec(c, c->rank)->pushing;
+    _Atomic int32_t *mine = &rank_rec(c, c->rank)->pushing, *door = write ? &rank_rec(c, who)->shut : NULL;
+    int32_t pid = rank_rec(c, who)->pid;
     if (write) atomic_store_explicit(mine, who + 1, memory_order_seq_cst);
     char *p = sc_peer_ptr(c, who, addr, n);
-    int err = sc_vm_move(rank_rec(c, who)->pid, local, addr, n, write ? &rank_rec(c, who)->shut : NULL, p);
+    int err = 0;
+    if (!twin) err = sc_vm_move(pid, local, addr, n, door, p);
+    for (int64_t done = 0; twin && done < n && !err; done += TWIN) {
+        int64_t k = n - done < TWIN ? n - done : TWIN;
+        sc_copy(twin + done, local + done, k, nt);
+        err = sc_vm_move(pid, local + done, addr + (uint64_t)done, k, door, p ? p + done : NULL);
+    }
     if (write) atomic_store_explicit(mine, 0, memory_order_release);
     if (!err && p) c->direct += n;
     if (!err) return SC_OK;
@@ -192,8 +204,8 @@ static int share(sc_comm_t *c, const int64_t *in, char *sbuf, char *rbuf)
     if (!writer) at = post_line(c, who)->addr[in[3] - 1];
     while (!rc && (i = claim(w, tag, k, writer)) >= 0) {
         int64_t off = i * q, len = n - off < q ? n - off : q;
-        rc = writer ? cma(c, who, space(c, in[3], in[4] + off, sbuf, rbuf), at + (uint64_t)(in[5] + off), len, 1)
-                    : cma(c, who, rbuf + in[5] + off, at + (uint64_t)(in[4] + off), len, 0);
+        rc = writer ? cma(c, who, space(c, in[3], in[4] + off, sbuf, rbuf), at + (uint64_t)(in[5] + off), len, 1, NULL, 0)
+                    : cma(c, who, rbuf + in[5] + off, at + (uint64_t)(in[4] + off), len, 0, NULL, 0);
     }
     return rc;
 }
@@ -277,14 +289,15 @@ static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
             char *p = in[7] ? sc_peer_ptr(c, (int)in[3], at, in[6]) : NULL;
             if (in[7]) sc_alias_set(c, (int)in[7] - 1, p, in[2]);   /* folded where it lies */
             if (p) c->direct += in[6];
-            else rc = cma(c, (int)in[3], space(c, in[1], in[2], sbuf, rbuf), at, in[6], 0);
+            else rc = cma(c, (int)in[3], space(c, in[1], in[2], sbuf, rbuf), at, in[6], 0, NULL, 0);
             if (!rc && c->traffic) c->traffic[in[3]] += in[6];
             break;
         }
         case SC_OP_CMAW: {
             uint64_t at;
             rc = buffer_of(c, (int)in[3], (int)in[4], &at);
-            if (!rc) rc = cma(c, (int)in[3], space(c, in[1], in[2], sbuf, rbuf), at + (uint64_t)in[5], in[6], 1);
+            if (!rc) rc = cma(c, (int)in[3], space(c, in[1], in[2], sbuf, rbuf), at + (uint64_t)in[5], in[6], 1,
+                             in[7] ? rbuf + (in[7] >> 1) - 1 : NULL, (int)(in[7] & 1));
             break;
         }
         case SC_OP_SHARE:

@@ -388,6 +388,8 @@ class _Compiler:
         self.pairs = {(a, b) for a, b in shared if (b, a) in shared}
         self.share_ack = [None] * p
         early = self.early_copies(st, protos)
+        self.twins = self.twin_copies(st, protos)
+        later = [cp for cp in st.copies if cp not in early and cp not in self.twins.values()]
         for cp in early:
             self.copy(cp)
         if rounds:
@@ -400,9 +402,8 @@ class _Compiler:
         for red in st.reduces:
             if red not in remote:
                 self.fold_local(red)
-        for cp in st.copies:
-            if cp not in early:
-                self.copy(cp)
+        for cp in later:
+            self.copy(cp)
 
     def copy(self, cp):
         self.emit(cp.rank, COPY, space(BUF[cp.dbuf]), cp.doff, space(BUF[cp.sbuf]), cp.soff, cp.n,
@@ -429,6 +430,41 @@ class _Compiler:
                 stopped.add(cp.rank)
             else:
                 out.append(cp)
+        return out
+
+    def twin_copies(self, st, protos):
+        """{(rank, sbuf, offset, bytes): copy} of the local copies that go
+        with a push of the same bytes by the same rank (an Allgather
+        writer's own block), piece by piece, so the source is read once
+        (csrc/exec.c cma): from sendbuf into recvbuf in a step without
+        folds.  The copy now runs during the push instead of after the
+        step's reads, so what it writes may meet nothing else the step
+        touches on its rank (sendbuf and recvbuf as one, as in _touches)
+        but its own source, where it is the same bytes."""
+        if "push" not in protos or st.reduces:
+            return {}
+        pushed = {(m.src, m.sbuf, so, n) for m, pr in zip(st.moves, protos) if pr == "push" for so, _, n in m.parts}
+        out = {}
+        for cp in st.copies:
+            key = (cp.rank, cp.sbuf, cp.soff, cp.n)
+            if key not in pushed or key in out or (cp.sbuf, cp.dbuf) != ("send", "recv"):
+                continue
+            near = _Ranges()
+            for m in st.moves:
+                if cp.rank in m.dst and m.dbuf in ("send", "recv"):
+                    for _, do, ln in m.parts:
+                        near.add(do, do + ln)
+                if m.src == cp.rank and m.sbuf in ("send", "recv"):
+                    for so, _, ln in m.parts:
+                        if (so, ln) != (cp.soff, cp.n):
+                            near.add(so, so + ln)
+            for o in st.copies:
+                if o is not cp and o.rank == cp.rank:
+                    near.add(o.soff, o.soff + o.n)
+                    near.add(o.doff, o.doff + o.n)
+            a, b = cp.doff, cp.doff + cp.n
+            if not near.meets(a, b) and (cp.doff == cp.soff or not cp.soff < b or not a < cp.soff + cp.n):
+                out[key] = cp
         return out
 
     def share_out(self, w):
@@ -512,7 +548,9 @@ class _Compiler:
                 if (w, r) not in self.checked:  # w has not yet waited on r this call: wait for its arrival
                     self.wait(w, r, {"event": 0}, False, False)
                 for so, do, ln, _ in piece["segs"]:
-                    self.emit(w, CMAW, space(BUF[m.sbuf]), so, r, BUF[m.dbuf], do, ln)
+                    cp = self.twins.pop((w, m.sbuf, so, ln), None)
+                    self.emit(w, CMAW, space(BUF[m.sbuf]), so, r, BUF[m.dbuf], do, ln,
+                              (cp.doff + 1) << 1 | self.streamed(cp.dbuf) if cp else 0)
             self.pending[w].append(piece)
             return piece
         if proto == "inline":

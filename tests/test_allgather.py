@@ -194,3 +194,56 @@ def test_allgather_algorithm_from_environment(monkeypatch):
         return comm.selected("allgather", 4), comm.schedule("allgather", 4).algorithm, recv.tolist()
     got = run_ranks(job, 3)
     assert got == [("neighbor_exchange", "neighbor_exchange", [0] * 4 + [1] * 4 + [2] * 4)] * 3
+
+
+def _pushes(comm, sizes):
+    """Allgather and Allgatherv at 2 ranks of blocks around the single-copy
+    threshold and in the arena, from and into views at odd offsets."""
+    me, bad = comm.rank, []
+    for seq, count in enumerate(sizes):
+        for op in ("Allgather", "Allgatherv"):
+            counts = [count, count // 3] if op == "Allgatherv" else [count, count]
+            big = np.zeros(counts[me] + 1, np.uint8)
+            send = big[1:]
+            send[:] = pattern(counts[me], np.uint8, seq, me)
+            keep = send.copy()
+            space = poison(sum(counts) + 3, np.uint8)
+            recv = space[3:]
+            comm.Allgather(send, recv) if op == "Allgather" else comm.Allgatherv(send, [recv, counts])
+            want = np.concatenate([pattern(counts[q], np.uint8, seq, q) for q in range(2)])
+            if not np.array_equal(recv, want) or space[:3].tobytes() != b"\xa5" * 3:
+                bad.append(f"rank {me}: {op} of {counts} bytes wrong")
+            if not np.array_equal(send, keep):
+                bad.append(f"rank {me}: {op} of {counts} bytes modified sendbuf")
+    return bad
+
+
+@pytest.mark.parametrize("arena", [True, False], ids=["arena", "syscalls"])
+def test_two_ranks_push_own_block_with_the_peers(arena):
+    """At 2 ranks a writer pushes its block into the peer's recvbuf and its
+    own in one pass: blocks on either side of the 32 KiB threshold, and 3
+    MiB + 5 (plain copies into the peer's arena; by process_vm_writev
+    without one)."""
+    sizes = [(32 << 10) - 1, 32 << 10, (32 << 10) + 1, (3 << 20) + 5]
+    got = run_ranks(_pushes, 2, sizes, timeout=120, options={} if arena else {"huge_bytes": 0})
+    assert got == [[], []]
+
+
+def test_own_copy_goes_with_the_push_of_the_same_bytes():
+    """compile.twin_copies: each rank's own block rides on its push (one
+    CMAW naming the own block's offset, no COPY), but not where something
+    else the step does lands on the copy's destination."""
+    from shmcoll.compile import CMAW, COPY, compile_schedule
+    from shmcoll.sched import Copy, Move, Schedule, Step
+    b = 1 << 20
+    sched = shmcoll.schedule("allgather", None, 2, b, cma=True)
+    params = shmcoll.device.make_plan(2, shmcoll.topology(), shmcoll.topology().placement(2, "core", "compact")).params
+    for r, a in enumerate(compile_schedule(sched, params, (0, 0))):
+        ins = a[8:].reshape(-1, 8)
+        assert [row[7] for row in ins if row[0] == CMAW] == [(r * b + 1) << 1], ins
+        assert not any(row[0] == COPY for row in ins), ins
+    clash = Schedule("allgather", "custom", 2, 64, 0, [Step([Move(0, (1,), ((0, 0, 64),), via="push"),
+                                                            Move(1, (0,), ((0, 0, 64),), via="push")],
+                                                           copies=[Copy(0, "send", 0, "recv", 0, 64)])])
+    ins = compile_schedule(clash, params, (0, 0))[0][8:].reshape(-1, 8)
+    assert [row[7] for row in ins if row[0] == CMAW] == [0] and [row[0] for row in ins].count(COPY) == 1, ins

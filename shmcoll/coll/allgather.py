@@ -14,13 +14,14 @@ node allows:
                       everything from it last ((p + 3) / 2 steps)
   all_at_once         one step: every rank deposits its block once and
                       every rank reads all others (big blocks: straight
-                      from each writer's sendbuf)
+                      from each writer's sendbuf; at two ranks each
+                      writer pushes its block into both recvbufs)
 
 Moves that forward data read the writer's recvbuf, filled by earlier
 steps; big blocks travel by single copy when ranks may read each other.
 """
 from ..sched import Copy, Move, Step
-from .gather import single, via
+from .gather import pushed, via
 
 
 def _via(call):
@@ -121,7 +122,7 @@ def neighbor_exchange(call):
 
 
 def all_at_once(call):
-    p, b, via = call.nranks, call.nbytes, single(call, _via(call))
+    p, b, via = call.nranks, call.nbytes, pushed(call, _via(call))
     moves = [Move(r, tuple((r + j) % p for j in range(1, p)), ((0, r * b, b),), via=via) for r in range(p)]
     order = {r: [(r - s) % p for s in range(1, p)] for r in range(p)}     # reader r reads r - 1 first
     return [Step(moves, copies=_own(call), order=order)]

@@ -4,13 +4,13 @@ reads every other piece once, in one step, with no round to exchange
 sizes when the counts are given (Comm.Allgatherv).  Big pieces are read
 straight from the writer's sendbuf."""
 from ..sched import Copy, Move, Step
-from .gather import pieces, single, via
+from .gather import pieces, pushed, via
 
 
 def store_and_forward(call):
     p, cnt = call.nranks, pieces(call)
     moves = [Move(r, tuple((r + j) % p for j in range(1, p)), ((0, cnt[r][1], cnt[r][0]),),
-                  via=single(call, via(call, cnt[r][0]))) for r in range(p) if cnt[r][0] and p > 1]
+                  via=pushed(call, via(call, cnt[r][0]))) for r in range(p) if cnt[r][0] and p > 1]
     index = {m.src: i for i, m in enumerate(moves)}
     order = {r: [index[(r - s) % p] for s in range(1, p) if (r - s) % p in index] for r in range(p)}
     return [Step(moves, copies=[Copy(r, "send", 0, "recv", cnt[r][1], cnt[r][0]) for r in range(p)], order=order)]
