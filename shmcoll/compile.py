@@ -402,7 +402,7 @@ class _Compiler:
         for red in st.reduces:
             if red not in remote:
                 self.fold_local(red)
-        for cp in later:
+        for cp in list(self.twins.values()) + later:      # twins no push took: as copies
             self.copy(cp)
 
     def copy(self, cp):
@@ -436,34 +436,32 @@ class _Compiler:
         """{(rank, sbuf, offset, bytes): copy} of the local copies that go
         with a push of the same bytes by the same rank (an Allgather
         writer's own block), piece by piece, so the source is read once
-        (csrc/exec.c cma): from sendbuf into recvbuf in a step without
-        folds.  The copy now runs during the push instead of after the
-        step's reads, so what it writes may meet nothing else the step
-        touches on its rank (sendbuf and recvbuf as one, as in _touches)
-        but its own source, where it is the same bytes."""
-        if "push" not in protos or st.reduces:
+        (csrc/exec.c cma): from sendbuf into recvbuf, in a step without
+        folds of a schedule whose sendbuf and recvbuf are apart.  The copy
+        now runs during the push instead of after the step's reads, so
+        nothing else the step does on its rank may touch what it writes,
+        nor write what it reads."""
+        if not self.sched.apart or "push" not in protos or st.reduces:
             return {}
-        pushed = {(m.src, m.sbuf, so, n) for m, pr in zip(st.moves, protos) if pr == "push" for so, _, n in m.parts}
+        pushes = [(m, so, n) for m, pr in zip(st.moves, protos) if pr == "push" and m.dst for so, _, n in m.parts]
         out = {}
         for cp in st.copies:
             key = (cp.rank, cp.sbuf, cp.soff, cp.n)
-            if key not in pushed or key in out or (cp.sbuf, cp.dbuf) != ("send", "recv"):
+            if key in out or (cp.sbuf, cp.dbuf) != ("send", "recv") or \
+                    not any((m.src, m.sbuf, so, n) == key for m, so, n in pushes):
                 continue
-            near = _Ranges()
+            near = {"send": _Ranges(), "recv": _Ranges()}    # what else reads or writes there
             for m in st.moves:
-                if cp.rank in m.dst and m.dbuf in ("send", "recv"):
-                    for _, do, ln in m.parts:
-                        near.add(do, do + ln)
-                if m.src == cp.rank and m.sbuf in ("send", "recv"):
-                    for so, _, ln in m.parts:
-                        if (so, ln) != (cp.soff, cp.n):
-                            near.add(so, so + ln)
+                for so, do, ln in m.parts:
+                    if cp.rank in m.dst and m.dbuf in near:
+                        near[m.dbuf].add(do, do + ln)
+                    if m.src == cp.rank and m.sbuf == "recv":
+                        near["recv"].add(so, so + ln)
             for o in st.copies:
-                if o is not cp and o.rank == cp.rank:
-                    near.add(o.soff, o.soff + o.n)
-                    near.add(o.doff, o.doff + o.n)
-            a, b = cp.doff, cp.doff + cp.n
-            if not near.meets(a, b) and (cp.doff == cp.soff or not cp.soff < b or not a < cp.soff + cp.n):
+                for b, off in ((o.sbuf, o.soff), (o.dbuf, o.doff)):
+                    if o is not cp and o.rank == cp.rank and b in near:
+                        near[b].add(off, off + o.n)
+            if not (near["recv"].meets(cp.doff, cp.doff + cp.n) or near["send"].meets(cp.soff, cp.soff + cp.n)):
                 out[key] = cp
         return out
 

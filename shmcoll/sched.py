@@ -97,6 +97,7 @@ class Schedule:
     stream: bool = False    # copies into user memory stream past the cache
     stream_folds: bool = False   # and so do the results of folds (Call.streams_folds)
     kernel: object = None   # reductions: the ops.Kernel its Reduce items fold with
+    apart: bool = False     # sendbuf and recvbuf never overlap (the module's APART: Comm checks it)
 
     def messages(self):
         """(sender, receiver, bytes) of every message: a move read by k

@@ -232,7 +232,9 @@ def test_two_ranks_push_own_block_with_the_peers(arena):
 def test_own_copy_goes_with_the_push_of_the_same_bytes():
     """compile.twin_copies: each rank's own block rides on its push (one
     CMAW naming the own block's offset, no COPY), but not where something
-    else the step does lands on the copy's destination."""
+    else the step does on that rank touches the copy's bytes, not with a
+    push to no one, not where sendbuf and recvbuf may overlap."""
+    from shmcoll._core import lib
     from shmcoll.compile import CMAW, COPY, compile_schedule
     from shmcoll.sched import Copy, Move, Schedule, Step
     b = 1 << 20
@@ -242,8 +244,22 @@ def test_own_copy_goes_with_the_push_of_the_same_bytes():
         ins = a[8:].reshape(-1, 8)
         assert [row[7] for row in ins if row[0] == CMAW] == [(r * b + 1) << 1], ins
         assert not any(row[0] == COPY for row in ins), ins
-    clash = Schedule("allgather", "custom", 2, 64, 0, [Step([Move(0, (1,), ((0, 0, 64),), via="push"),
-                                                            Move(1, (0,), ((0, 0, 64),), via="push")],
-                                                           copies=[Copy(0, "send", 0, "recv", 0, 64)])])
-    ins = compile_schedule(clash, params, (0, 0))[0][8:].reshape(-1, 8)
-    assert [row[7] for row in ins if row[0] == CMAW] == [0] and [row[0] for row in ins].count(COPY) == 1, ins
+    own, push = Copy(0, "send", 0, "recv", 0, 64), Move(0, (1,), ((0, 64, 64),), via="push")
+    for moves, apart, twin in [([push], True, True),
+                               ([push, Move(1, (0,), ((0, 0, 64),), via="push")], True, False),   # lands on it
+                               ([push, Move(0, (1,), ((0, 0, 64),), sbuf="recv")], True, False),  # reads it before
+                               ([Move(0, (), ((0, 64, 64),), via="push")], True, False),          # pushed to no one
+                               ([push], False, False)]:
+        ins = compile_schedule(Schedule("allgather", "custom", 2, 64, 0, [Step(moves, copies=[own])], apart=apart),
+                               params, (0, 0))[0][8:].reshape(-1, 8)
+        twins = [row[7] for row in ins if row[0] == CMAW and row[7]]
+        copies = [row for row in ins if row[0] == COPY and (row[1], row[3]) == (lib.SC_RECV, lib.SC_SEND)]
+        assert (twins, len(copies)) == (([2], 0) if twin else ([], 1)), (moves, ins)
+
+
+@pytest.mark.parametrize("op,alg", [("allgather", "all_at_once"), ("allgatherv", "store_and_forward")])
+def test_two_ranks_push_big_blocks(op, alg):
+    """gather.pushed: at two ranks only, and only where single copies may be made."""
+    def vias(n, cma):
+        return {m.via for st in shmcoll.schedule(op, alg, n, 1 << 20, cma=cma).steps for m in st.moves}
+    assert (vias(2, True), vias(3, True)) == ({"push"}, {"direct"}) and "push" not in vias(2, False)

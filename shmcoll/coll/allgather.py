@@ -128,6 +128,9 @@ def all_at_once(call):
     return [Step(moves, copies=_own(call), order=order)]
 
 
+#: Comm checks sendbuf and recvbuf apart (IN_PLACE: the own block is copied out first)
+APART = True
+
 ALGORITHMS = {"ring": ring, "recursive_doubling": recursive_doubling, "bruck": bruck,
               "neighbor_exchange": neighbor_exchange, "all_at_once": all_at_once}
 

@@ -16,6 +16,9 @@ def store_and_forward(call):
     return [Step(moves, copies=[Copy(r, "send", 0, "recv", cnt[r][1], cnt[r][0]) for r in range(p)], order=order)]
 
 
+#: Comm checks sendbuf and recvbuf apart (IN_PLACE: the own block is copied out first)
+APART = True
+
 ALGORITHMS = {"store_and_forward": store_and_forward}
 
 

@@ -80,4 +80,4 @@ def plan(op, name, call):
     steps, tmp = out if isinstance(out, tuple) else (out, 0)
     fp = module.footprint(call) if hasattr(module, "footprint") else 0
     return Schedule(op, name, call.nranks, call.nbytes, call.root, steps, tmp, bool(fp) and call.streams(fp),
-                    bool(fp) and call.streams_folds(fp), kernel=call.kernel)
+                    bool(fp) and call.streams_folds(fp), kernel=call.kernel, apart=getattr(module, "APART", False))
