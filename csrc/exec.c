@@ -129,10 +129,9 @@ static int cma(sc_comm_t *c, int who, char *local, uint64_t addr, int64_t n, int
     if (write) atomic_store_explicit(mine, who + 1, memory_order_seq_cst);
     char *p = sc_peer_ptr(c, who, addr, n);
     int err = 0;
-    if (!twin) err = sc_vm_move(pid, local, addr, n, door, p);
-    for (int64_t done = 0; twin && done < n && !err; done += TWIN) {
-        int64_t k = n - done < TWIN ? n - done : TWIN;
-        sc_copy(twin + done, local + done, k, nt);
+    for (int64_t done = 0, step = twin ? TWIN : n; done < n && !err; done += step) {
+        int64_t k = n - done < step ? n - done : step;
+        if (twin) sc_copy(twin + done, local + done, k, nt);
         err = sc_vm_move(pid, local + done, addr + (uint64_t)done, k, door, p ? p + done : NULL);
     }
     if (write) atomic_store_explicit(mine, 0, memory_order_release);

@@ -443,12 +443,12 @@ class _Compiler:
         nor write what it reads."""
         if not self.sched.apart or "push" not in protos or st.reduces:
             return {}
-        pushes = [(m, so, n) for m, pr in zip(st.moves, protos) if pr == "push" and m.dst for so, _, n in m.parts]
+        pushed = {(m.src, m.sbuf, so, n) for m, pr in zip(st.moves, protos) if pr == "push" and m.dst
+                  for so, _, n in m.parts}
         out = {}
         for cp in st.copies:
             key = (cp.rank, cp.sbuf, cp.soff, cp.n)
-            if key in out or (cp.sbuf, cp.dbuf) != ("send", "recv") or \
-                    not any((m.src, m.sbuf, so, n) == key for m, so, n in pushes):
+            if key in out or key not in pushed or (cp.sbuf, cp.dbuf) != ("send", "recv"):
                 continue
             near = {"send": _Ranges(), "recv": _Ranges()}    # what else reads or writes there
             for m in st.moves:
