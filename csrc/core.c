@@ -272,19 +272,6 @@ static int differ(sc_comm_t *c, int who, const uint64_t *mine, const uint64_t *t
     return SC_EMISMATCH;
 }
 
-/* A call every rank refused (the check round) leaves its signature
- * marked refused as the previous call: any rank may have refused a
- * different one, so refused calls compare equal, and hash alike. */
-#define REFUSED (1ULL << 63)
-
-uint64_t sc_mix(uint64_t h, const uint64_t *s)
-{
-    uint64_t a = s[1] & REFUSED ? 0 : s[0], b = s[1] & REFUSED ? REFUSED : s[1];
-    h = (h ^ a) * 0x9e3779b97f4a7c15ULL;
-    h = (h ^ (h >> 29) ^ b) * 0xbf58476d1ce4e5b9ULL;
-    return h ^ (h >> 32);
-}
-
 static int differ_prev(sc_comm_t *c, int who, const uint64_t *mine, const uint64_t *theirs, int when)
 {
     if ((mine[1] & REFUSED) && (theirs[1] & REFUSED)) return SC_OK;

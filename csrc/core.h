@@ -139,6 +139,7 @@ typedef struct sc_comm {
     void *gil_saved;
     void *poll;
     sc_entry_t cache[SC_CACHE];
+    sc_entry_t *last;        /* the entry the last fast call found (pyfast.c lookup) */
     /* private state */
     uint64_t call;           /* this call's number: 64 bits, compared by signed difference */
     uint64_t sig[2];         /* this call's signature (collective, algorithm, dtype, op, root; byte count) */

@@ -54,8 +54,9 @@ static int set_of(sc_comm_t *c, int64_t a)
 /* Wait for line l (written by who) to reach (call, ev). */
 static int wait_line(sc_comm_t *c, sc_line_t *l, int who, uint64_t call, uint64_t ev, int64_t spin, int nocheck)
 {
+    if (line_reached(l, call, ev)) return SC_OK;
     sc_wait_t w = { .line = l, .wq = &l->wq, .call = call, .event = ev, .who = who, .nocheck = nocheck, .spin_ns = spin };
-    return wait_for(c, &w);
+    return sc_wait_slow(c, &w);
 }
 
 static int wait_ack(sc_comm_t *c, int who, uint64_t call, uint64_t count, int64_t spin)
@@ -63,10 +64,40 @@ static int wait_ack(sc_comm_t *c, int who, uint64_t call, uint64_t count, int64_
     return wait_line(c, ack_line(c, who), who, call, count, spin, 0);
 }
 
+/* Whether a record (sig, prev, hist) is ours of this call word for word,
+ * or (next) that of a rank one call on from ours: its previous call is
+ * ours, its hash ours with ours added.  The common case, read from the
+ * line the wait just read (oversubscribed, a barrier's peer has often
+ * arrived in the next call already; the long way reads its record ring,
+ * a line more from the other CPU).  Anything else goes the long way (a
+ * refused call compares equal only there). */
+static int ours(const sc_comm_t *c, int next, uint64_t s0, uint64_t s1, uint64_t p0, uint64_t p1, uint64_t h)
+{
+    if (next) return p0 == c->sig[0] && p1 == c->sig[1] && h == sc_mix(c->hist, c->prev);
+    return s0 == c->sig[0] && s1 == c->sig[1] && p0 == c->prev[0] && p1 == c->prev[1] && h == c->hist;
+}
+
+static int same_record(sc_comm_t *c, int who, const sc_slot_t *h)
+{
+    int same;
+    if (h) {
+        uint64_t at = atomic_load_explicit(&h->call, memory_order_acquire);
+        same = at == c->call && ours(c, 0, h->rec[0], h->rec[1], h->rec[2], h->rec[3], h->rec[4]);
+        atomic_thread_fence(memory_order_acquire);
+        return same && atomic_load_explicit(&h->call, memory_order_relaxed) == at;
+    }
+    sc_line_t *l = post_line(c, who);
+    uint64_t s = atomic_load_explicit(&l->seq, memory_order_acquire), at = atomic_load_explicit(&l->call, memory_order_relaxed);
+    same = at - c->call <= 1 && ours(c, at != c->call, l->sig[0], l->sig[1], l->prev[0], l->prev[1], l->hist);
+    atomic_thread_fence(memory_order_acquire);
+    return same && !(s & 1) && atomic_load_explicit(&l->seq, memory_order_relaxed) == s;
+}
+
 /* Compare who's arrival record with ours (stamped in slot, if given); a
  * mismatch aborts the job from this call on. */
 static int check_post(sc_comm_t *c, int who, const sc_slot_t *slot)
 {
+    if (same_record(c, who, slot)) return SC_OK;
     int rc = slot ? sc_check_slot(c, who, slot) : sc_check_line(c, who);
     if (rc) sc_abort_mismatch(c);
     return rc;
@@ -592,7 +623,7 @@ int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
 {
     int rc = aborted_at(c, c->call + 1);
     if (rc) return rc;
-    for (int k = 0; k < c->nnb; k++)          /* the recheck's lines arrive while we publish */
+    for (int k = 0; c->pending && k < c->nnb; k++)   /* the recheck's lines arrive while we publish */
         if (c->pending >> k & 1) __builtin_prefetch(post_line(c, c->nb[k]));
     c->call++;
     c->sig[0] = (uint64_t)prog[1];            /* a twin's programs share it */
@@ -645,7 +676,7 @@ int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
     settle(c, post_line(c, c->rank));
     c->hist = sc_mix(c->hist, c->prev);
     c->prev[0] = c->sig[0];
-    c->prev[1] = c->sig[1] | (rc == SC_EDIFFER ? 1ULL << 63 : 0);   /* refused: see sc_mix */
+    c->prev[1] = c->sig[1] | (rc == SC_EDIFFER ? REFUSED : 0);
     return rc;
 }
 

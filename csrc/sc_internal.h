@@ -155,7 +155,19 @@ int sc_fail(sc_comm_t *c, int code, int32_t who, int64_t a, int64_t b);
 int sc_check_line(sc_comm_t *c, int who);
 int sc_check_rec(sc_comm_t *c, int who, uint64_t n, int *seen);
 int sc_check_slot(sc_comm_t *c, int who, const sc_slot_t *h);
-uint64_t sc_mix(uint64_t h, const uint64_t *sig);
+/* A call every rank refused (the check round) leaves its signature
+ * marked refused as the previous call: any rank may have refused a
+ * different one, so refused calls compare equal, and hash alike. */
+#define REFUSED (1ULL << 63)
+
+/* The hash of every call before the previous, h, with sig added. */
+static inline uint64_t sc_mix(uint64_t h, const uint64_t *s)
+{
+    uint64_t a = s[1] & REFUSED ? 0 : s[0], b = s[1] & REFUSED ? REFUSED : s[1];
+    h = (h ^ a) * 0x9e3779b97f4a7c15ULL;
+    h = (h ^ (h >> 29) ^ b) * 0xbf58476d1ce4e5b9ULL;
+    return h ^ (h >> 32);
+}
 int64_t sc_now_ns(void);       /* CLOCK_MONOTONIC */
 int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf);
 int sc_vm_move(int32_t pid, char *local, uint64_t addr, int64_t n, _Atomic int32_t *shut, char *mapped);
