@@ -303,6 +303,9 @@ static int record(sc_comm_t *c, int who, uint64_t n, uint64_t *out)
 static int compare(sc_comm_t *c, int who, uint64_t n, const uint64_t *theirs)
 {
     const uint64_t *mine = rec_of(c, c->rank, n)->rec;    /* ours, kept as long */
+    if (mine[0] == theirs[0] && mine[1] == theirs[1] && mine[2] == theirs[2] && mine[3] == theirs[3]
+        && mine[4] == theirs[4])
+        return SC_OK;                                       /* the common case */
     uint64_t back = c->call - n;
     int when = back < 2 ? (int)back : 2, rc;
     /* the oldest call that differs: one the hash covers, the previous, or n */

@@ -127,8 +127,12 @@ static int parse(PyObject *const *args, size_t nargsf, PyObject *kw, PyObject *n
     if (n > max || max > MAXARGS) return 0;
     for (Py_ssize_t i = 0; i < max; i++) out[i] = i < n ? args[i] : NULL;
     for (Py_ssize_t k = 0; k < nk; k++) {
+        PyObject *name = PyTuple_GET_ITEM(kw, k);
         Py_ssize_t i = 0;
-        while (i < max && PyUnicode_Compare(PyTuple_GET_ITEM(kw, k), PyTuple_GET_ITEM(names, i))) i++;
+        while (i < max && name != PyTuple_GET_ITEM(names, i)) i++;     /* interned, as ours: by identity */
+        if (i == max)
+            for (i = 0; i < max && PyUnicode_Compare(name, PyTuple_GET_ITEM(names, i)); i++)
+                ;
         if (i == max || out[i]) return 0;
         out[i] = args[n + k];
     }
@@ -297,7 +301,7 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
             }
             /* fall through */
         case 'x': case 'o': {
-            int w = roles[i] != 'i' && roles[i] != 'I', out = strchr("oOv", roles[i]) != NULL;
+            int w = roles[i] != 'i' && roles[i] != 'I', out = roles[i] == 'o' || roles[i] == 'O' || roles[i] == 'v';
             char *p;
             Py_ssize_t len, isz;
             if (!quick(v, w, &p, &len, &isz)) {

@@ -796,6 +796,31 @@ def test_fast_path_refuses_the_same_buffer_twice():
     assert all(g == [True] for g in got), got
 
 
+def _keywords_by_value(comm):
+    """Keyword names built at run time (not interned: the C entry finds
+    them by value, not identity) after warm calls by interned names; a name
+    no method takes is still refused."""
+    out = []
+    root = "".join(["ro", "ot"])
+    for r in range(comm.size):
+        buf = np.full(5, comm.rank, np.int32)
+        comm.Bcast(buf, root=r)
+        buf = np.full(5, comm.rank + 10, np.int32)
+        comm.Bcast(buf, **{root: r})
+        out.append(bool(np.array_equal(buf, np.full(5, r + 10, np.int32))))
+    try:
+        comm.Bcast(buf, **{"".join(["roo", "ts"]): 0})
+        out.append("accepted")
+    except TypeError as e:
+        out.append("roots" in str(e))
+    return out
+
+
+def test_fast_entry_takes_keywords_by_value():
+    got = run_ranks(_keywords_by_value, 3)
+    assert all(g == [True] * 4 for g in got), got
+
+
 def _mixed_itemsize(comm):
     s = np.zeros(12, np.uint8)
     comm.Alltoall(s, np.empty_like(s))
