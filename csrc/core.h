@@ -11,6 +11,7 @@
 #define SC_SLOT_BYTES 4160 /* a slot's payload stride: SC_INLINE and a line, so slots sit at different page offsets */
 #define SC_SLOTS 8       /* inline slot lines per writer: a root may run this many calls ahead */
 #define SC_PAST 8        /* arrival records kept per rank: a rank that waited on no one checks its neighbours within this many calls */
+#define SC_LOOK 4        /* ... looking at their records every this many such calls (exec.c, recheck) */
 #define SC_INSN 8        /* int64 words per instruction */
 #define SC_HEAD 8        /* int64 words of program header */
 /* Twins: one call's two programs (the automatic choice by single copy and
@@ -159,6 +160,7 @@ typedef struct sc_comm {
     int64_t *pend_twin[SC_PAST];
     int32_t pend_variant[SC_PAST];
     int32_t pending;         /* neighbours with unchecked calls (bit k: nb[k]) */
+    int32_t quiet;           /* calls with pending since the last look, mod SC_LOOK (a look when 0) */
     int32_t busy;
     int32_t owe;             /* this rank's post line went out unfenced: its sleepers are still to be checked */
     int32_t err_rank;
@@ -186,6 +188,7 @@ uint32_t sc_abort_word(sc_comm_t *c);
 int sc_probe_cma(sc_comm_t *c);
 
 int sc_exec(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf);
+int sc_last_look(sc_comm_t *c);
 int sc_own(sc_comm_t *c);
 void sc_disown(sc_comm_t *c);
 

@@ -785,12 +785,19 @@ class Comm:
         A root's calls wait on no one, so ranks that made different numbers
         of calls may all return from theirs: of two leaving, the later
         raises MismatchError (the earlier has gone) rather than the job
-        ending as a success with the extra calls read by no one."""
+        ending as a success with the extra calls read by no one.  So do
+        roots whose last calls differ (the later sees the other's record
+        in its last look, csrc/exec.c recheck)."""
         if self._freed:
             return
         self._freed = True
-        other = self._dev.deregister(self._broken is None)
+        rc = lib.sc_last_look(self._c) if self._broken is None else 0
+        other = self._dev.deregister(self._broken is None and not rc)
         self._break(ShmcollError(f"rank {self.rank} freed this communicator"))
+        if rc:
+            op = select.OPS.get(self._c.prev[0] & 0xff)
+            what = select.TABLE[op][2] or op.capitalize() if op else "Free"
+            raise self._dev.failure(rc, what, functools.partial(self._words, what))
         if other is not None:
             r, theirs, ours = other
             raise MismatchError(f"Free: the ranks made different numbers of calls: rank {r} left after {theirs}, "

@@ -256,12 +256,33 @@ def _split_root_scatter(comm):
                                    (_split_root_scatter, 5)], ids=["bcast2", "bcast3", "bcast5", "scatter5"])
 def test_a_mismatch_only_roots_see_raises_in_the_last_call(job, n, graph, monkeypatch):
     """A root checks its neighbours' records at the end of its call when
-    they have arrived, so of two roots that differ the later one raises,
-    even in a job's last call (44f19d6, which looked every 4th call only,
-    let every rank return)."""
+    they have arrived (its first, then every SC_LOOK-th) and in Free, so of
+    two roots that differ the later one raises, even in a job's last call
+    (44f19d6, which looked every 4th call only, let every rank return)."""
     bind = graph_bind(graph, monkeypatch)
     with pytest.raises(shmcoll.MismatchError, match="root"):
         run_ranks(job, n, timeout=T, bind=bind)
+
+
+def _roots_then_own_root(comm, warm, roots):
+    """warm Bcasts whose roots agree (roots[i % len]), then a last one from
+    every rank's own root."""
+    for i in range(warm + 1):
+        root = roots[i % len(roots)] if i < warm else comm.rank
+        buf = np.full(4, comm.rank, np.int64)
+        comm.Bcast(buf, root=root)
+    return int(buf[0])
+
+
+@pytest.mark.parametrize("n,roots,warm", [(2, (0, 1), 2), (2, (0, 1), 3), (2, (1, 0), 4), (3, (1,), 1),
+                                          (3, (1,), 2), (3, (1,), 3)])
+def test_a_last_call_only_roots_see_raises_in_free(n, roots, warm):
+    """A root looks at its neighbours' records every SC_LOOK-th call it
+    waited on no one, so after warm calls as a root the later of two
+    roots that differ in a job's last call may not look at its end: its
+    Free does (without that look, every case here ended as a success)."""
+    with pytest.raises(shmcoll.MismatchError, match=r"Bcast: .*\(root\)"):
+        run_ranks(_roots_then_own_root, n, warm, roots, timeout=T)
 
 
 def _graph_job(comm):
