@@ -375,7 +375,7 @@ static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
  * time looking every 4th call instead of every call), and waits only
  * when the oldest unchecked call would leave its records.  So a root
  * runs up to SC_PAST - 1 calls ahead of its readers, and different roots
- * raise on every rank within that many calls; of two roots that differ
+ * raise on every rank within SC_PAST calls; of two roots that differ
  * in a job's last call, the later raises in Free.  A look that finds the
  * hash differing names the first unchecked call whose records differ. */
 static int recheck(sc_comm_t *c, int block, int look)
@@ -404,7 +404,8 @@ static int recheck(sc_comm_t *c, int block, int look)
 }
 
 /* Free: a last look at the neighbours not yet checked, waiting for none
- * (none if another thread is in a call: that call looks). */
+ * (and none while another thread is in a call on this communicator:
+ * one communicator serves one thread at a time). */
 int sc_last_look(sc_comm_t *c)
 {
     if (__atomic_exchange_n(&c->busy, 1, __ATOMIC_ACQUIRE)) return SC_OK;

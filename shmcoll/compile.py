@@ -726,12 +726,12 @@ class _Compiler:
 
 def checks(w, p, star):
     """The ranks w checks the records of, each by its wait on it or, when
-    its program has none, at the end of its call (exec.c, recheck): every
-    rank its neighbours, in a ring, or in a star around rank 0.  Each link
-    is checked from both ends by a graph that depends on the plan alone,
-    so ranks running different programs still check each other, and the
-    later of two that differ sees the other's record even in a job's last
-    call."""
+    its program has none, at the end of every SC_LOOK-th such call and in
+    Free (exec.c, recheck): every rank its neighbours, in a ring, or in a
+    star around rank 0.  Each link is checked from both ends by a graph
+    that depends on the plan alone, so ranks running different programs
+    still check each other, and the later of two that differ sees the
+    other's record even in a job's last call (in its Free)."""
     if star:
         return list(range(1, p)) if w == 0 else [0][:p > 1]
     return list(dict.fromkeys(r for r in ((w - 1) % p, (w + 1) % p) if r != w))

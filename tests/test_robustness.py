@@ -256,7 +256,7 @@ def _split_root_scatter(comm):
                                    (_split_root_scatter, 5)], ids=["bcast2", "bcast3", "bcast5", "scatter5"])
 def test_a_mismatch_only_roots_see_raises_in_the_last_call(job, n, graph, monkeypatch):
     """A root checks its neighbours' records at the end of its call when
-    they have arrived (its first, then every SC_LOOK-th) and in Free, so of
+    they have arrived (every SC_LOOK-th call it waited on none) and in Free, so of
     two roots that differ the later one raises, even in a job's last call
     (44f19d6, which looked every 4th call only, let every rank return)."""
     bind = graph_bind(graph, monkeypatch)
