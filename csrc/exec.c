@@ -408,9 +408,9 @@ static int recheck(sc_comm_t *c, int block, int look)
  * one communicator serves one thread at a time). */
 int sc_last_look(sc_comm_t *c)
 {
-    if (__atomic_exchange_n(&c->busy, 1, __ATOMIC_ACQUIRE)) return SC_OK;
+    if (sc_own(c)) return SC_OK;
     int rc = c->pending && !aborted_at(c, c->call + 1) ? recheck(c, 0, 1) : SC_OK;
-    __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
+    sc_disown(c);
     return rc;
 }
 

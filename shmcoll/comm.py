@@ -796,7 +796,7 @@ class Comm:
         self._break(ShmcollError(f"rank {self.rank} freed this communicator"))
         if rc:
             op = select.OPS.get(self._c.prev[0] & 0xff)
-            what = select.TABLE[op][2] or op.capitalize() if op else "Free"
+            what = _what(op) if op else "Free"
             raise self._dev.failure(rc, what, functools.partial(self._words, what))
         if other is not None:
             r, theirs, ours = other
