@@ -108,16 +108,17 @@ void sc_stream(char *dst, const char *src, int64_t n)
  * pieces, each started only while the peer's door is open: a peer whose
  * call failed shuts it and then waits for the piece in flight, so nothing
  * lands in its memory after it returned (ECANCELED).  With mapped (addr
- * is mapped here there: the peer's arena, csrc/peers.c), plain copies. */
-static int vm_move(int32_t pid, char *local, uint64_t addr, int64_t n, _Atomic int32_t *shut, char *mapped)
+ * is mapped here there: the peer's arena, csrc/peers.c), plain copies,
+ * streamed with nt. */
+static int vm_move(int32_t pid, char *local, uint64_t addr, int64_t n, _Atomic int32_t *shut, char *mapped, int nt)
 {
     for (int64_t done = 0; done < n;) {
         int64_t k = shut && n - done > PIECE ? PIECE : n - done;
         struct iovec l = { local + done, (size_t)k }, r = { (void *)(uintptr_t)(addr + done), (size_t)k };
         if (shut && atomic_load_explicit(shut, memory_order_seq_cst)) return ECANCELED;
         if (mapped) {
-            if (shut) sc_copy(mapped + done, local + done, k, 0);
-            else sc_copy(local + done, mapped + done, k, 0);
+            if (shut) sc_copy(mapped + done, local + done, k, nt);
+            else sc_copy(local + done, mapped + done, k, nt);
             done += k;
             continue;
         }
@@ -132,20 +133,20 @@ static int vm_move(int32_t pid, char *local, uint64_t addr, int64_t n, _Atomic i
  * shut is given; by plain copies when mapped: see vm_move): a system
  * call's pair whose destination sits 1..63 bytes past its source modulo 4
  * KiB goes through a bounce buffer at addr's page offset (a plain copy
- * takes the vector loop instead, sc_copy). */
-int sc_vm_move(int32_t pid, char *local, uint64_t addr, int64_t n, _Atomic int32_t *shut, char *mapped)
+ * takes the vector loop instead, sc_copy; nt: streamed, as sc_copy's). */
+int sc_vm_move(int32_t pid, char *local, uint64_t addr, int64_t n, _Atomic int32_t *shut, char *mapped, int nt)
 {
     static __thread char *bounce;
     const char *remote = (const char *)(uintptr_t)addr;
     int write = shut != NULL;
     if (mapped || n < PAGE || !(write ? aliased(remote, local) : aliased(local, remote)))
-        return vm_move(pid, local, addr, n, shut, mapped);
-    if (!bounce && !(bounce = aligned_alloc(PAGE, BOUNCE + PAGE))) return vm_move(pid, local, addr, n, shut, NULL);
+        return vm_move(pid, local, addr, n, shut, mapped, nt);
+    if (!bounce && !(bounce = aligned_alloc(PAGE, BOUNCE + PAGE))) return vm_move(pid, local, addr, n, shut, NULL, 0);
     char *b = bounce + (addr & (PAGE - 1));
     for (int64_t done = 0; done < n; done += BOUNCE) {
         int64_t k = n - done < BOUNCE ? n - done : BOUNCE;
         if (write) copy_vec(b, local + done, k);
-        int err = vm_move(pid, b, addr + done, k, shut, NULL);
+        int err = vm_move(pid, b, addr + done, k, shut, NULL, 0);
         if (err) return err;
         if (!write) copy_vec(local + done, b, k);
     }

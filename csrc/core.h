@@ -58,6 +58,7 @@ enum {
     SC_OP_SHARE = 14,   /* a=who b=role (0 reader, 1 writer) | step (< 16) << 8 c=writer's space (1 send, 2 recv) d=src off
                            e=dst off (reader's recv) f=n g=piece: a single copy that reader and writer split,
                            piece by piece, each claiming the next until none is left */
+    SC_OP_STREAMED = 256,  /* or'ed into word 0 of SC_OP_CMA, SC_OP_SHARE: their plain copies (a peer's arena) stream */
 };
 /* Reduction kernels (csrc/reduce.c): word 0 of SC_OP_REDUCE is
  * opcode | op << 8 | type << 16 | form << 24 | index-is-int64 << 28 |

@@ -151,7 +151,10 @@ static void debt(sc_comm_t *c, int s, int who, uint64_t count)
  * with a twin (this rank's own copy of the same bytes, nt: streamed)
  * goes TWIN bytes at a time, each copied into the twin first and then
  * into who while still in cache, so local is read from memory once (2
- * ranks, 16 MiB Allgather: 0.84x the copy into the twin, then the push). */
+ * ranks, 16 MiB Allgather: 0.84x the copy into the twin, then the push).
+ * nt: bit 0 streams the twin, bit 1 the single copy where it is a plain
+ * one (SC_OP_STREAMED; not a push with a twin: Allgather's streamed pushes
+ * were 1.4x slower, bench/README). */
 #define TWIN (256 << 10)
 static int cma(sc_comm_t *c, int who, char *local, uint64_t addr, int64_t n, int write, char *twin, int nt)
 {
@@ -162,8 +165,8 @@ static int cma(sc_comm_t *c, int who, char *local, uint64_t addr, int64_t n, int
     int err = 0;
     for (int64_t done = 0, step = twin ? TWIN : n; done < n && !err; done += step) {
         int64_t k = n - done < step ? n - done : step;
-        if (twin) sc_copy(twin + done, local + done, k, nt);
-        err = sc_vm_move(pid, local + done, addr + (uint64_t)done, k, door, p ? p + done : NULL);
+        if (twin) sc_copy(twin + done, local + done, k, nt & 1);
+        err = sc_vm_move(pid, local + done, addr + (uint64_t)done, k, door, p ? p + done : NULL, nt >> 1 & 1);
     }
     if (write) atomic_store_explicit(mine, 0, memory_order_release);
     if (!err && p) c->direct += n;
@@ -226,7 +229,7 @@ static int64_t claim(_Atomic uint64_t *w, uint64_t tag, int64_t k, int back)
  * waits for that ack before it counts the copy as done. */
 static int share(sc_comm_t *c, const int64_t *in, char *sbuf, char *rbuf)
 {
-    int who = (int)in[1], writer = (int)(in[2] & 1);
+    int who = (int)in[1], writer = (int)(in[2] & 1), nt = in[0] & SC_OP_STREAMED ? 2 : 0;
     uint64_t tag = claim_tag(c->call, (int)(in[2] >> 8 & 0xf)), at;
     _Atomic uint64_t *w = writer ? claim_word(c, who, c->rank) : claim_word(c, c->rank, who);
     int64_t n = in[6], q = in[7], k = (n + q - 1) / q, i;
@@ -234,8 +237,8 @@ static int share(sc_comm_t *c, const int64_t *in, char *sbuf, char *rbuf)
     if (!writer) at = post_line(c, who)->addr[in[3] - 1];
     while (!rc && (i = claim(w, tag, k, writer)) >= 0) {
         int64_t off = i * q, len = n - off < q ? n - off : q;
-        rc = writer ? cma(c, who, space(c, in[3], in[4] + off, sbuf, rbuf), at + (uint64_t)(in[5] + off), len, 1, NULL, 0)
-                    : cma(c, who, rbuf + in[5] + off, at + (uint64_t)(in[4] + off), len, 0, NULL, 0);
+        rc = writer ? cma(c, who, space(c, in[3], in[4] + off, sbuf, rbuf), at + (uint64_t)(in[5] + off), len, 1, NULL, nt)
+                    : cma(c, who, rbuf + in[5] + off, at + (uint64_t)(in[4] + off), len, 0, NULL, nt);
     }
     return rc;
 }
@@ -319,7 +322,8 @@ static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
             char *p = in[7] ? sc_peer_ptr(c, (int)in[3], at, in[6]) : NULL;
             if (in[7]) sc_alias_set(c, (int)in[7] - 1, p, in[2]);   /* folded where it lies */
             if (p) c->direct += in[6];
-            else rc = cma(c, (int)in[3], space(c, in[1], in[2], sbuf, rbuf), at, in[6], 0, NULL, 0);
+            else rc = cma(c, (int)in[3], space(c, in[1], in[2], sbuf, rbuf), at, in[6], 0, NULL,
+                          in[0] & SC_OP_STREAMED ? 2 : 0);
             if (!rc && c->traffic) c->traffic[in[3]] += in[6];
             break;
         }

@@ -170,7 +170,7 @@ static inline uint64_t sc_mix(uint64_t h, const uint64_t *s)
 }
 int64_t sc_now_ns(void);       /* CLOCK_MONOTONIC */
 int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf);
-int sc_vm_move(int32_t pid, char *local, uint64_t addr, int64_t n, _Atomic int32_t *shut, char *mapped);
+int sc_vm_move(int32_t pid, char *local, uint64_t addr, int64_t n, _Atomic int32_t *shut, char *mapped, int nt);
 void sc_shut(sc_comm_t *c);
 void sc_stream(char *dst, const char *src, int64_t n);    /* streamed stores, unfenced */
 void sc_fence(void);                                      /* orders them before later stores */

@@ -26,6 +26,7 @@ QUEUES = {"gather": 0, "release": 1}
 POST, WAIT, ACK, WAITACK, COPY, CMA, CMAW, DRAIN, DEBT, QPOST, QWAIT, COUNT, SHARE = (
     lib.SC_OP_POST, lib.SC_OP_WAIT, lib.SC_OP_ACK, lib.SC_OP_WAITACK, lib.SC_OP_COPY, lib.SC_OP_CMA, lib.SC_OP_CMAW,
     lib.SC_OP_DRAIN, lib.SC_OP_DEBT, lib.SC_OP_QPOST, lib.SC_OP_QWAIT, lib.SC_OP_COUNT, lib.SC_OP_SHARE)
+STREAMED = lib.SC_OP_STREAMED           # or'ed into a CMA or SHARE: its plain copies stream
 RING, STRIPE, SLOT = lib.SC_SET_RING, lib.SC_SET_STRIPE, lib.SC_SET_SLOT
 CHECK, FAR, FIRST, INSLOT = 1, 2, 4, 8  # WAIT flags: check the record, spin long, a message's first piece, in a slot
 STAMP = 2                       # COPY flag: stamp the writer's record in the inline slot it fills
@@ -471,7 +472,7 @@ class _Compiler:
         shared copy of the step."""
         for m in self.helping[w]:
             (so, do, n), = m.parts
-            self.emit(w, SHARE, m.dst[0], 1 | self.at << 8, BUF[m.sbuf], so, do, n,
+            self.emit(w, SHARE | STREAMED * self.streamed(m.dbuf), m.dst[0], 1 | self.at << 8, BUF[m.sbuf], so, do, n,
                       _piece(n, (m.dst[0], w) in self.pairs))
         if w in self.sharers:
             self.acks[w] += 1
@@ -594,16 +595,17 @@ class _Compiler:
         self.wait(r, w, piece, far, first, proto == "inline" and piece["segs"])
         if proto == "signal":
             return
+        nt = self.streamed(m.dbuf)
         if proto == "shared":           # r's part first; r's ack comes after its part of its own moves
             (so, do, n), = m.parts
-            self.emit(r, SHARE, w, self.at << 8, BUF[m.sbuf], so, do, n, _piece(n, (w, r) in self.pairs))
+            self.emit(r, SHARE | STREAMED * nt, w, self.at << 8, BUF[m.sbuf], so, do, n,
+                      _piece(n, (w, r) in self.pairs))
             if self.params.get("record_traffic"):
                 self.emit(r, COUNT, w, n)
             return
-        nt = self.streamed(m.dbuf)
         if proto == "direct":
             for so, do, ln, _ in piece["segs"]:
-                self.emit(r, CMA, space(BUF[m.dbuf]), do, w, BUF[m.sbuf], so, ln)
+                self.emit(r, CMA | STREAMED * nt, space(BUF[m.dbuf]), do, w, BUF[m.sbuf], so, ln)
         else:
             for so, do, ln, at in piece["segs"]:
                 self.emit(r, COPY, space(BUF[m.dbuf]), do, piece["space"], piece["off"] + at, ln, nt, w)

@@ -63,7 +63,8 @@ def make_plan(nranks, topo, slots, options=None):
         raise ValueError(f"huge_slot_bytes must be 0 (off) or a power of two from 64 KiB to 2 MiB, not {slot}")
     if not 0 <= int(p["inline_bytes"]) <= lib.SC_INLINE:
         raise ValueError(f"inline_bytes must be in 0 .. {lib.SC_INLINE}, not {p['inline_bytes']}")
-    p["chunk_opt"], p["tile_opt"], p["cma_opt"] = p["chunk_bytes"], p["tile_bytes"], p["cma_bytes"]
+    p["chunk_opt"], p["tile_opt"], p["cma_opt"], p["nt_opt"] = (p["chunk_bytes"], p["tile_bytes"], p["cma_bytes"],
+                                                          p["nt_bytes"])
     _derive(p, nranks, topo, slots)
     plan = Plan(nranks, p, list(slots), topo)
     plan.size = Device.layout(plan)
@@ -89,7 +90,7 @@ def _derive(p, nranks, topo, slots):
     half = p["chan_bytes"] // 2    # a ring holds two chunks or tiles at least
     p["chunk_bytes"] = min(int(p.get("chunk_opt") or max(PAGE, min(l2 // 4, half // 2))), half)
     p["tile_bytes"] = min(int(p.get("tile_opt") or max(PAGE, min(l2 // 4, shared // (2 * nranks)))), half)
-    p["nt_bytes"] = int(p["nt_bytes"] or shared)
+    p["nt_bytes"], p["l2_bytes"] = int(p.get("nt_opt") or shared), l2
     # a block's inputs and results, 2 x ranks x block, in a quarter of the shared cache
     p["reduce_block_bytes"] = int(p["reduce_block_bytes"] or max(2 << 20, shared // (8 * nranks)))
     # one reader at a time gains from 32 KiB (2 ranks, 32 KiB, near cores:

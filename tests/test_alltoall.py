@@ -319,3 +319,29 @@ def test_tile_larger_than_channel_is_clamped():
     """A tile larger than half the channel would leave a ring of no slots;
     it is clamped, and the exchange completes correctly."""
     check(2, table(["tiled", "pairwise"], [300001]), options={"chan_bytes": 8192, "tile_bytes": 1 << 20, "cma_bytes": 0})
+
+
+@pytest.mark.parametrize("n,topo", [(2, None), (4, None), (8, "2x2")])
+def test_copies_stream_once_the_footprint_outgrows_the_cpus_l2(n, topo):
+    """Left to the default, Alltoall streams its copies into recvbuf (and
+    its single copies, word 0's SC_OP_STREAMED) from a footprint of twice
+    the L2 of each CPU the ranks run on, not below; a user's nt_bytes
+    alone decides when given."""
+    from shmcoll._core import lib
+    from shmcoll.compile import compile_schedule
+    from shmcoll.device import make_plan
+    t = shmcoll.topology(topo)
+    slots = t.placement(n, "core", "compact")
+    cpus = min(n, len(frozenset().union(*(s.cpus for s in slots))))
+    edge = 2 * (t.cache_size(2) or 1 << 20) * cpus          # footprint 2 n^2 b
+    for b, want in ((edge // (2 * n * n) - 64, False), (-(-edge // (2 * n * n)), True)):
+        for cma in (False, True):
+            s = shmcoll.schedule("alltoall", None, n, b, topology=topo, cma=cma)
+            assert s.stream is want, (b, cma, s.algorithm)
+            ins = compile_schedule(s, make_plan(n, t, slots).params, (0, 0))[0][8:].reshape(-1, 8)
+            ops = [int(w) for w in ins[:, 0]]
+            single = [o for o in ops if o & 0xff in (lib.SC_OP_CMA, lib.SC_OP_SHARE)]
+            assert all(bool(o & lib.SC_OP_STREAMED) is want for o in single), ops
+            assert bool((ins[(ins[:, 0] & 0xff) == lib.SC_OP_COPY][:, 6] & 1).any()) is want
+        assert shmcoll.schedule("alltoall", None, n, b, topology=topo, options={"nt_bytes": 1 << 40}).stream is False
+        assert shmcoll.schedule("alltoall", None, n, b, topology=topo, options={"nt_bytes": 1}).stream is True

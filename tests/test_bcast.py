@@ -434,9 +434,12 @@ def test_streamed_copies_any_alignment(n, cma):
     """Copies into recvbuf streamed past the cache (sc_copy's nt path: whole
     lines streamed, partial lines at either end stored plainly) at line
     offsets 0, 1, 16, 33, 63 and sizes below, at and around the 4 KiB where
-    streaming starts, and over several pages with a partial last line."""
+    streaming starts, and over several pages with a partial last line;
+    with cma, Alltoall's single copies out of and into the peer's arena
+    too (SC_OP_STREAMED), in several pieces at 1 MiB blocks."""
     if cma:
         need_cma(n)
     cases = [(kind, off, count) for kind in ("bcast", "alltoall", "allgather") for off in (0, 1, 16, 33, 63)
              for count in (63, 4095, 4096, 4097, 3 * 4096 + 33, (64 << 10) + 1)]
+    cases += [("alltoall", off, (1 << 20) + 33) for off in (0, 33)]     # single copies in several pieces
     run_cases(_streamed_copies, n, cases, options={"nt_bytes": 1, "cma_bytes": cma}, timeout=300)

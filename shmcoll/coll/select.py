@@ -79,5 +79,6 @@ def plan(op, name, call):
     out = module.ALGORITHMS[name](call)
     steps, tmp = out if isinstance(out, tuple) else (out, 0)
     fp = module.footprint(call) if hasattr(module, "footprint") else 0
-    return Schedule(op, name, call.nranks, call.nbytes, call.root, steps, tmp, bool(fp) and call.streams(fp),
+    stream = module.streams(call) if hasattr(module, "streams") else bool(fp) and call.streams(fp)
+    return Schedule(op, name, call.nranks, call.nbytes, call.root, steps, tmp, stream,
                     bool(fp) and call.streams_folds(fp), kernel=call.kernel, apart=getattr(module, "APART", False))
