@@ -326,7 +326,7 @@ def test_copies_stream_once_the_footprint_outgrows_the_cpus_l2(n, topo):
     """Left to the default, Alltoall streams its copies into recvbuf (and
     its single copies, word 0's SC_OP_STREAMED) from a footprint of twice
     the L2 of each CPU the ranks run on, not below; a user's nt_bytes
-    alone decides when given."""
+    alone decides when given (0, as everywhere, is the default)."""
     from shmcoll._core import lib
     from shmcoll.compile import compile_schedule
     from shmcoll.device import make_plan
@@ -343,5 +343,6 @@ def test_copies_stream_once_the_footprint_outgrows_the_cpus_l2(n, topo):
             single = [o for o in ops if o & 0xff in (lib.SC_OP_CMA, lib.SC_OP_SHARE)]
             assert all(bool(o & lib.SC_OP_STREAMED) is want for o in single), ops
             assert bool((ins[(ins[:, 0] & 0xff) == lib.SC_OP_COPY][:, 6] & 1).any()) is want
+        assert shmcoll.schedule("alltoall", None, n, b, topology=topo, options={"nt_bytes": 0}).stream is want  # default
         assert shmcoll.schedule("alltoall", None, n, b, topology=topo, options={"nt_bytes": 1 << 40}).stream is False
         assert shmcoll.schedule("alltoall", None, n, b, topology=topo, options={"nt_bytes": 1}).stream is True

@@ -103,7 +103,7 @@ def streams(call):
     (2 ranks, 1-16 MiB blocks: 0.72-0.83x; 512 KiB, below: 1.2-1.4x; 4
     ranks on 2 CPUs, 256 KiB-2 MiB: 0.78-0.87x; bench/README.md)."""
     fp, cpus = footprint(call), min(call.nranks, len(frozenset().union(*(s.cpus for s in call.slots))))
-    return call.streams(fp) or call.params["nt_opt"] is None and fp >= 2 * call.params["l2_bytes"] * cpus
+    return call.streams(fp) or not call.params["nt_opt"] and fp >= 2 * call.params["l2_bytes"] * cpus
 
 
 def choose(call):
