@@ -153,8 +153,8 @@ static void debt(sc_comm_t *c, int s, int who, uint64_t count)
  * into who while still in cache, so local is read from memory once (2
  * ranks, 16 MiB Allgather: 0.84x the copy into the twin, then the push).
  * nt: bit 0 streams the twin, bit 1 the single copy where it is a plain
- * one (SC_OP_STREAMED; not a push with a twin: Allgather's streamed pushes
- * were 1.4x slower, bench/README). */
+ * one (SC_OP_STREAMED on a CMA or SHARE; never a CMAW push: Allgather's
+ * streamed pushes were 1.4x slower, bench/README). */
 #define TWIN (256 << 10)
 static int cma(sc_comm_t *c, int who, char *local, uint64_t addr, int64_t n, int write, char *twin, int nt)
 {

@@ -90,7 +90,11 @@ def _derive(p, nranks, topo, slots):
     half = p["chan_bytes"] // 2    # a ring holds two chunks or tiles at least
     p["chunk_bytes"] = min(int(p.get("chunk_opt") or max(PAGE, min(l2 // 4, half // 2))), half)
     p["tile_bytes"] = min(int(p.get("tile_opt") or max(PAGE, min(l2 // 4, shared // (2 * nranks)))), half)
-    p["nt_bytes"], p["l2_bytes"] = int(p.get("nt_opt") or shared), l2
+    p["nt_bytes"] = int(p.get("nt_opt") or shared)
+    # the L2s of the ranks' CPUs, together (one per instance: SMT siblings share theirs)
+    cpus = frozenset().union(*(s.cpus for s in slots))
+    l2s = {c.cpus for c in topo.caches if c.level == 2 and c.kind != "Instruction" and cpus.intersection(c.cpus)}
+    p["l2_bytes"] = l2 * max(min(nranks, len(l2s) or len(cpus)), 1)
     # a block's inputs and results, 2 x ranks x block, in a quarter of the shared cache
     p["reduce_block_bytes"] = int(p["reduce_block_bytes"] or max(2 << 20, shared // (8 * nranks)))
     # one reader at a time gains from 32 KiB (2 ranks, 32 KiB, near cores:

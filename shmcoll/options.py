@@ -17,7 +17,7 @@ DEFAULTS = {
     "stripe_slots": None,       # numa bcast: striped segments (default: >= 8 and 2 x groups, a multiple of nodes)
     "bcast_k": None,            # limited bcast: readers per segment (default: ranks per socket, <= 4)
     "nt_bytes": None,           # calls touching more (all ranks' buffers) stream past the cache (default: shared cache
-                                # size; alltoall also from twice the L2 of each CPU its ranks run on)
+                                # size, and for alltoall left to it, also twice the L2s of the ranks' cores)
     "check": 0,                 # cross-rank argument agreement on every call
     "cma_bytes": None,          # single copy (rendezvous) from here when ranks may read each other; 0: never
                                 # (default: 32 KiB for 2 ranks, 1 MiB for more, as measured); blocks with one

@@ -1,6 +1,7 @@
 """Alltoall / alltoall: every algorithm, rank count, topology, block size
 class and dtype, checked against closed-form data: block d of rank s's
 sendbuf is pattern(seq, s, d), so rank d must receive exactly that from s."""
+import os
 import random
 
 import numpy as np
@@ -321,28 +322,40 @@ def test_tile_larger_than_channel_is_clamped():
     check(2, table(["tiled", "pairwise"], [300001]), options={"chan_bytes": 8192, "tile_bytes": 1 << 20, "cma_bytes": 0})
 
 
-@pytest.mark.parametrize("n,topo", [(2, None), (4, None), (8, "2x2")])
-def test_copies_stream_once_the_footprint_outgrows_the_cpus_l2(n, topo):
+S2N4 = os.path.join(os.path.dirname(__file__), "fixtures", "sys-2s4n")    # 8 cores x 2 threads, L2 2 MiB a core
+
+
+@pytest.mark.parametrize("n,bind,edge", [(4, "core", 512 << 10),     # 4 cores: 2 x 8 MiB = 2 * 4^2 * 512 KiB
+                                         (16, "core", 64 << 10),     # two threads a core: 8 L2s, 2 x 16 MiB
+                                         (3, "socket", -(-(12 << 20) // 18))])   # 3 of its 4 cores: 2 x 6 MiB
+def test_copies_stream_once_the_footprint_outgrows_the_cores_l2(n, bind, edge):
     """Left to the default, Alltoall streams its copies into recvbuf (and
     its single copies, word 0's SC_OP_STREAMED) from a footprint of twice
-    the L2 of each CPU the ranks run on, not below; a user's nt_bytes
-    alone decides when given (0, as everywhere, is the default)."""
+    the L2s of the cores its ranks run on (SMT siblings share one), not
+    below; a user's nt_bytes alone decides when given (0, as everywhere,
+    is the default).  The fixture's 60 MiB L3 (nt_bytes) is never reached."""
     from shmcoll._core import lib
+    from shmcoll.coll import select
     from shmcoll.compile import compile_schedule
     from shmcoll.device import make_plan
-    t = shmcoll.topology(topo)
-    slots = t.placement(n, "core", "compact")
-    cpus = min(n, len(frozenset().union(*(s.cpus for s in slots))))
-    edge = 2 * (t.cache_size(2) or 1 << 20) * cpus          # footprint 2 n^2 b
-    for b, want in ((edge // (2 * n * n) - 64, False), (-(-edge // (2 * n * n)), True)):
+    from shmcoll.sched import Call
+    from shmcoll.topology import read_sysfs
+    t = read_sysfs(S2N4)
+    slots = t.placement(n, bind, "compact")
+
+    def plan(b, cma, options=None):
+        params = make_plan(n, t, slots, options).params
+        call = Call(n, b, 0, params, slots, len(t.nodes), cma)
+        return select.plan("alltoall", select.pick("alltoall", call), call), params
+    for b, want in ((edge - 1, False), (edge, True)):
         for cma in (False, True):
-            s = shmcoll.schedule("alltoall", None, n, b, topology=topo, cma=cma)
+            s, params = plan(b, cma)
             assert s.stream is want, (b, cma, s.algorithm)
-            ins = compile_schedule(s, make_plan(n, t, slots).params, (0, 0))[0][8:].reshape(-1, 8)
+            ins = compile_schedule(s, params, (0, 0))[0][8:].reshape(-1, 8)
             ops = [int(w) for w in ins[:, 0]]
             single = [o for o in ops if o & 0xff in (lib.SC_OP_CMA, lib.SC_OP_SHARE)]
             assert all(bool(o & lib.SC_OP_STREAMED) is want for o in single), ops
             assert bool((ins[(ins[:, 0] & 0xff) == lib.SC_OP_COPY][:, 6] & 1).any()) is want
-        assert shmcoll.schedule("alltoall", None, n, b, topology=topo, options={"nt_bytes": 0}).stream is want  # default
-        assert shmcoll.schedule("alltoall", None, n, b, topology=topo, options={"nt_bytes": 1 << 40}).stream is False
-        assert shmcoll.schedule("alltoall", None, n, b, topology=topo, options={"nt_bytes": 1}).stream is True
+        assert plan(b, True, {"nt_bytes": 0})[0].stream is want
+        assert plan(b, True, {"nt_bytes": 1 << 40})[0].stream is False
+        assert plan(b, True, {"nt_bytes": 1})[0].stream is True

@@ -95,15 +95,16 @@ def footprint(call):
 
 def streams(call):
     """Copies into recvbuf stream from nt_bytes of footprint, as every
-    collective's, and, nt_bytes left to its default, from twice the L2 of
-    each CPU the ranks run on: every byte an Alltoall copies is a
-    different one, read once and written once, so past the CPUs' own
-    caches it comes from and goes to memory anyway, and a virtual
-    machine's L3 (its host's: 260 MiB on 2 vCPUs) is mostly not its own
-    (2 ranks, 1-16 MiB blocks: 0.72-0.83x; 512 KiB, below: 1.2-1.4x; 4
-    ranks on 2 CPUs, 256 KiB-2 MiB: 0.78-0.87x; bench/README.md)."""
-    fp, cpus = footprint(call), min(call.nranks, len(frozenset().union(*(s.cpus for s in call.slots))))
-    return call.streams(fp) or not call.params["nt_opt"] and fp >= 2 * call.params["l2_bytes"] * cpus
+    collective's, and, nt_bytes left to its default, from twice the L2s
+    of the cores its ranks run on (device: l2_bytes): every byte an
+    Alltoall copies is a different one, read once and written once, so
+    past the cores' own caches it comes from and goes to memory anyway,
+    and a virtual machine's L3 (its host's: 260 MiB on 2 vCPUs) is mostly
+    not its own (2 ranks, 1-16 MiB blocks: 0.72-0.83x; 512 KiB, below:
+    1.2-1.4x; 4 ranks on 2 CPUs, 256 KiB-2 MiB: 0.78-0.87x;
+    bench/README.md)."""
+    fp = footprint(call)
+    return call.streams(fp) or not call.params["nt_opt"] and fp >= 2 * call.params["l2_bytes"]
 
 
 def choose(call):
