@@ -156,6 +156,7 @@ static void debt(sc_comm_t *c, int s, int who, uint64_t count)
  * one (SC_OP_STREAMED on a CMA or SHARE; never a CMAW push: Allgather's
  * streamed pushes were 1.4x slower, bench/README). */
 #define TWIN (256 << 10)
+static inline int streamed(const int64_t *in) { return in[0] & SC_OP_STREAMED ? 2 : 0; }   /* cma's nt */
 static int cma(sc_comm_t *c, int who, char *local, uint64_t addr, int64_t n, int write, char *twin, int nt)
 {
     _Atomic int32_t *mine = &rank_rec(c, c->rank)->pushing, *door = write ? &rank_rec(c, who)->shut : NULL;
@@ -229,7 +230,7 @@ static int64_t claim(_Atomic uint64_t *w, uint64_t tag, int64_t k, int back)
  * waits for that ack before it counts the copy as done. */
 static int share(sc_comm_t *c, const int64_t *in, char *sbuf, char *rbuf)
 {
-    int who = (int)in[1], writer = (int)(in[2] & 1), nt = in[0] & SC_OP_STREAMED ? 2 : 0;
+    int who = (int)in[1], writer = (int)(in[2] & 1), nt = streamed(in);
     uint64_t tag = claim_tag(c->call, (int)(in[2] >> 8 & 0xf)), at;
     _Atomic uint64_t *w = writer ? claim_word(c, who, c->rank) : claim_word(c, c->rank, who);
     int64_t n = in[6], q = in[7], k = (n + q - 1) / q, i;
@@ -322,8 +323,7 @@ static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
             char *p = in[7] ? sc_peer_ptr(c, (int)in[3], at, in[6]) : NULL;
             if (in[7]) sc_alias_set(c, (int)in[7] - 1, p, in[2]);   /* folded where it lies */
             if (p) c->direct += in[6];
-            else rc = cma(c, (int)in[3], space(c, in[1], in[2], sbuf, rbuf), at, in[6], 0, NULL,
-                          in[0] & SC_OP_STREAMED ? 2 : 0);
+            else rc = cma(c, (int)in[3], space(c, in[1], in[2], sbuf, rbuf), at, in[6], 0, NULL, streamed(in));
             if (!rc && c->traffic) c->traffic[in[3]] += in[6];
             break;
         }
