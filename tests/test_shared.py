@@ -28,7 +28,8 @@ SIZES = [PIECE, PIECE + 1, 3 * PIECE - 1, 7 * PIECE + 5, 100 * PIECE + 3]
 def test_two_ranks_share_their_single_copies(op, alg):
     sched = shmcoll.schedule(op, alg, 2, 1 << 20, cma=True)
     assert {m.via for st in sched.steps for m in st.moves} == {"shared"}
-    assert "shared" not in {m.via for st in shmcoll.schedule(op, alg, 3, 1 << 20, cma=True).steps for m in st.moves}
+    three = {m.via for st in shmcoll.schedule(op, alg, 3, 1 << 20, cma=True).steps for m in st.moves}
+    assert ("shared" in three) == (op == "bcast")       # a Bcast root shares every reader's copy (below)
     assert "shared" not in {m.via for st in shmcoll.schedule(op, alg, 2, 1 << 20).steps for m in st.moves}
 
 
@@ -165,6 +166,22 @@ def test_what_lands_is_whole_whoever_copies_it(op, nbytes):
     assert out == [[], []], out
 
 
+@pytest.mark.parametrize("nbytes", [PIECE + 1, 7 * PIECE + 5])
+@pytest.mark.parametrize("n", [3, 4, 5])
+def test_a_bcast_root_shares_every_readers_copy(n, nbytes):
+    """From 3 ranks too, the root takes part in each reader's single copy,
+    one reader after another (it staged every byte through its ring, which
+    every reader copied out again: 4 ranks on 2 CPUs, 16 MiB, 1.5x the
+    time): what lands is whole whoever copies which piece, with ranks
+    late, roots 0 and 1, and ranks outnumbering the CPUs."""
+    need_cma(n)
+    moves = [(m.src, m.dst, m.via) for st in shmcoll.schedule("bcast", "original", n, 1 << 20, cma=True, root=1).steps
+             for m in st.moves]
+    assert moves == [(1, ((1 + i) % n,), "shared") for i in range(1, n)]
+    out = run_ranks(_job, n, "bcast", nbytes, None, True, options=OPTS)
+    assert out == [[]] * n, out
+
+
 @pytest.mark.parametrize("base", [(1 << 48) - 3, (1 << 64) - 4])
 @pytest.mark.parametrize("op", ["alltoall", "bcast"])
 def test_claims_hold_across_the_tag_wrapping(op, base):
@@ -176,9 +193,9 @@ def test_claims_hold_across_the_tag_wrapping(op, base):
     assert out == [[], []], out
 
 
-@pytest.mark.parametrize("op", ["Alltoall", "Bcast"])
-def test_a_rank_killed_mid_share_fails_the_other(op, monkeypatch):
-    need_cma(2)
+@pytest.mark.parametrize("op,n", [("Alltoall", 2), ("Bcast", 2), ("Bcast", 3)])
+def test_a_rank_killed_mid_share_fails_the_other(op, n, monkeypatch):
+    need_cma(n)
     monkeypatch.setenv("SHMCOLL_CMA_BYTES", str(PIECE))
 
     def call(comm):
@@ -188,7 +205,7 @@ def test_a_rank_killed_mid_share_fails_the_other(op, monkeypatch):
             comm.Alltoall(np.ones(2 * b, np.uint8), np.zeros(2 * b, np.uint8))
         else:
             comm.Bcast(np.ones(b, np.uint8), root=0)
-    assert_killed_mid(call, n=2)
+    assert_killed_mid(call, n=n)
 
 
 def _claims(comm, calls):

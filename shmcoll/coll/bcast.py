@@ -5,12 +5,16 @@ while readers copy chunk i.  Algorithms are shaped for TINY messages (a
 few lines, which a tree's forwarding costs more than it saves) apart.
 
   binomial  log p tree; inner ranks forward from their buffer
-  original  every rank copies out of the root's ring; with one reader and
-            cross-memory attach, from cma_bytes / 2 (16 KiB) by a single
-            copy that both make (paper 004's rendezvous; sched.shared): the
-            one reader copies lines the root has just written, which costs
-            4x when the host has put the cores far apart (16 KiB: staged
-            1.9 / 7.6 us near / far, shared 2.7 / 3.7, Open MPI 4.4 / 5.3)
+  original  every rank copies out of the root's ring; with cross-memory
+            attach, from cma_bytes / 2 (16 KiB at 2 ranks, else 512 KiB;
+            the automatic choice times both from 32 KiB, as twins) each
+            reader's copy is a single copy that the root shares, reader
+            after reader (paper 004's rendezvous; sched.shared): no staging
+            pass, and the root's CPU copies too (4 ranks on 2 CPUs, 16 MiB:
+            each CPU copies 1.5x the buffer, not 2x; 0.6x the time).  Staged,
+            a reader copies lines the root has just written, which costs
+            4x when the host has put the cores far apart (2 ranks, 16 KiB:
+            staged 1.9 / 7.6 us near / far, shared 2.7 / 3.7, Open MPI 4.4 / 5.3)
   limited   chunks go in rounds of G segments; reader group g (k readers)
             reads segment (g + s) mod G at sub-step s, so at most k readers
             share a segment at a time
@@ -30,8 +34,8 @@ def original(call):
     n, par = call.nbytes, call.params
     if call.nranks == 1:
         return []
-    if call.nranks == 2 and call.cma and 0 < par["cma_bytes"] <= 2 * n:
-        return [Step(shared(call.root, 1 - call.root, 0, 0, n))]
+    if call.cma and 0 < par["cma_bytes"] <= 2 * n:
+        return [Step([m for r in _readers(call) for m in shared(call.root, r, 0, 0, n)])]
     return [Step([Move(call.root, _readers(call), ((0, 0, n),), chunk=call.pipe_chunk())])]
 
 
