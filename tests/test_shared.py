@@ -11,6 +11,7 @@ import shmcoll
 from shmcoll import compile as _compile
 from shmcoll._core import lib
 from shmcoll.sched import Move, Schedule, Step
+from shmcoll.coll.bcast import SHARED_MIN
 from conftest import assert_killed_mid, need_cma, pattern, run_ranks
 
 pytestmark = pytest.mark.timeout(180)
@@ -166,7 +167,7 @@ def test_what_lands_is_whole_whoever_copies_it(op, nbytes):
     assert out == [[], []], out
 
 
-@pytest.mark.parametrize("nbytes", [PIECE + 1, 7 * PIECE + 5])
+@pytest.mark.parametrize("nbytes", [SHARED_MIN, SHARED_MIN + 4 * PIECE + 5])
 @pytest.mark.parametrize("n", [3, 4, 5])
 def test_a_bcast_root_shares_every_readers_copy(n, nbytes):
     """From 3 ranks too, the root takes part in each reader's single copy,
@@ -178,6 +179,8 @@ def test_a_bcast_root_shares_every_readers_copy(n, nbytes):
     moves = [(m.src, m.dst, m.via) for st in shmcoll.schedule("bcast", "original", n, 1 << 20, cma=True, root=1).steps
              for m in st.moves]
     assert moves == [(1, ((1 + i) % n,), "shared") for i in range(1, n)]
+    below = shmcoll.schedule("bcast", "original", n, SHARED_MIN - 1, cma=True, options=OPTS)    # its ring wins there
+    assert "shared" not in {m.via for st in below.steps for m in st.moves}
     out = run_ranks(_job, n, "bcast", nbytes, None, True, options=OPTS)
     assert out == [[]] * n, out
 

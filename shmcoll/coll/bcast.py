@@ -6,8 +6,9 @@ few lines, which a tree's forwarding costs more than it saves) apart.
 
   binomial  log p tree; inner ranks forward from their buffer
   original  every rank copies out of the root's ring; with cross-memory
-            attach, from cma_bytes / 2 (16 KiB at 2 ranks, else 512 KiB;
-            the automatic choice times both from 32 KiB, as twins) each
+            attach, from cma_bytes / 2 (16 KiB at 2 ranks, else 512 KiB, and
+            never below SHARED_MIN; the automatic choice times both from 32
+            KiB, as twins, where they differ) each
             reader's copy is a single copy that the root shares, reader
             after reader (paper 004's rendezvous; sched.shared): no staging
             pass, and the root's CPU copies too (4 ranks on 2 CPUs, 16 MiB:
@@ -23,6 +24,11 @@ few lines, which a tree's forwarding costs more than it saves) apart.
 from ..sched import Move, Step, shared
 
 TINY = 128
+#: past 2 ranks, a root shares its readers' copies from here: below, its
+#: ring wins (4 ranks on 2 CPUs, shared / staged as the twins timed them:
+#: 32 KiB 13.6 / 11.6 us, 64 KiB 9.7 / 16.9), and the twins' timing costs
+#: a call of 32 KiB 5% (10 rounds against 52ca25f: 1.04, 0.99 untwinned)
+SHARED_MIN = 1 << 16
 
 
 def _readers(call):
@@ -34,7 +40,7 @@ def original(call):
     n, par = call.nbytes, call.params
     if call.nranks == 1:
         return []
-    if call.cma and 0 < par["cma_bytes"] <= 2 * n:
+    if call.cma and 0 < par["cma_bytes"] <= 2 * n and (call.nranks == 2 or n >= SHARED_MIN):
         return [Step([m for r in _readers(call) for m in shared(call.root, r, 0, 0, n)])]
     return [Step([Move(call.root, _readers(call), ((0, 0, n),), chunk=call.pipe_chunk())])]
 
