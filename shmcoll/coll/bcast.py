@@ -7,14 +7,14 @@ few lines, which a tree's forwarding costs more than it saves) apart.
   binomial  log p tree; inner ranks forward from their buffer
   original  every rank copies out of the root's ring; with cross-memory
             attach, from cma_bytes / 2 (16 KiB at 2 ranks, else 512 KiB, and
-            never below SHARED_MIN; the automatic choice times both from 32
-            KiB, as twins, where they differ) each
-            reader's copy is a single copy that the root shares, reader
-            after reader (paper 004's rendezvous; sched.shared): no staging
-            pass, and the root's CPU copies too (4 ranks on 2 CPUs, 16 MiB:
-            each CPU copies 1.5x the buffer, not 2x; 0.6x the time).  Staged,
-            a reader copies lines the root has just written, which costs
-            4x when the host has put the cores far apart (2 ranks, 16 KiB:
+            past 2 ranks never below SHARED_MIN; the automatic choice times
+            both from 32 KiB, as twins, where they differ) each reader's
+            copy is a single copy that the root shares, reader after reader
+            (paper 004's rendezvous; sched.shared): no staging pass, and the
+            root's CPU copies too (4 ranks on 2 CPUs, 16 MiB: each CPU
+            copies 1.5x the buffer, not 2x; 0.6x the time).  Staged, a
+            reader copies lines the root has just written, which costs 4x
+            when the host has put the cores far apart (2 ranks, 16 KiB:
             staged 1.9 / 7.6 us near / far, shared 2.7 / 3.7, Open MPI 4.4 / 5.3)
   limited   chunks go in rounds of G segments; reader group g (k readers)
             reads segment (g + s) mod G at sub-step s, so at most k readers
