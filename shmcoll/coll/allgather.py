@@ -140,6 +140,8 @@ def footprint(call):
 
 
 def choose(call):
-    """One step wins on a shared node at every size measured here: it
-    waits on each writer once and copies each block once per reader."""
+    """One step, on a shared node at every size: it waits on each writer
+    once and copies each block once per reader, where the multi-step
+    algorithms wait once per step and forward blocks through
+    intermediate ranks."""
     return "all_at_once"

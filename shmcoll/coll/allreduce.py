@@ -114,10 +114,8 @@ def choose(call):
     once the input outgrows a few chunks, node by node when the ranks fill
     nodes one after another.  Ranks taking turns on CPUs run every rank's
     p-fold arithmetic one after another, so there the hand-off pays for
-    an eighth as much (on 2 cores, all_at_once / reduce_scatter_allgather,
-    us: 3 ranks 16 KiB 25 / 21; 4 ranks 16 KiB 12.2 / 12.1, 64 KiB 38 /
-    25, 256 KiB 112 / 60; 8 ranks 8 KiB 25 / 26, 16 KiB 41 / 30; while
-    2 ranks with a core each break even at 512 KiB)."""
+    an eighth as much (bench/README.md, "Figures moved out of
+    coll/*.py")."""
     small = call.params["reduce_small_bytes"] // (8 if oversubscribed(call.slots) else 1)
     if call.nbytes * (call.nranks - 1) <= small:
         return "all_at_once"

@@ -35,9 +35,9 @@ def _pairs(call, via, chunk):
 
 
 #: With a CPU per rank, blocks from here go by single copy: each rank's
-#: p - 1 reads run at once on p CPUs (16 ranks on 16 cores, blocks of 4 /
-#: 8 / 16 / 32 KiB: pairwise by single copy 33 / 39 / 55 / 95 us,
-#: all_at_once staged 25 / 52 / 90 / 207; 4 ranks, 16 KiB: 7.5 / 10.3).
+#: p - 1 reads run at once on p CPUs, where staged every block is copied
+#: twice; below it the one step of all_at_once costs less than p - 1
+#: pairwise steps (bench/README.md, the 16-core Alltoall rule).
 DIRECT_BLOCK = 8 << 10
 
 
@@ -99,10 +99,10 @@ def streams(call):
     of the cores its ranks run on (device: l2_bytes): every byte an
     Alltoall copies is a different one, read once and written once, so
     past the cores' own caches it comes from and goes to memory anyway,
-    and a virtual machine's L3 (its host's: 260 MiB on 2 vCPUs) is mostly
-    not its own (2 ranks, 1-16 MiB blocks: 0.72-0.83x; 512 KiB, below:
-    1.2-1.4x; 4 ranks on 2 CPUs, 256 KiB-2 MiB: 0.78-0.87x;
-    bench/README.md)."""
+    where streamed stores skip the write-allocate reads; and a virtual
+    machine's L3, which is its host's, is mostly not its own.  Below that
+    edge the copies still fit the cores' caches and streaming loses
+    (bench/README.md, "Alltoall: streamed past the cores' L2")."""
     fp = footprint(call)
     return call.streams(fp) or not call.params["nt_opt"] and fp >= 2 * call.params["l2_bytes"]
 

@@ -76,11 +76,11 @@ def arrival_order(slots):
 
 
 def choose(call):
-    """Oversubscribed: all_to_all (one hand-off per CPU instead of two;
-    measured 4 ranks on 2 cores: 2.4 vs 4.0 us padded).  Two ranks:
-    all_to_all too, one cache-line hop each way instead of a gather and a
-    release.  Otherwise the paper's choice: hierarchical once ranks span
-    sockets, else the padded queue."""
+    """Oversubscribed: all_to_all (one hand-off per CPU instead of a
+    tree's two; bench/README.md, "Figures moved out of coll/*.py").  Two
+    ranks: all_to_all too, one cache-line hop each way instead of a
+    gather and a release.  Otherwise the paper's choice: hierarchical
+    once ranks span sockets, else the padded queue."""
     if call.nranks == 2 or oversubscribed(call.slots):
         return "all_to_all"
     return "hierarchical" if len({s.socket for s in call.slots}) > 1 else "padded"

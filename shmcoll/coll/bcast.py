@@ -8,14 +8,15 @@ few lines, which a tree's forwarding costs more than it saves) apart.
   original  every rank copies out of the root's ring; with cross-memory
             attach, from cma_bytes / 2 (16 KiB at 2 ranks, else 512 KiB, and
             past 2 ranks never below SHARED_MIN; the automatic choice times
-            both from 32 KiB, as twins, where they differ) each reader's
-            copy is a single copy that the root shares, reader after reader
-            (paper 004's rendezvous; sched.shared): no staging pass, and the
-            root's CPU copies too (4 ranks on 2 CPUs, 16 MiB: each CPU
-            copies 1.5x the buffer, not 2x; 0.6x the time).  Staged, a
-            reader copies lines the root has just written, which costs 4x
-            when the host has put the cores far apart (2 ranks, 16 KiB:
-            staged 1.9 / 7.6 us near / far, shared 2.7 / 3.7, Open MPI 4.4 / 5.3)
+            both from the adapt bytes, as twins, where they differ) each
+            reader's copy is a single copy that the root shares, reader
+            after reader (paper 004's rendezvous; sched.shared): no staging
+            pass, and the root's CPU copies too, so with 2 ranks per CPU
+            each CPU copies 1.5 buffers, not 2.  Staged, a reader copies
+            lines the root has just written, which costs several times
+            more when the host has put the cores far apart; a single copy
+            reads a buffer the root has not just rewritten
+            (bench/README.md, "Bcast past two ranks")
   limited   chunks go in rounds of G segments; reader group g (k readers)
             reads segment (g + s) mod G at sub-step s, so at most k readers
             share a segment at a time
@@ -24,10 +25,10 @@ few lines, which a tree's forwarding costs more than it saves) apart.
 from ..sched import Move, Step, shared
 
 TINY = 128
-#: past 2 ranks, a root shares its readers' copies from here: below, its
-#: ring wins (4 ranks on 2 CPUs, shared / staged as the twins timed them:
-#: 32 KiB 13.6 / 11.6 us, 64 KiB 9.7 / 16.9), and the twins' timing costs
-#: a call of 32 KiB 5% (10 rounds against 52ca25f: 1.04, 0.99 untwinned)
+#: past 2 ranks, a root shares its readers' copies from here: it serves
+#: them one after another, so for a small buffer the ring, which all read
+#: at once, wins, and timing both as twins there costs more than sharing
+#: could gain (bench/README.md, "Bcast past two ranks")
 SHARED_MIN = 1 << 16
 
 

@@ -33,10 +33,10 @@ def via(call, n, total=None):
     Blocks with one reader each (gather, scatter, alltoall: `total` is the
     busiest rank's sum) are copied one after another when staged, so with
     a CPU per rank they count together, each as big as it is, at most the
-    sum (16 ranks on 16 cores, 128 KiB blocks, direct vs staged: scatter
-    125 vs 271 us, alltoall 638 vs 830; 8 ranks, gather 512 KiB: 183 vs
-    427); ranks taking turns on CPUs gain nothing by it (4 ranks on 2
-    CPUs, gather 512 KiB: 179 vs 72 us, alltoall 620 vs 288)."""
+    sum, since the single copies then run at once on the ranks' own
+    CPUs; ranks taking turns on CPUs gain nothing by it, their copies
+    running one after another either way (bench/README.md, "Figures
+    moved out of coll/*.py")."""
     if total is not None and not oversubscribed(call.slots):
         n = min(n * (call.nranks - 1), total)
     return "direct" if call.cma and 0 < call.params["cma_bytes"] <= n else "auto"
@@ -53,10 +53,10 @@ def pushed(call, how):
     """how, with direct made a push between two ranks, for a writer that
     also copies the block into its own recvbuf: it copies it into both in
     one pass (compile.twin_copies), reading it once where a reader's copy
-    and its own read it twice (2 ranks, Allgather against shared copies,
-    us: 32 KiB 2.4 vs 4.6, 4 MiB 480 vs 600, 16 MiB 1950 vs 2330, 64 KiB to
-    2 MiB alike).  With more ranks each reads the others itself (4 ranks
-    on 2 CPUs, pushes at 2-4 MiB: 1.1-1.3x slower)."""
+    and its own read it twice.  With more ranks each reads the others
+    itself: a writer pushing into p - 1 recvbufs serialises what p - 1
+    readers would copy at once (bench/README.md, "Figures moved out of
+    coll/*.py")."""
     return "push" if how == "direct" and call.nranks == 2 else how
 
 
@@ -130,7 +130,7 @@ def choose(call):
     """Flat: the root waits on each rank once and copies each block once;
     a tree adds a copy per level for every block it forwards.  With more
     than 8 ranks, each on a CPU of its own, and blocks of at most 4 KiB,
-    the root's p - 1 waits in turn cost more than log p levels (16 ranks
-    on 16 cores, binomial vs flat: 8 B 2.0 vs 4.3 us, 4 KiB 9.1 vs 10.5;
-    taking turns on 2 CPUs, flat stays ahead: 8 B 5.1 vs 8.7)."""
+    the root's p - 1 waits in turn cost more than log p levels; ranks
+    taking turns on CPUs pay a hand-off per level, so flat stays ahead
+    there (bench/README.md, "Figures moved out of coll/*.py")."""
     return "binomial" if largest(call) <= 4096 and call.nranks > 8 and not oversubscribed(call.slots) else "flat"

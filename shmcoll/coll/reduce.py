@@ -78,8 +78,10 @@ def _pushes(call):
 
 
 # The root's slice against another rank's, 3 : 2, where the others push
-# theirs (2 ranks, 2 and 16 MiB, alternating launches: 185 and 1894 us
-# against 219 and 2015 with equal slices, 174 and 2280 at 2 : 1).
+# theirs: a pushing rank copies its folded slice into the root's recvbuf
+# besides folding it, while the root's lands there as it folds, so the
+# root takes the larger share (bench/README.md, "Figures moved out of
+# coll/*.py").
 ROOT_SHARE = (3, 2)
 
 
@@ -132,9 +134,9 @@ def choose(call):
     """The root alone folds p inputs while that is cheap; beyond, everyone
     folds a slice, node by node when the ranks fill nodes one after
     another.  Sooner where each rank has a CPU and the slices go by single
-    copy, as between 2 ranks from 64 KiB (on 2 cores, flat against
-    reduce_scatter_gather: 64 KiB 8.54 / 8.51 us, 96 KiB 11.8 / 10.8,
-    128 KiB 15.0 / 12.8)."""
+    copy: the folds then run on every CPU at once and the slices are not
+    staged, so spreading them pays from a smaller input (bench/README.md,
+    "Figures moved out of coll/*.py")."""
     small = call.nbytes * (call.nranks - 1) <= call.params["reduce_small_bytes"]
     if small and (oversubscribed(call.slots) or not _pushes(call)):
         return "flat"

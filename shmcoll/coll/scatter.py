@@ -61,9 +61,8 @@ def choose(call):
     With ranks taking turns on the cores, down the binomial tree while its
     messages fit an inline slot: the root hands over a few messages in
     place of p - 1 blocks, so it yields its core less.  A message staged
-    through a ring costs more than the turns it saves.  Same launches,
-    binomial / flat, µs: 4 ranks on 2 cores, 8 B 1.9 / 3.0, 2 KiB 3.3 /
-    4.1, 4 KiB 6.8 / 3.6, 256 KiB 102 / 83, 512 KiB 214 / 103; 8 ranks,
-    1 KiB 8.7 / 12.5, 4 KiB 18.1 / 15.4, 256 KiB 407 / 111."""
+    through a ring costs more than the turns it saves.  With a CPU per
+    rank the root's blocks are read at once, so flat wins (bench/README.md,
+    "Figures moved out of coll/*.py")."""
     fits = largest(call) * fan(call.nranks) <= call.params["inline_bytes"]
     return "binomial" if fits and oversubscribed(call.slots) else "flat"
