@@ -218,7 +218,6 @@ void sc_set_abort(sc_comm_t *c, int32_t rank, int32_t code)
     atomic_compare_exchange_strong(&hdr(c)->abort_word, &zero, (uint32_t)(rank + 1) | (uint32_t)code << 16);
 }
 
-uint32_t sc_abort_word(sc_comm_t *c) { return atomic_load(&hdr(c)->abort_word); }
 
 /* Record a failure for Python's message; deaths, timeouts and failed
  * single copies abort the job (codes as device.ABORT_REASONS). */

@@ -1,7 +1,7 @@
 /* The engine's interface to Python (also the cffi cdef: plain declarations
  * only).  One sc_comm_t per rank per communicator: Python fills the plan
  * fields once, C owns the shared layout and runs every collective as one
- * compiled program (sc_exec; opcodes below, built by shmcoll/compile.py). */
+ * compiled program (sc_exec_owned; opcodes below, built by shmcoll/compile.py). */
 #define SC_LINE 128
 #define SC_INLINE 4096   /* inline payload of a slot: a writer's slots rotate over SC_SLOTS calls, so it runs
                             that many calls ahead of its readers (a staged ring waits for the last call's) */
@@ -185,17 +185,14 @@ int sc_rank_state(sc_comm_t *c, int32_t rank);
 void sc_set_abort(sc_comm_t *c, int32_t rank, int32_t code);
 void sc_abort_self(sc_comm_t *c, int32_t code);
 void sc_mismatch_of(sc_comm_t *c, int32_t rank, int64_t *out);
-uint32_t sc_abort_word(sc_comm_t *c);
 int sc_probe_cma(sc_comm_t *c);
 
-int sc_exec(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf);
 int sc_last_look(sc_comm_t *c);
 int sc_own(sc_comm_t *c);
 void sc_disown(sc_comm_t *c);
 
 void sc_copy(char *dst, const char *src, int64_t n, int nt);
 int sc_reduce(int64_t word, char *d, const char *a, const char *b, int64_t n);
-const char *sc_reduce_isa(void);
 
 int sc_twin_pick(int64_t *t);
 int64_t sc_twin_estimate(const int64_t *t, int v);

@@ -150,11 +150,10 @@ static void debt(sc_comm_t *c, int s, int who, uint64_t count)
  * through a piece finishes it whenever it goes on: sc_shut).  A write
  * with a twin (this rank's own copy of the same bytes, nt: streamed)
  * goes TWIN bytes at a time, each copied into the twin first and then
- * into who while still in cache, so local is read from memory once (2
- * ranks, 16 MiB Allgather: 0.84x the copy into the twin, then the push).
+ * into who while still in cache, so local is read from memory once.
  * nt: bit 0 streams the twin, bit 1 the single copy where it is a plain
- * one (SC_OP_STREAMED on a CMA or SHARE; never a CMAW push: Allgather's
- * streamed pushes were 1.4x slower, bench/README). */
+ * one (SC_OP_STREAMED on a CMA or SHARE; never a CMAW push, which
+ * streamed runs slower: bench/README.md, "Engine constants"). */
 #define TWIN (256 << 10)
 static inline int streamed(const int64_t *in) { return in[0] & SC_OP_STREAMED ? 2 : 0; }   /* cma's nt */
 static int cma(sc_comm_t *c, int who, char *local, uint64_t addr, int64_t n, int write, char *twin, int nt)
@@ -375,8 +374,7 @@ static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
  * or a later one (the hash covers all before) against its own, which it
  * keeps for SC_PAST calls.  It looks (look) at the end of every
  * SC_LOOK-th such call and in Free (sc_last_look): each look reads a line
- * its readers write, a miss on its path (2 ranks, 8 B Bcast: 0.83x the
- * time looking every 4th call instead of every call), and waits only
+ * its readers write, a cache miss on a small call's critical path, and waits only
  * when the oldest unchecked call would leave its records.  So a root
  * runs up to SC_PAST - 1 calls ahead of its readers, and different roots
  * raise on every rank within SC_PAST calls; of two roots that differ
@@ -420,48 +418,34 @@ int sc_last_look(sc_comm_t *c)
 
 /* Twins (core.h): the same call as two programs, the automatic choice by
  * single copy and staged through shared memory.  Which is faster depends
- * on where the host put the CPUs: on a 2-vCPU Zen 4 guest, 2 MiB Allreduce
- * took 218 us by single copy and 154 staged with the vCPUs near, while
- * staged copies ran 2-4x slower with them far apart (bench/README.md), and
- * the guest sees neither.  So rank 0 times each (the longest any rank
- * took), picks per call, and every rank runs its pick.
+ * on where the host put the CPUs, which a guest cannot see (bench/README.md,
+ * "Engine constants"), so rank 0 times each (the longest any rank took),
+ * picks per call, and every rank runs its pick.
  *
- * Rank 0's pick: each program in turn (by calls run, however late their
- * times are learnt) until three calls of each are learnt, the first of
- * each not counted: it pays first touches (2 ranks, 16 MiB Allreduce on a
- * 2-vCPU Xeon: single copy's first call 58 ms, staged's 9.2, then both 2-4
- * ms, settling at 1.8 and 2.5).  Counted, it went into the charge of the
- * next trial, so single copy, having lost a warm-up of cold calls (3.9 ms
- * against 2.4 as rank 0 measured them), was tried again only after about
- * 3000 calls.  Then the current one, which gives way when the other's
- * estimate is 1/8 below its own.  Calls slowed by what ran before them
- * slow both programs alike (2 ranks, 16 MiB Allreduce after any break, a
- * sleep or 60 copies of 16 MiB: by single copy 4.4, 4.1, 2.9 ms, down to
- * 1.7 over 8-15 calls, staged 3.1 down to 2.5), but two of them make the
- * current one lose to the other's older estimate.  So after a switch made
- * on the current one's own times, the other's first two calls must beat
- * by 1/8 what the old one took before its last two, or the old one is
- * back (and kept if it is still slow, the next switch coming within two
- * calls).  Before, the old one stayed charged with its slowed calls and
- * half the bench's calls ran staged (2562 us a call against 1666 for the
- * algorithm named); a check 8 calls after each switch (b39b914) fixed
- * that but locked into switching back and forth with slowdowns recurring
- * every 10-33 calls, the policy tests' 1.22-1.53x the time of the faster
- * program alone, now 1.06-1.13x.  The other is tried again, for two
- * calls, after the warm-up whatever its estimate (4 calls later: the
- * warm-up's own calls count), then once the calls since its last trial
- * took 128 times what its two calls cost over the current one: by rank
- * 0's estimates 1/128 of the time goes to trials, 1/64 with the current
- * one's first call after them as cold as the trial's first (a colder one,
- * unmeasured, is not bounded), and a program that loses by 20% is retried
- * every 52 calls, one 3x slower every 512 (at 5 us calls; a / 128 rounds
- * down).  A trial's estimate is the lower of its two times: its first call
- * pays for what the current one left in the caches (2 ranks, 32 KiB Bcast:
- * single copy 4.5-5.5 us in a loop, 7.2-7.5 us as a one-call trial between
- * staged calls: a one-call trial could keep the slower program for good
- * once the host moved the CPUs back near).  The current one's estimate is
- * the lower of its last two times (one stall does not condemn it, two
- * slower calls in a row, as when the host moves the CPUs apart, do). */
+ * Rank 0's pick, per twin block:
+ *  - Warm-up: each program in turn (by calls run, however late their
+ *    times are learnt) until three calls of each are learnt.  A program's
+ *    first call is not counted: it pays first touches, which would charge
+ *    the program long after.
+ *  - Then the current one, which gives way when the other's estimate is
+ *    1/8 below its own.
+ *  - Going back: what ran before a call slows both programs alike, but can
+ *    make the current one lose to the other's older estimate.  So after a
+ *    switch made on the current one's own times, the other's first two
+ *    calls must beat by 1/8 what the old one took before its last two, or
+ *    the old one is back (and kept if still slow: the next switch comes
+ *    within two calls).
+ *  - Trials: the other is tried again, for two calls, after the warm-up
+ *    whatever its estimate (4 calls later: the warm-up's own calls count),
+ *    then once the calls since its last trial took 128 times what its two
+ *    calls cost over the current one: by rank 0's estimates 1/128 of the
+ *    time goes to trials, 1/64 with the current one's first call after
+ *    them as cold as the trial's first.
+ *  - Estimates: a trial's is the lower of its two times (its first call
+ *    pays for what the current one left in the caches, so a one-call trial
+ *    could keep the slower program for good); the current one's is the
+ *    lower of its last two (one stall does not condemn it, two slower
+ *    calls in a row, as when the host moves the CPUs apart, do). */
 int64_t sc_twin_estimate(const int64_t *t, int v)
 {
     int64_t a = t[SC_TW_LAST + v], b = t[SC_TW_PREV + v];
@@ -709,11 +693,3 @@ int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
  * scratch buffer and replace programs, which a running call uses). */
 int sc_own(sc_comm_t *c) { return __atomic_exchange_n(&c->busy, 1, __ATOMIC_ACQUIRE) ? SC_EBUSY : SC_OK; }
 void sc_disown(sc_comm_t *c) { __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE); }
-
-int sc_exec(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
-{
-    if (__atomic_exchange_n(&c->busy, 1, __ATOMIC_ACQUIRE)) return SC_EBUSY;
-    int rc = sc_exec_owned(c, prog, sbuf, rbuf);
-    __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
-    return rc;
-}

@@ -57,12 +57,12 @@ static int poll_signals(sc_comm_t *c)
 }
 
 /* A wait lets the GIL go once it has lasted gil_ns, or before it sleeps.
- * With no other thread in the interpreter, that is after 20 us: a short
- * wait, as a small call's mostly are, then pays neither the release nor,
- * on its critical path, the retaking (2 ranks, Barrier: 150 -> 140 ns).
- * With other threads, at once, as they would get the GIL only every
- * switch interval (5 ms) from a loop of calls whose waits are short.
- * Looking at the threads costs 5 ns: done every 64th call. */
+ * With no other thread in the interpreter, that is after SC_GIL_NS: a
+ * short wait, as a small call's mostly are, then pays neither the release
+ * nor, on its critical path, the retaking.  With other threads, at once,
+ * as they would get the GIL only every switch interval from a loop of
+ * calls whose waits are short.  Looking at the threads is not free: done
+ * every 64th call. */
 static void arm(sc_comm_t *c)
 {
     if (!(c->call & 63)) {

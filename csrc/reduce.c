@@ -75,7 +75,7 @@ static inline uint16_t f2bf(float f)
 #endif
 
 static sc_kernel_t table[SC_R_NOPS][SC_T_NTYPES][SC_F_N];
-static const char *isa_name = NULL;
+static int picked;          /* table filled for this CPU */
 
 static void pick(void)
 {
@@ -92,14 +92,8 @@ static void pick(void)
     else
 #endif
         fill_base(table);
-    static const char *names[] = { "baseline", "avx2", "avx512" };
-    __atomic_store_n(&isa_name, names[set], __ATOMIC_RELEASE);
-}
-
-const char *sc_reduce_isa(void)
-{
-    if (!__atomic_load_n(&isa_name, __ATOMIC_ACQUIRE)) pick();
-    return isa_name;
+    (void)set;
+    __atomic_store_n(&picked, 1, __ATOMIC_RELEASE);
 }
 
 /* MINLOC / MAXLOC on (value V, index I) items of `item` bytes, the index
@@ -193,7 +187,7 @@ int sc_reduce(int64_t word, char *d, const char *a, const char *b, int64_t n)
         f(d, form == SC_F_INTO ? d : a, b, n, (int)(word >> 32 & 0xff), (int)(word >> 40 & 0xff));
         return 0;
     }
-    if (!__atomic_load_n(&isa_name, __ATOMIC_ACQUIRE)) pick();
+    if (!__atomic_load_n(&picked, __ATOMIC_ACQUIRE)) pick();
     sc_kernel_t f = op > 0 && type > 0 && type < SC_T_NTYPES && form < SC_F_N ? table[op][type][form] : NULL;
     if (!f) return -1;
 #if defined(__x86_64__)                    /* elsewhere sc_stream is a plain copy: nothing to gain */

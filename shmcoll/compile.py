@@ -89,9 +89,8 @@ def _segments(parts, a, n):
 
 
 #: A shared copy's pieces: at most this, so that the two ends even out;
-#: more pieces cost more than they even out (2 ranks, 2 MiB Alltoall,
-#: pieces of 128 / 256 / 512 KiB / 1 MiB: 318 / 300 / 294 / 273 us,
-#: direct 364; 256 KiB Bcast, 32 / 64 / 128 KiB: 26 / 22 / 20 us).
+#: more, smaller pieces cost more than they even out (bench/README.md,
+#: "Engine constants").
 SHARE_PIECE = 512 << 10
 
 
@@ -99,8 +98,7 @@ def _piece(n, paired):
     """Bytes per piece of a shared move of n bytes: halves where only one
     end has a move to copy, so both copy at once; whole moves up to
     SHARE_PIECE where each end reads one of a pair (an Alltoall between
-    two ranks), as both copy anyway (256 KiB Alltoall in halves: 48.8 us
-    against 45.0); at most 63 pieces (6 bits of the claim word count each
+    two ranks), as both copy anyway and halves only add claims; at most 63 pieces (6 bits of the claim word count each
     end's), whole pages past 63 of SHARE_PIECE, so that the two ends
     never pin the same page."""
     half = -(-n // 2) + 4095 & ~4095
@@ -504,9 +502,8 @@ class _Compiler:
         from memory, not out of this core's cache, which is slow when the
         cores are far apart), and its own rank does not (to stage or push
         it, or fold it: it would read it back from memory).  A result that
-        nobody reads in the call stays cached: streamed, 16 MiB Reduce at
-        4 ranks on 2 CPUs ran 1.08-1.16x, Reduce_scatter_block neither
-        gained nor lost (bench/README.md)."""
+        nobody reads in the call stays cached, as streaming it only
+        slows the call (bench/README.md, "Engine constants")."""
         a, b = red.doff, red.doff + red.n
 
         def later(spans):
