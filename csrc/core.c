@@ -243,26 +243,25 @@ void sc_out_of_step(sc_comm_t *c, int who)
     c->err_call = c->call - (1ULL << 62);
 }
 
-/* Signatures: w0 = collective | algorithm << 8 | dtype << 16 | op << 24 |
- * root << 32, w1 = byte count.  Fields in the order messages name them:
- * what the user passed before what was derived from it (the algorithm). */
+/* A signature's field f (isa.h SC_SF_*: ids in the order messages name
+ * them, what the user passed before what was derived from it). */
 static int64_t field(const uint64_t *s, int f)
 {
     switch (f) {
-    case 1: return (int64_t)(s[0] & 0xff);
-    case 2: return (int32_t)(s[0] >> 32);
-    case 3: return (int64_t)s[1];
-    case 4: return (int64_t)(s[0] >> 16 & 0xff);
-    case 5: return (int64_t)(s[0] >> 24 & 0xff);
-    default: return (int64_t)(s[0] >> 8 & 0xff);
+    case SC_SF_COLLECTIVE: return SC_ARG(s, SC_SIG_COLLECTIVE);
+    case SC_SF_ROOT: return SC_SARG(s, SC_SIG_ROOT);
+    case SC_SF_BYTES: return SC_ARG(s, SC_SIG_BYTES);
+    case SC_SF_DTYPE: return SC_ARG(s, SC_SIG_DTYPE);
+    case SC_SF_OP: return SC_ARG(s, SC_SIG_OP);
+    default: return SC_ARG(s, SC_SIG_ALGORITHM);
     }
 }
 
 static int differ(sc_comm_t *c, int who, const uint64_t *mine, const uint64_t *theirs, int when)
 {
     if (mine[0] == theirs[0] && mine[1] == theirs[1]) return SC_OK;
-    int f = 1;
-    while (f < 6 && field(mine, f) == field(theirs, f)) f++;
+    int f = SC_SF_COLLECTIVE;
+    while (f < SC_SF_ALGORITHM && field(mine, f) == field(theirs, f)) f++;
     c->err_code = f;
     c->err_when = when;
     c->err_rank = who;

@@ -12,8 +12,6 @@
 #define SC_SLOTS 8       /* inline slot lines per writer: a root may run this many calls ahead */
 #define SC_PAST 8        /* arrival records kept per rank: a rank that waited on no one checks its neighbours within this many calls */
 #define SC_LOOK 4        /* ... looking at their records every this many such calls (exec.c, recheck) */
-#define SC_INSN 8        /* int64 words per instruction */
-#define SC_HEAD 8        /* int64 words of program header */
 /* Twins: one call's two programs (the automatic choice by single copy and
  * its staged alternative), header word 7 of both pointing at this block of
  * int64 words, one per rank (Python-owned): rank 0 picks a program per
@@ -36,36 +34,13 @@ enum { SC_TW_PROG = 0, SC_TW_LAST = 2, SC_TW_PREV = 4, SC_TW_RUNS = 6, SC_TW_CUR
 #define SC_EKERNEL -10  /* no reduction kernel for a program's op and type (a planning bug): the job is aborted */
 #define SC_FALLBACK -100 /* fast entry declined: take the checked Python path */
 
-/* Opcodes: word 0 of an instruction; operands a..g in words 1..7. */
-enum {
-    SC_OP_END = 0,
-    SC_OP_POST = 1,     /* a=event: my post line reaches (call, event) */
-    SC_OP_WAIT = 2,     /* a=who b=event c=flags(1 check signature, 2 spin long, 4 a message's first piece,
-                           8 check it in the inline slot d=space that comes next): who's post line */
-    SC_OP_ACK = 3,      /* a=count: my ack line reaches (call, count) */
-    SC_OP_WAITACK = 4,  /* a=who b=count c=flags: who's ack line */
-    SC_OP_COPY = 5,     /* a=dst space b=dst off c=src space d=src off e=n f=flags(1 stream, 2 stamp my record
-                           in the inline slot a first) g=source rank or -1 */
-    SC_OP_CMA = 6,      /* a=dst space b=dst off c=who d=who's space (1 send, 2 recv) e=src off f=n: single copy */
-    SC_OP_DRAIN = 7,    /* a=set: wait for the readers recorded on it, then forget them */
-    SC_OP_DEBT = 8,     /* a=set b=reader c=count: before rewriting set, wait for reader's ack of count */
-    SC_OP_QPOST = 9,    /* a=queue (0 gather, 1 release) b=entry: packed barrier queue */
-    SC_OP_QWAIT = 10,   /* a=queue b=entry c=who */
-    SC_OP_REDUCE = 11,  /* word 0 also holds the kernel (sc_reduce); a=dst space b=dst off c,d=a's e,f=b's g=items */
-    SC_OP_COUNT = 12,   /* a=source rank b=bytes: the traffic record of a folded input */
-    SC_OP_CMAW = 13,    /* a=src space b=src off c=who d=who's space e=dst off f=n g=(twin's recv off + 1) << 1 | stream,
-                           or 0: single copy into who's buffer, and into this rank's recv at the twin's offset */
-    SC_OP_SHARE = 14,   /* a=who b=role (0 reader, 1 writer) | step (< 16) << 8 c=writer's space (1 send, 2 recv) d=src off
-                           e=dst off (reader's recv) f=n g=piece: a single copy that reader and writer split,
-                           piece by piece, each claiming the next until none is left */
-    SC_OP_STREAMED = 256,  /* or'ed into word 0 of SC_OP_CMA, SC_OP_SHARE: their plain copies (a peer's arena) stream */
-};
-/* Reduction kernels (csrc/reduce.c): word 0 of SC_OP_REDUCE is
- * opcode | op << 8 | type << 16 | form << 24 | index-is-int64 << 28 |
- * streamed << 29 | item bytes << 32 | index offset << 40: index-is-int64,
- * item and offset for MINLOC/MAXLOC pairs, whose type is the value's;
- * streamed for the others: d is written by non-temporal stores (d = a op b,
- * d op= b and the narrowing of half types). */
+/* The instruction set (opcodes, operand fields, flags, spaces, debt sets,
+ * program header, signature, fast key): isa.h, generated from shmcoll/isa.py. */
+/* Reduction kernels (csrc/reduce.c), named by word 0 of SC_OP_REDUCE
+ * (isa.h SC_REDUCE_KOP, _TYPE, _FORM; INDEX64, ITEM and INDEX_AT for
+ * MINLOC/MAXLOC pairs, whose type is the value's; STREAMED for the
+ * others: d is written by non-temporal stores (d = a op b, d op= b and
+ * the narrowing of half types). */
 enum { SC_R_SUM = 1, SC_R_PROD, SC_R_MIN, SC_R_MAX, SC_R_LAND, SC_R_LOR, SC_R_LXOR, SC_R_BAND, SC_R_BOR, SC_R_BXOR,
        SC_R_MINLOC, SC_R_MAXLOC, SC_R_NOPS };
 enum { SC_T_I8 = 1, SC_T_I16, SC_T_I32, SC_T_I64, SC_T_U8, SC_T_U16, SC_T_U32, SC_T_U64, SC_T_F32, SC_T_F64,
@@ -73,21 +48,20 @@ enum { SC_T_I8 = 1, SC_T_I16, SC_T_I32, SC_T_I64, SC_T_U8, SC_T_U16, SC_T_U32, S
 /* Forms: d = a op b; d op= b; half types accumulate in float32:
  * d(f32) = a op b, d(f32) op= b, then d = a(f32) rounded to nearest even. */
 enum { SC_F_SAME = 0, SC_F_INTO = 1, SC_F_WIDEN = 2, SC_F_ACC = 3, SC_F_NARROW = 4, SC_F_N = 5 };
-/* Spaces (COPY/CMA operands): kind | rank << 8 | inline index << 32. */
-enum { SC_SEND = 1, SC_RECV = 2, SC_TMP = 3, SC_CHAN = 4, SC_SLOT = 5, SC_STRIPE = 6, SC_TINY = 7 };
-/* Debt sets: 0 the ring (channel), 1 the stripe, 2 + j the j-th inline slot of a call. */
-enum { SC_SET_RING = 0, SC_SET_STRIPE = 1, SC_SET_SLOT = 2, SC_NSETS = 2 + SC_SLOTS };
+/* Debt sets (isa.h SC_SET_*): the ring, the stripe, one per inline slot line. */
+enum { SC_NSETS = SC_SET_SLOT + SC_SLOTS };
 
 typedef struct sc_line sc_line_t;
 
-/* The fast entries' program cache: key = (collective, algorithm or -1 for
- * automatic, root, bytes of the first and second buffer, item size or
- * dtype, fingerprint of a v-variant's counts and displacements or 0).  A
- * v-variant's program ends with its counts and displacements (header word
- * 6: where), which the entry compares exactly before running it. */
+/* The fast entries' program cache, keyed as isa.h SC_K_* lays out:
+ * collective (| a built-in op << SC_KEY_OP_SHIFT), algorithm or
+ * SC_KEY_NONE for automatic, root, bytes of the first and second buffer,
+ * item size or dtype, sc_fingerprint of a v-variant's counts and
+ * displacements or 0.  A v-variant's program ends with its counts and
+ * displacements (header word SC_H_COUNTS: where), which the entry
+ * compares exactly before running it. */
 #define SC_CACHE 256
 #define SC_GIL_NS 20000
-#define SC_KEY 7
 #define SC_NB 16         /* neighbours a rank may check: a star's centre up to 17 ranks */
 typedef struct { int64_t key[SC_KEY]; const int64_t *prog; } sc_entry_t;
 
@@ -200,6 +174,7 @@ void sc_twin_learn(int64_t *t, int v, int64_t ns);
 void sc_twin_ran(int64_t *t, int v);
 
 int sc_cache_slot(const int64_t *key);
+int64_t sc_fingerprint(const int64_t *vec, int n);
 /* What a fast entry reads in place on every call (csrc/pyfast.c): its
  * communicator, collective id, the argument whose dtype the signature
  * holds (-1: none), whether it takes a reduction op, and one role

@@ -15,31 +15,34 @@
 /* A writer using w inline slots a call (w a power of two) gives call C
  * the lines C * w .. C * w + w - 1 (mod SC_SLOTS): a line comes back
  * SC_SLOTS / w calls later, so a root writing to several readers is not
- * held to the readers of its previous call.  Operand u = j | w << 8. */
+ * held to the readers of its previous call.  Operand u: slot j, width w. */
 static uint64_t slot_index(uint64_t call, uint64_t u)
 {
-    return call * (u >> 8) + (u & 0xff);
+    return call * (uint64_t)SC_ARG(&u, SC_SLOTOP_WIDTH) + (uint64_t)SC_ARG(&u, SC_SLOTOP_J);
 }
+
+static int space_rank(int64_t sp) { return (int)SC_ARG(&sp, SC_SPACE_RANK); }
+static uint64_t space_index(int64_t sp) { return (uint64_t)SC_ARG(&sp, SC_SPACE_INDEX); }
 
 /* The header of the inline slot that space word sp names in this call. */
 static sc_slot_t *slot_of(sc_comm_t *c, int64_t sp)
 {
-    return slot_head(c, (int)(sp >> 8 & 0xffffff), slot_index(c->call, (uint64_t)(sp >> 32)));
+    return slot_head(c, space_rank(sp), slot_index(c->call, space_index(sp)));
 }
 
 static char *space(sc_comm_t *c, int64_t sp, int64_t off, char *sbuf, char *rbuf)
 {
-    int r = (int)(sp >> 8 & 0xffffff);
-    switch (sp & 0xff) {
+    int r = space_rank(sp);
+    switch (SC_ARG(&sp, SC_SPACE_KIND)) {
     case SC_SEND: return sbuf + off;
     case SC_RECV: return rbuf + off;
     case SC_TMP: {                  /* a fold's input slot (bits 32-): the peer's bytes, if its CMA left them there */
-        char *a = sp >> 32 ? sc_alias(c, (int)(sp >> 32) - 1) : NULL;
+        char *a = space_index(sp) ? sc_alias(c, (int)space_index(sp) - 1) : NULL;
         return (a ? a : c->tmp) + off;
     }
     case SC_CHAN: return chan_buf(c, r) + off;
-    case SC_SLOT: return slot_data(c, r, slot_index(c->call, (uint64_t)(sp >> 32))) + off;
-    case SC_TINY: return slot_tiny(c, r, slot_index(c->call, (uint64_t)(sp >> 32))) + off;
+    case SC_SLOT: return slot_data(c, r, slot_index(c->call, space_index(sp))) + off;
+    case SC_TINY: return slot_tiny(c, r, slot_index(c->call, space_index(sp))) + off;
     default: return c->base + c->off_stripe + off;
     }
 }
@@ -155,7 +158,7 @@ static void debt(sc_comm_t *c, int s, int who, uint64_t count)
  * one (SC_OP_STREAMED on a CMA or SHARE; never a CMAW push, which
  * streamed runs slower: bench/README.md, "Engine constants"). */
 #define TWIN (256 << 10)
-static inline int streamed(const int64_t *in) { return in[0] & SC_OP_STREAMED ? 2 : 0; }   /* cma's nt */
+static inline int streamed(const int64_t *in) { return SC_ARG(in, SC_CMA_STREAMED) ? 2 : 0; }   /* cma's nt */
 static int cma(sc_comm_t *c, int who, char *local, uint64_t addr, int64_t n, int write, char *twin, int nt)
 {
     _Atomic int32_t *mine = &rank_rec(c, c->rank)->pushing, *door = write ? &rank_rec(c, who)->shut : NULL;
@@ -229,16 +232,17 @@ static int64_t claim(_Atomic uint64_t *w, uint64_t tag, int64_t k, int back)
  * waits for that ack before it counts the copy as done. */
 static int share(sc_comm_t *c, const int64_t *in, char *sbuf, char *rbuf)
 {
-    int who = (int)in[1], writer = (int)(in[2] & 1), nt = streamed(in);
-    uint64_t tag = claim_tag(c->call, (int)(in[2] >> 8 & 0xf)), at;
+    int who = (int)SC_ARG(in, SC_SHARE_WHO), writer = (int)SC_ARG(in, SC_SHARE_WRITER), nt = streamed(in);
+    uint64_t tag = claim_tag(c->call, (int)SC_ARG(in, SC_SHARE_STEP)), at;
     _Atomic uint64_t *w = writer ? claim_word(c, who, c->rank) : claim_word(c, c->rank, who);
-    int64_t n = in[6], q = in[7], k = (n + q - 1) / q, i;
+    int64_t n = SC_ARG(in, SC_SHARE_N), q = SC_ARG(in, SC_SHARE_PIECE), k = (n + q - 1) / q, i;
+    int64_t buf = SC_ARG(in, SC_SHARE_BUF), soff = SC_ARG(in, SC_SHARE_SOFF), doff = SC_ARG(in, SC_SHARE_DOFF);
     int rc = writer ? buffer_of(c, who, SC_RECV, &at) : SC_OK;
-    if (!writer) at = post_line(c, who)->addr[in[3] - 1];
+    if (!writer) at = post_line(c, who)->addr[buf - 1];
     while (!rc && (i = claim(w, tag, k, writer)) >= 0) {
         int64_t off = i * q, len = n - off < q ? n - off : q;
-        rc = writer ? cma(c, who, space(c, in[3], in[4] + off, sbuf, rbuf), at + (uint64_t)(in[5] + off), len, 1, NULL, nt)
-                    : cma(c, who, rbuf + in[5] + off, at + (uint64_t)(in[4] + off), len, 0, NULL, nt);
+        rc = writer ? cma(c, who, space(c, buf, soff + off, sbuf, rbuf), at + (uint64_t)(doff + off), len, 1, NULL, nt)
+                    : cma(c, who, rbuf + doff + off, at + (uint64_t)(soff + off), len, 0, NULL, nt);
     }
     return rc;
 }
@@ -292,74 +296,90 @@ static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
 {
     uint64_t call = c->call;
     sc_line_t *me = post_line(c, c->rank);
-    const int64_t *in = prog + SC_HEAD, *end = in + prog[0] * SC_INSN;
+    const int64_t *in = prog + SC_HEAD, *end = in + SC_ARG(prog, SC_H_INSNS) * SC_INSN;
     int rc = SC_OK;
     for (; in < end && !rc; in += SC_INSN) {
-        switch (in[0] & 0xff) {
+        switch (SC_ARG(in, SC_OPCODE)) {
         case SC_OP_POST:
-            post_event(me, (uint64_t)in[1]);
+            post_event(me, (uint64_t)SC_ARG(in, SC_POST_EVENT));
             c->owe = 0;                       /* the same line's sleepers: checked */
             break;
-        case SC_OP_WAIT:
-            rc = wait_post(c, (int)in[1], call, (uint64_t)in[2], in[3] & 2 ? c->spin_far_ns : c->spin_ns, in[3] & 1,
-                           in[3] & 8 ? slot_of(c, in[4]) : NULL);
-            if (!rc && c->traffic && in[3] & 4) c->traffic[c->size + in[1]]++;    /* a message's first piece */
+        case SC_OP_WAIT: {
+            int64_t f = SC_ARG(in, SC_WAIT_FLAGS), who = SC_ARG(in, SC_WAIT_WHO);
+            rc = wait_post(c, (int)who, call, (uint64_t)SC_ARG(in, SC_WAIT_EVENT),
+                           f & SC_WAIT_FAR ? c->spin_far_ns : c->spin_ns, f & SC_WAIT_CHECK,
+                           f & SC_WAIT_INSLOT ? slot_of(c, SC_ARG(in, SC_WAIT_SLOT)) : NULL);
+            if (!rc && c->traffic && f & SC_WAIT_FIRST) c->traffic[c->size + who]++;    /* a message's first piece */
             break;
+        }
         case SC_OP_ACK:
-            ack_event(ack_line(c, c->rank), call, (uint64_t)in[1]);
+            ack_event(ack_line(c, c->rank), call, (uint64_t)SC_ARG(in, SC_ACK_COUNT));
             owed_after_fence(c, me);
             break;
         case SC_OP_WAITACK:
-            rc = wait_ack(c, (int)in[1], call, (uint64_t)in[2], in[3] & 2 ? c->spin_far_ns : c->spin_ns);
+            rc = wait_ack(c, (int)SC_ARG(in, SC_WAITACK_WHO), call, (uint64_t)SC_ARG(in, SC_WAITACK_COUNT),
+                          SC_ARG(in, SC_WAITACK_FLAGS) & SC_WAITACK_FAR ? c->spin_far_ns : c->spin_ns);
             break;
-        case SC_OP_COPY:
-            if (in[6] & 2) stamp(c, slot_of(c, in[1]));
-            sc_copy(space(c, in[1], in[2], sbuf, rbuf), space(c, in[3], in[4], sbuf, rbuf), in[5], (int)(in[6] & 1));
-            if (c->traffic && in[7] >= 0) c->traffic[in[7]] += in[5];
+        case SC_OP_COPY: {
+            int64_t f = SC_ARG(in, SC_COPY_FLAGS), n = SC_ARG(in, SC_COPY_N), from = SC_ARG(in, SC_COPY_SOURCE);
+            if (f & SC_COPY_STAMP) stamp(c, slot_of(c, SC_ARG(in, SC_COPY_DST)));
+            sc_copy(space(c, SC_ARG(in, SC_COPY_DST), SC_ARG(in, SC_COPY_DOFF), sbuf, rbuf),
+                    space(c, SC_ARG(in, SC_COPY_SRC), SC_ARG(in, SC_COPY_SOFF), sbuf, rbuf), n, (int)(f & SC_COPY_STREAM));
+            if (c->traffic && from >= 0) c->traffic[from] += n;
             break;
+        }
         case SC_OP_CMA: {
-            uint64_t at = post_line(c, (int)in[3])->addr[in[4] - 1] + (uint64_t)in[5];
-            char *p = in[7] ? sc_peer_ptr(c, (int)in[3], at, in[6]) : NULL;
-            if (in[7]) sc_alias_set(c, (int)in[7] - 1, p, in[2]);   /* folded where it lies */
-            if (p) c->direct += in[6];
-            else rc = cma(c, (int)in[3], space(c, in[1], in[2], sbuf, rbuf), at, in[6], 0, NULL, streamed(in));
-            if (!rc && c->traffic) c->traffic[in[3]] += in[6];
+            int who = (int)SC_ARG(in, SC_CMA_WHO);
+            int64_t n = SC_ARG(in, SC_CMA_N), fold = SC_ARG(in, SC_CMA_FOLD);
+            uint64_t at = post_line(c, who)->addr[SC_ARG(in, SC_CMA_BUF) - 1] + (uint64_t)SC_ARG(in, SC_CMA_SOFF);
+            char *p = fold ? sc_peer_ptr(c, who, at, n) : NULL;
+            if (fold) sc_alias_set(c, (int)fold - 1, p, SC_ARG(in, SC_CMA_DOFF));   /* folded where it lies */
+            if (p) c->direct += n;
+            else rc = cma(c, who, space(c, SC_ARG(in, SC_CMA_DST), SC_ARG(in, SC_CMA_DOFF), sbuf, rbuf), at, n, 0, NULL,
+                          streamed(in));
+            if (!rc && c->traffic) c->traffic[who] += n;
             break;
         }
         case SC_OP_CMAW: {
             uint64_t at;
-            rc = buffer_of(c, (int)in[3], (int)in[4], &at);
-            if (!rc) rc = cma(c, (int)in[3], space(c, in[1], in[2], sbuf, rbuf), at + (uint64_t)in[5], in[6], 1,
-                             in[7] ? rbuf + (in[7] >> 1) - 1 : NULL, (int)(in[7] & 1));
+            int who = (int)SC_ARG(in, SC_CMAW_WHO);
+            int64_t twin = SC_ARG(in, SC_CMAW_TWIN);
+            rc = buffer_of(c, who, (int)SC_ARG(in, SC_CMAW_BUF), &at);
+            if (!rc) rc = cma(c, who, space(c, SC_ARG(in, SC_CMAW_SRC), SC_ARG(in, SC_CMAW_SOFF), sbuf, rbuf),
+                             at + (uint64_t)SC_ARG(in, SC_CMAW_DOFF), SC_ARG(in, SC_CMAW_N), 1,
+                             twin ? rbuf + twin - 1 : NULL, (int)SC_ARG(in, SC_CMAW_TWIN_STREAM));
             break;
         }
         case SC_OP_SHARE:
             rc = share(c, in, sbuf, rbuf);
             break;
         case SC_OP_DRAIN:
-            rc = drain(c, set_of(c, in[1]));
+            rc = drain(c, set_of(c, SC_ARG(in, SC_DRAIN_SET)));
             break;
         case SC_OP_DEBT:
-            debt(c, set_of(c, in[1]), (int)in[2], (uint64_t)in[3]);
+            debt(c, set_of(c, SC_ARG(in, SC_DEBT_SET)), (int)SC_ARG(in, SC_DEBT_READER), (uint64_t)SC_ARG(in, SC_DEBT_COUNT));
             break;
         case SC_OP_QPOST:
-            atomic_store_explicit(queue_word(c, (int)in[1], (int)in[2]), call, memory_order_release);
+            atomic_store_explicit(queue_word(c, (int)SC_ARG(in, SC_QPOST_QUEUE), (int)SC_ARG(in, SC_QPOST_ENTRY)), call,
+                                  memory_order_release);
             wake_sleepers(queue_wq(c));
             owed_after_fence(c, me);
             break;
         case SC_OP_REDUCE:
-            if (sc_reduce(in[0], space(c, in[1], in[2], sbuf, rbuf), space(c, in[3], in[4], sbuf, rbuf),
-                          space(c, in[5], in[6], sbuf, rbuf), in[7])) {
+            if (sc_reduce(in[0], space(c, SC_ARG(in, SC_REDUCE_DST), SC_ARG(in, SC_REDUCE_DOFF), sbuf, rbuf),
+                          space(c, SC_ARG(in, SC_REDUCE_A), SC_ARG(in, SC_REDUCE_AOFF), sbuf, rbuf),
+                          space(c, SC_ARG(in, SC_REDUCE_B), SC_ARG(in, SC_REDUCE_BOFF), sbuf, rbuf),
+                          SC_ARG(in, SC_REDUCE_ITEMS))) {
                 sc_abort_call(c, 3, call);
                 rc = SC_EKERNEL;
             }
             break;
         case SC_OP_COUNT:
-            if (c->traffic) c->traffic[in[1]] += in[2];
+            if (c->traffic) c->traffic[SC_ARG(in, SC_COUNT_SOURCE)] += SC_ARG(in, SC_COUNT_BYTES);
             break;
         case SC_OP_QWAIT: {
-            sc_wait_t w = { .word = queue_word(c, (int)in[1], (int)in[2]), .wq = queue_wq(c), .call = call,
-                            .who = (int)in[3], .spin_ns = c->spin_ns };
+            sc_wait_t w = { .word = queue_word(c, (int)SC_ARG(in, SC_QWAIT_QUEUE), (int)SC_ARG(in, SC_QWAIT_ENTRY)),
+                            .wq = queue_wq(c), .call = call, .who = (int)SC_ARG(in, SC_QWAIT_WHO), .spin_ns = c->spin_ns };
             rc = wait_for(c, &w);
             break;
         }
@@ -629,13 +649,14 @@ int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
     int rc = aborted_at(c, c->call + 1);
     if (rc) return rc;
     int look = !c->quiet;                     /* this call ends with a look at the pending (recheck) */
-    int32_t ahead = look ? c->pending | (int32_t)prog[5] : 0;
+    int32_t checks = (int32_t)SC_ARG(prog, SC_H_CHECKS), ahead = look ? c->pending | checks : 0;
     for (int k = 0; ahead && k < c->nnb; k++)   /* their lines arrive while we work */
         if (ahead >> k & 1) __builtin_prefetch(post_line(c, c->nb[k]));
     c->call++;
-    c->sig[0] = (uint64_t)prog[1];            /* a twin's programs share it */
-    c->sig[1] = (uint64_t)prog[2];
-    int64_t *twin = prog[7] && c->size > 1 ? (int64_t *)prog[7] : NULL, t0 = twin ? sc_now_ns() : 0;
+    c->sig[0] = (uint64_t)SC_ARG(prog, SC_H_SIG0);        /* a twin's programs share it */
+    c->sig[1] = (uint64_t)SC_ARG(prog, SC_H_SIG1);
+    int64_t tw = SC_ARG(prog, SC_H_TWIN);
+    int64_t *twin = tw && c->size > 1 ? (int64_t *)tw : NULL, t0 = twin ? sc_now_ns() : 0;
     int v = 0;
     if (c->rank == 0) {
         if (c->pend_n) collect(c);
@@ -643,7 +664,7 @@ int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
         if (twin) v = promised(c) ? (int)post_line(c, 0)->next_variant : sc_twin_pick(twin);
     }
     if (!rc) {
-        arrive(c, twin ? 0 : (uint64_t)prog[3], sbuf, rbuf, (uint64_t)v);   /* a twin's first post waits for the pick */
+        arrive(c, twin ? 0 : (uint64_t)SC_ARG(prog, SC_H_FIRST), sbuf, rbuf, (uint64_t)v);   /* a twin's first post waits for the pick */
         if (c->check && c->size > 1) rc = agree(c);
     }
     if (!rc && twin) {
@@ -651,8 +672,8 @@ int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
         if (!rc) {
             prog = (const int64_t *)twin[SC_TW_PROG + v];
             sc_twin_ran(twin, v);
-            if (prog[3]) {
-                post_event(post_line(c, c->rank), (uint64_t)prog[3]);
+            if (SC_ARG(prog, SC_H_FIRST)) {
+                post_event(post_line(c, c->rank), (uint64_t)SC_ARG(prog, SC_H_FIRST));
                 c->owe = 0;
             }
         }
@@ -669,13 +690,14 @@ int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
             promise(c, twin);
         }
     }
-    if (!rc && prog[5] && !c->check) {
+    checks = (int32_t)SC_ARG(prog, SC_H_CHECKS);   /* of the program that ran (a twin's may differ) */
+    if (!rc && checks && !c->check) {
         for (int k = 0; k < c->nnb; k++) {
-            if (!(prog[5] >> k & 1)) continue;
+            if (!(checks >> k & 1)) continue;
             if (!(c->pending >> k & 1)) c->since[k] = c->call;
             c->due[k] = c->call;
         }
-        c->pending |= (int32_t)prog[5];
+        c->pending |= checks;
     }
     if (!rc && c->pending) {
         rc = recheck(c, 1, look);

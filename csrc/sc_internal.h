@@ -10,7 +10,15 @@
 #include <stdint.h>
 #include <stddef.h>
 #include <string.h>
+#include "isa.h"
 #include "core.h"
+
+/* Field F of words p (an instruction, a program header, a signature):
+ * isa.h declares F as its word, F##_LO its first bit and F##_BITS its
+ * width, so this compiles to the load, shift and mask a literal would
+ * (a 64-bit field: the word itself).  SC_SARG sign-extends. */
+#define SC_ARG(p, F) ((int64_t)((uint64_t)(p)[F] >> F##_LO & ~0ULL >> (64 - F##_BITS)))
+#define SC_SARG(p, F) ((int64_t)((uint64_t)(p)[F] << (64 - F##_LO - F##_BITS)) >> (64 - F##_BITS))
 
 /* Waiters asleep on a line: the writer bumps `posts` (the futex word) and
  * wakes them.  A counter of its own, so no later value of the flag can
