@@ -16,8 +16,9 @@ INSN, HEAD = 8, 8
 
 #: A field: name, word, first bit, bits (64: the whole word, signed), kind
 #: (how the printer shows it: int, rank, event, count, space, buf, set,
-#: flags, slot, bool) and, for flags, {name: bit}.
-Field = namedtuple("Field", "name word lo bits kind flags", defaults=(0, 64, "int", None))
+#: flags, bool, signed, and rop, rtype, rform: core.h's SC_R_, SC_T_, SC_F_),
+#: for flags {name: bit}, and optional (0: absent, not printed).
+Field = namedtuple("Field", "name word lo bits kind flags optional", defaults=(0, 64, "int", None, False))
 Op = namedtuple("Op", "name code fields doc")
 
 WAIT_FLAGS = {"CHECK": 1, "FAR": 2, "FIRST": 4, "INSLOT": 8}
@@ -28,7 +29,7 @@ OPS = [
     Op("END", 0, [], "end of the program"),
     Op("POST", 1, [Field("event", 1, kind="event")], "my post line reaches (call, event)"),
     Op("WAIT", 2, [Field("who", 1, kind="rank"), Field("event", 2, kind="event"),
-                   Field("flags", 3, kind="flags", flags=WAIT_FLAGS), Field("slot", 4, kind="space")],
+                   Field("flags", 3, kind="flags", flags=WAIT_FLAGS), Field("slot", 4, kind="space", optional=True)],
        "wait for who's post line to reach (call, event); CHECK: then check who's arrival record (INSLOT: the "
        "copy stamped in inline slot `slot`); FAR: spin long; FIRST: a message's first piece (traffic)"),
     Op("ACK", 3, [Field("count", 1, kind="count")], "my ack line reaches (call, count)"),
@@ -40,7 +41,7 @@ OPS = [
        "copy n bytes; STREAM: non-temporal stores; STAMP: stamp my arrival record in the inline slot dst first; "
        "source: the rank whose bytes these are (traffic), or -1"),
     Op("CMA", 6, [_STREAMED, Field("dst", 1, kind="space"), Field("doff", 2), Field("who", 3, kind="rank"),
-                  Field("buf", 4, kind="buf"), Field("soff", 5), Field("n", 6), Field("fold", 7)],
+                  Field("buf", 4, kind="buf"), Field("soff", 5), Field("n", 6), Field("fold", 7, optional=True)],
        "single copy: read n bytes of who's buffer buf; fold: a fold input slot + 1 (0: none), where a peer's "
        "bytes are folded where they lie"),
     Op("DRAIN", 7, [Field("set", 1, kind="set")], "wait for the readers recorded on debt set `set`, then forget them"),
@@ -59,7 +60,7 @@ OPS = [
     Op("COUNT", 12, [Field("source", 1, kind="rank"), Field("bytes", 2)], "traffic record of a folded input"),
     Op("CMAW", 13, [Field("src", 1, kind="space"), Field("soff", 2), Field("who", 3, kind="rank"),
                     Field("buf", 4, kind="buf"), Field("doff", 5), Field("n", 6), Field("twin_stream", 7, 0, 1, "bool"),
-                    Field("twin", 7, 1, 63)],
+                    Field("twin", 7, 1, 63, optional=True)],
        "single copy into who's buffer buf; twin: my recv offset + 1 (0: none) that gets the same bytes on the way, "
        "twin_stream: by non-temporal stores"),
     Op("SHARE", 14, [_STREAMED, Field("who", 1, kind="rank"), Field("writer", 2, 0, 1, "bool"),
