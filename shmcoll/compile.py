@@ -28,7 +28,9 @@ QUEUES = {"gather": 0, "release": 1}
 RING, STRIPE, SLOT = isa.SETS["RING"], isa.SETS["STRIPE"], isa.SETS["SLOT"]
 CHECK, FAR, FIRST, INSLOT = (isa.WAIT_FLAGS[f] for f in ("CHECK", "FAR", "FIRST", "INSLOT"))
 STREAM, STAMP = isa.COPY_FLAGS["STREAM"], isa.COPY_FLAGS["STAMP"]
-POST = isa.BY_NAME["POST"].code
+#: Opcode numbers by name (isa.OPS), for code that reads programs word by word.
+POST, WAIT, ACK, WAITACK, COPY, CMA, CMAW, SHARE = (isa.BY_NAME[n].code for n in
+                                                    ("POST", "WAIT", "ACK", "WAITACK", "COPY", "CMA", "CMAW", "SHARE"))
 
 
 def _up(n, a=64):
