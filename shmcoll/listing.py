@@ -169,9 +169,7 @@ def program(op, nranks, nbytes, root=0, algorithm=None, *, rank=None, topology=N
     cma_bytes in options for one that does not depend on its caches
     either).  algorithm None: the automatic choice (of a twin, the
     single-copy program)."""
-    from . import buffers, ops
     from .coll import select
-    from .compile import compile_schedule
     from .device import make_plan
     from .sched import Call
     from .topology import topology as _topology
@@ -186,9 +184,27 @@ def program(op, nranks, nbytes, root=0, algorithm=None, *, rank=None, topology=N
     if op in select.REDUCTIONS and dtype is None:
         dtype = np.float64
     call = select.typed(op, Call(nranks, nbytes, root, plan.params, plan.slots, len(topo.nodes), cma), dtype)
-    name = select.pick(op, call, algorithm, select.forced(op, plan.params))
-    sched = select.plan(op, name, call)
+    sched = select.plan(op, select.pick(op, call, algorithm, select.forced(op, plan.params)), call)
+    return _compiled(op, sched, plan.params, dtype, rank)
+
+
+def of_comm(comm, op, nbytes=0, root=0, algorithm=None, dtype=None, rank=None):
+    """The listing of what communicator comm runs for op (its plan, its
+    forced algorithms; as comm.schedule plans it), every rank's program
+    or rank's alone (Comm.program)."""
+    from .coll import select
+    if op in select.REDUCTIONS and dtype is None:
+        dtype = np.float64
+    return _compiled(op, comm.schedule(op, nbytes, root, algorithm, dtype), comm.plan.params, dtype, rank)
+
+
+def _compiled(op, sched, params, dtype, rank):
+    """sched compiled with params under the signature a call of dtype (a
+    reduction's: with SUM) gives it, listed."""
+    from . import buffers, ops
+    from .coll import select
+    from .compile import compile_schedule
     code = 0 if dtype is None else buffers.dtype_code(np.dtype(dtype))
-    sig = isa.signature(select.TABLE[op][0], select.IDS[op][name], sched.root, sched.nbytes, code,
+    sig = isa.signature(select.TABLE[op][0], select.IDS[op][sched.algorithm], sched.root, sched.nbytes, code,
                         ops.SUM.code if op in select.REDUCTIONS else 0)
-    return listing(compile_schedule(sched, plan.params, sig), sched, rank)
+    return listing(compile_schedule(sched, params, sig), sched, rank)

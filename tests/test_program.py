@@ -136,3 +136,24 @@ def test_cli_sizes_and_rank():
     bad = subprocess.run([sys.executable, "-m", "shmcoll", "program", "bcast", "-n", "4", "--bytes", "lots"],
                          capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 2 and "not a size" in bad.stderr
+
+
+def _ran_and_listed(comm, nbytes):
+    """This rank's listing by its communicator, and the instructions of the
+    program its Bcast of nbytes ran, decoded alike."""
+    buf = np.arange(nbytes, dtype=np.uint8) if comm.rank == 0 else np.zeros(nbytes, np.uint8)
+    comm.Bcast(buf, 0, algorithm="limited")
+    assert (buf == np.arange(nbytes, dtype=np.uint8)).all()
+    (prog,) = comm._dev._programs.values()
+    ran = [listing.instruction(prog[isa.HEAD + i * isa.INSN:isa.HEAD + (i + 1) * isa.INSN]) for i in range(prog[0])]
+    text = listing.of_comm(comm, "bcast", nbytes, algorithm="limited", rank=comm.rank)
+    listed = [line.split(None, 1)[1] for line in text.splitlines() if line.startswith("   ")]
+    return ran, listed
+
+
+def test_a_communicators_listing_is_what_it_runs():
+    """listing.of_comm (Comm.program) lists the very instructions the
+    rank's program runs."""
+    from conftest import run_ranks
+    for ran, listed in run_ranks(_ran_and_listed, 3, 5000, timeout=120):
+        assert ran and ran == listed
