@@ -423,10 +423,10 @@ static int stalled_rank(sc_comm_t *c, int who)
     return who;
 }
 
-/* Other Python threads of this rank may run from now (csrc/pyfast.c, arm). */
+/* Other Python threads of this rank may run from now (core.h, sc_hooks_t). */
 static void let_go(sc_comm_t *c)
 {
-    if (c->gil_release && !c->gil_saved) c->gil_saved = ((void *(*)(void))c->gil_release)();
+    if (c->hooks.release && !c->hooks.saved) c->hooks.saved = c->hooks.release();
 }
 
 /* Spin with pause while the peer is likely running, then yield the core
@@ -461,9 +461,9 @@ static int wait_slow(sc_comm_t *c, const sc_wait_t *w)
             }
             return rc == SC_EABORT ? rc : sc_fail(c, SC_EDEAD, r, rc, 0);
         }
-        if (c->poll && t >= next_poll) {
+        if (c->hooks.poll && t >= next_poll) {
             next_poll = t + POLL_NS;
-            if (((int (*)(sc_comm_t *))c->poll)(c)) return sc_fail(c, SC_EINTR, c->rank, 0, 0);
+            if (c->hooks.poll(c)) return sc_fail(c, SC_EINTR, c->rank, 0, 0);
         }
         if (c->timeout_ns > 0 && t - t0 > c->timeout_ns) {
             int r = stalled_rank(c, w->who);

@@ -16,7 +16,7 @@
  * its staged alternative), header word 7 of both pointing at this block of
  * int64 words, one per rank (Python-owned): rank 0 picks a program per
  * call from the times it measured, publishes its pick in its arrival
- * record, and every rank runs it (csrc/exec.c). */
+ * record, and every rank runs it (csrc/twins.c). */
 enum { SC_TW_PROG = 0, SC_TW_LAST = 2, SC_TW_PREV = 4, SC_TW_RUNS = 6, SC_TW_CUR = 8, SC_TW_SINCE = 9, SC_TW_TRIAL = 10,
        SC_TW_LEARNT = 11, SC_TW_SEEN = 12, SC_TW_CHECKED = 14, SC_TW_BEFORE = 15, SC_TW_EARLIER = 17, SC_TW_BACK = 19,
        SC_TW_WORDS = 20 };
@@ -66,87 +66,118 @@ typedef struct sc_line sc_line_t;
 typedef struct { int64_t key[SC_KEY]; const int64_t *prog; } sc_entry_t;
 
 typedef struct sc_peers sc_peers_t;
-typedef struct sc_comm {
-    /* plan, set by Python before sc_layout */
-    int32_t rank;
-    int32_t size;
-    int64_t chan_bytes;      /* per-rank channel: the staging ring */
-    int64_t stripe_bytes;    /* NUMA-striped bcast buffer */
-    int32_t stripe_slots;    /* its segments; slot i lives on node i mod nodes */
-    int32_t check;           /* cross-rank agreement round on every call (SHMCOLL_CHECK) */
-    int32_t cma;             /* every rank can read its peers' memory (sc_probe_cma) */
-    int32_t closed;          /* set by Python when the communicator may not be used: fast entries decline */
-    uint64_t call_base;      /* the first call's number (SHMCOLL_CALL_BASE) */
-    /* wait policy (ns): spin, then sched_yield, then futex sleep */
-    int64_t spin_ns;
-    int64_t spin_far_ns;     /* waits flagged "spin long": ranks on other CPUs once ours need none */
-    int64_t yield_ns;
-    int64_t sleep_ns;
-    int64_t liveness_ns;
-    int64_t timeout_ns;      /* a wait longer than this raises SC_ETIMEOUT (0: never) */
-    /* layout, computed by sc_layout */
-    int64_t off_state;
-    int64_t off_mutex;
-    int64_t off_post;
-    int64_t off_ack;
-    int64_t off_slot, off_slot_data;
-    int64_t off_rec;
-    int64_t off_queue;
-    int64_t off_claim;
-    int64_t off_chan;
-    int64_t off_stripe;
-    int64_t total;
-    /* attached */
-    char *base;
-    /* scratch (Python-owned, grown by the planner) and debts (Python-owned, SC_NSETS x size) */
-    char *tmp;
-    int64_t tmp_bytes;
-    int32_t *debt_who;
-    uint64_t *debt_cnt;
-    uint64_t debt_call[SC_NSETS];
-    int32_t debt_n[SC_NSETS];
-    /* traffic record: bytes this rank read from each source, then the
-     * messages it read from each (NULL: off) */
-    int64_t *traffic;
-    /* set by the Python entries: release the GIL once a wait has lasted
-     * gil_ns (SC_GIL_NS when the rank has one thread, else 0), poll signals */
-    void *gil_release;
-    int64_t gil_ns;
-    void *gil_saved;
-    void *poll;
-    sc_entry_t cache[SC_CACHE];
-    sc_entry_t *last;        /* the entry the last fast call found (pyfast.c lookup) */
-    /* private state */
-    uint64_t call;           /* this call's number: 64 bits, compared by signed difference */
-    uint64_t sig[2];         /* this call's signature (collective, algorithm, dtype, op, root; byte count) */
-    uint64_t prev[2];        /* the previous call's */
-    uint64_t hist;           /* a hash of every call's before the previous */
-    uint64_t due[SC_NB];     /* per neighbour to check (nb), if pending: the last call whose record of it is unchecked */
-    uint64_t since[SC_NB];   /* ... and the first */
-    int32_t nb[SC_NB];       /* the ranks this one checks when it did not wait on them (compile.checks) */
-    int32_t nnb;
-    /* rank 0's twins (exec.c): twin_first..twin_last, if twin_due, the twin
-     * calls not yet known to be past every rank; the twin calls whose
-     * ranks' times are still to be read (a ring: pend_n from pend_head;
-     * Python empties it with the programs) */
-    uint64_t twin_first, twin_last;
-    int32_t twin_due, pend_head, pend_n, pend_pad;
-    uint64_t pend_call[SC_PAST];
-    int64_t *pend_twin[SC_PAST];
-    int32_t pend_variant[SC_PAST];
-    int32_t pending;         /* neighbours with unchecked calls (bit k: nb[k]) */
-    int32_t quiet;           /* calls with pending since the last look, mod SC_LOOK (a look when 0) */
-    int32_t busy;
-    int32_t owe;             /* this rank's post line went out unfenced: its sleepers are still to be checked */
-    int32_t err_rank;
-    int32_t err_code;
-    int32_t err_when;        /* mismatches: 0 this call, 1 the previous call, 2 an earlier one, 3 calls out of step */
-    uint64_t err_call;       /* ... and the oldest call it may be in: the job is aborted from there */
-    int64_t err_a;
-    int64_t err_b;
-    sc_peers_t *peers;       /* the peers' arenas as mapped here (csrc/peers.c), made on first use */
-    int64_t direct;          /* bytes moved to or from peers' arenas by plain copies, or folded where they lie */
-} sc_comm_t;
+typedef struct sc_comm sc_comm_t;
+
+/* The one way up from the engine's waits into the Python layer
+ * (csrc/core.c wait_slow calls it; csrc/pyfast.c sets it for the length
+ * of a call and clears it after; all NULL outside a Python entry, and a
+ * wait then neither lets the GIL go nor polls).  A wait that has lasted
+ * the comm's gil_ns, or is about to sleep, calls release() once and keeps
+ * what it returns in saved: the GIL is let go.  While it waits it calls
+ * poll(c) every 10 ms, which runs Python's signal handlers (taking the GIL
+ * back from saved and letting it go again) and returns nonzero when one
+ * raised: the wait fails with SC_EINTR.  pyfast.c takes the GIL back from
+ * saved before it touches a Python object again. */
+typedef struct {
+    void *(*release)(void);
+    int (*poll)(sc_comm_t *c);
+    void *saved;
+} sc_hooks_t;
+
+/* One rank's context over a communicator, by concern (anonymous groups:
+ * the fields keep their names).  The executor's per-call fields (the call
+ * state, then the plan's and the layout's it reads) come before the cache,
+ * the twins' and the errors' state, which it touches only on their paths. */
+struct sc_comm {
+    struct {                 /* plan, set by Python before sc_layout */
+        int32_t rank;
+        int32_t size;
+        int64_t chan_bytes;      /* per-rank channel: the staging ring */
+        int64_t stripe_bytes;    /* NUMA-striped bcast buffer */
+        int32_t stripe_slots;    /* its segments; slot i lives on node i mod nodes */
+        int32_t check;           /* cross-rank agreement round on every call (SHMCOLL_CHECK) */
+        int32_t cma;             /* every rank can read its peers' memory (sc_probe_cma) */
+        int32_t closed;          /* set by Python when the communicator may not be used: fast entries decline */
+        uint64_t call_base;      /* the first call's number (SHMCOLL_CALL_BASE) */
+        /* wait policy (ns): spin, then sched_yield, then futex sleep */
+        int64_t spin_ns;
+        int64_t spin_far_ns;     /* waits flagged "spin long": ranks on other CPUs once ours need none */
+        int64_t yield_ns;
+        int64_t sleep_ns;
+        int64_t liveness_ns;
+        int64_t timeout_ns;      /* a wait longer than this raises SC_ETIMEOUT (0: never) */
+    };
+    struct {                 /* shared memory layout, computed by sc_layout, and where it is mapped */
+        int64_t off_state;
+        int64_t off_mutex;
+        int64_t off_post;
+        int64_t off_ack;
+        int64_t off_slot, off_slot_data;
+        int64_t off_rec;
+        int64_t off_queue;
+        int64_t off_claim;
+        int64_t off_chan;
+        int64_t off_stripe;
+        int64_t total;
+        char *base;
+    };
+    struct {                 /* Python-owned memory: scratch (grown by the planner), debts (SC_NSETS x size) */
+        char *tmp;
+        int64_t tmp_bytes;
+        int32_t *debt_who;
+        uint64_t *debt_cnt;
+        uint64_t debt_call[SC_NSETS];
+        int32_t debt_n[SC_NSETS];
+        /* traffic record: bytes this rank read from each source, then the
+         * messages it read from each (NULL: off) */
+        int64_t *traffic;
+    };
+    struct {                 /* this rank's calls: the executor's per-call state */
+        uint64_t call;           /* this call's number: 64 bits, compared by signed difference */
+        uint64_t sig[2];         /* this call's signature (isa.h SC_SIG_*) */
+        uint64_t prev[2];        /* the previous call's */
+        uint64_t hist;           /* a hash of every call's before the previous */
+        int32_t pending;         /* neighbours with unchecked calls (bit k: nb[k]) */
+        int32_t quiet;           /* calls with pending since the last look, mod SC_LOOK (a look when 0) */
+        int32_t busy;
+        int32_t owe;             /* this rank's post line went out unfenced: its sleepers are still to be checked */
+        sc_peers_t *peers;       /* the peers' arenas as mapped here (csrc/peers.c), made on first use */
+        int64_t direct;          /* bytes moved to or from peers' arenas by plain copies, or folded where they lie */
+    };
+    struct {                 /* records to recheck (exec.c recheck) */
+        uint64_t due[SC_NB];     /* per neighbour to check (nb), if pending: the last call whose record of it is unchecked */
+        uint64_t since[SC_NB];   /* ... and the first */
+        int32_t nb[SC_NB];       /* the ranks this one checks when it did not wait on them (compile.checks) */
+        int32_t nnb;
+    };
+    struct {                 /* the way up into Python (sc_hooks_t) */
+        sc_hooks_t hooks;
+        int64_t gil_ns;          /* let the GIL go once a wait lasted this (SC_GIL_NS: the rank has one thread, else 0) */
+    };
+    struct {                 /* the fast entries' program cache (pyfast.c) */
+        sc_entry_t cache[SC_CACHE];
+        sc_entry_t *last;        /* the entry the last fast call found (pyfast.c lookup) */
+    };
+    struct {                 /* rank 0's twins (twins.c) */
+        /* twin_first..twin_last, if twin_due, the twin calls not yet
+         * known to be past every rank; the twin calls whose ranks' times
+         * are still to be read (a ring: pend_n from pend_head; Python
+         * empties it with the programs) */
+        uint64_t twin_first, twin_last;
+        int32_t twin_due, pend_head, pend_n, pend_pad;
+        uint64_t pend_call[SC_PAST];
+        int64_t *pend_twin[SC_PAST];
+        int32_t pend_variant[SC_PAST];
+    };
+    struct {                 /* the last failure, for Python to name (device.failure) */
+        int32_t err_rank;
+        int32_t err_code;
+        int32_t err_when;        /* mismatches: 0 this call, 1 the previous call, 2 an earlier one, 3 calls out of step */
+        uint64_t err_call;       /* ... and the oldest call it may be in: the job is aborted from there */
+        int64_t err_a;
+        int64_t err_b;
+    };
+};
 
 int64_t sc_layout(sc_comm_t *c);
 int sc_attach(sc_comm_t *c, char *base);

@@ -2,13 +2,16 @@
  *
  * Python plans every algorithm as a schedule (which bytes move from which
  * rank to which, step by step) and compiles it per rank into a program of
- * fixed-size instructions (shmcoll/compile.py) with every ring offset,
- * event number and ack count resolved.  Here a call is: arrive (publish the
- * call's signature and buffers), optionally agree on signatures with every
- * rank, then run the instructions: post and wait on (call, event) flags,
- * copy, single-copy read a peer's buffer or write into it, ack, and drain or record the
- * readers a writer must wait for before it rewrites its ring, its inline
- * slots or the stripe (lazily: only when it writes the same memory again). */
+ * fixed-size instructions (shmcoll/compile.py; their fields: isa.h,
+ * generated from shmcoll/isa.py) with every ring offset, event number and
+ * ack count resolved.  Here a call is: arrive (publish the call's
+ * signature and buffers), optionally agree on signatures with every rank,
+ * then run the instructions: post and wait on (call, event) flags, copy,
+ * single-copy read a peer's buffer or write into it, ack, and drain or
+ * record the readers a writer must wait for before it rewrites its ring,
+ * its inline slots or the stripe (lazily: only when it writes the same
+ * memory again); after it, check the records of neighbours it did not
+ * wait on (recheck).  Which of a twin's two programs runs is twins.c's. */
 #include "sc_internal.h"
 #include <errno.h>
 
@@ -54,17 +57,9 @@ static int set_of(sc_comm_t *c, int64_t a)
     return a < SC_SET_SLOT ? (int)a : SC_SET_SLOT + (int)(slot_index(c->call, (uint64_t)(a - SC_SET_SLOT)) % SC_SLOTS);
 }
 
-/* Wait for line l (written by who) to reach (call, ev). */
-static int wait_line(sc_comm_t *c, sc_line_t *l, int who, uint64_t call, uint64_t ev, int64_t spin, int nocheck)
-{
-    if (line_reached(l, call, ev)) return SC_OK;
-    sc_wait_t w = { .line = l, .wq = &l->wq, .call = call, .event = ev, .who = who, .nocheck = nocheck, .spin_ns = spin };
-    return sc_wait_slow(c, &w);
-}
-
 static int wait_ack(sc_comm_t *c, int who, uint64_t call, uint64_t count, int64_t spin)
 {
-    return wait_line(c, ack_line(c, who), who, call, count, spin, 0);
+    return sc_wait_line(c, ack_line(c, who), who, call, count, spin, 0);
 }
 
 /* Whether a record (sig, prev, hist) is ours of this call word for word,
@@ -109,7 +104,7 @@ static int check_post(sc_comm_t *c, int who, const sc_slot_t *slot)
 /* Wait for who's post line; with check, then check its record. */
 static int wait_post(sc_comm_t *c, int who, uint64_t call, uint64_t ev, int64_t spin, int check, const sc_slot_t *slot)
 {
-    int rc = wait_line(c, post_line(c, who), who, call, ev, spin, 0);
+    int rc = sc_wait_line(c, post_line(c, who), who, call, ev, spin, 0);
     return !rc && check ? check_post(c, who, slot) : rc;
 }
 
@@ -285,7 +280,7 @@ static int agree(sc_comm_t *c)
 {
     for (int r = 0; r < c->size; r++) {
         if (r == c->rank) continue;
-        int rc = wait_line(c, post_line(c, r), r, c->call, 0, c->spin_ns, 1);
+        int rc = sc_wait_line(c, post_line(c, r), r, c->call, 0, c->spin_ns, 1);
         if (rc) return rc;
         if (sc_check_line(c, r)) return SC_EDIFFER;
     }
@@ -406,7 +401,7 @@ static int recheck(sc_comm_t *c, int block, int look)
         if (!(c->pending >> k & 1)) continue;
         int who = c->nb[k], rc, seen, must = block && c->call - c->since[k] >= SC_PAST - 1;
         if (!must && !look) continue;
-        if (must && (rc = wait_line(c, post_line(c, who), who, c->since[k], 0, c->spin_ns, 1)))
+        if (must && (rc = sc_wait_line(c, post_line(c, who), who, c->since[k], 0, c->spin_ns, 1)))
             return rc;
         uint64_t at = atomic_load_explicit(&post_line(c, who)->call, memory_order_acquire);
         if ((int64_t)(at - c->since[k]) < 0) continue;
@@ -436,214 +431,8 @@ int sc_last_look(sc_comm_t *c)
     return rc;
 }
 
-/* Twins (core.h): the same call as two programs, the automatic choice by
- * single copy and staged through shared memory.  Which is faster depends
- * on where the host put the CPUs, which a guest cannot see (bench/README.md,
- * "Engine constants"), so rank 0 times each (the longest any rank took),
- * picks per call, and every rank runs its pick.
- *
- * Rank 0's pick, per twin block:
- *  - Warm-up: each program in turn (by calls run, however late their
- *    times are learnt) until three calls of each are learnt.  A program's
- *    first call is not counted: it pays first touches, which would charge
- *    the program long after.
- *  - Then the current one, which gives way when the other's estimate is
- *    1/8 below its own.
- *  - Going back: what ran before a call slows both programs alike, but can
- *    make the current one lose to the other's older estimate.  So after a
- *    switch made on the current one's own times, the other's first two
- *    calls must beat by 1/8 what the old one took before its last two, or
- *    the old one is back (and kept if still slow: the next switch comes
- *    within two calls).
- *  - Trials: the other is tried again, for two calls, after the warm-up
- *    whatever its estimate (4 calls later: the warm-up's own calls count),
- *    then once the calls since its last trial took 128 times what its two
- *    calls cost over the current one: by rank 0's estimates 1/128 of the
- *    time goes to trials, 1/64 with the current one's first call after
- *    them as cold as the trial's first.
- *  - Estimates: a trial's is the lower of its two times (its first call
- *    pays for what the current one left in the caches, so a one-call trial
- *    could keep the slower program for good); the current one's is the
- *    lower of its last two (one stall does not condemn it, two slower
- *    calls in a row, as when the host moves the CPUs apart, do). */
-int64_t sc_twin_estimate(const int64_t *t, int v)
-{
-    int64_t a = t[SC_TW_LAST + v], b = t[SC_TW_PREV + v];
-    return b && b < a ? b : a;
-}
-
-static int warming(const int64_t *t) { return t[SC_TW_SEEN] < 3 || t[SC_TW_SEEN + 1] < 3; }
-
-int sc_twin_pick(int64_t *t)
-{
-    if (warming(t)) return t[SC_TW_RUNS] > t[SC_TW_RUNS + 1];     /* 0, 1, 0, 1, 0, 1 */
-    int cur = (int)t[SC_TW_CUR] & 1;
-    int64_t a = sc_twin_estimate(t, cur), b = sc_twin_estimate(t, !cur), back = t[SC_TW_BACK];
-    if (back < 0 && t[SC_TW_SINCE] >= 2) back = t[SC_TW_BACK] = 0;
-    if (back > 0 && t[SC_TW_SINCE] >= 2) {      /* two calls since a switch on the old one's own times: */
-        t[SC_TW_BACK] = 0;
-        if (a >= back - back / 8) {             /* not better than the old one before it slowed */
-            t[SC_TW_CUR] = cur = !cur;
-            t[SC_TW_SINCE] = t[SC_TW_TRIAL] = 0;
-            t[SC_TW_BACK] = -1;
-            a = b;
-        }
-    } else if (b < a - a / 8) {                 /* not after a trial won, nor just after going back: */
-        t[SC_TW_BACK] = t[SC_TW_LEARNT] == !cur + 1 || back < 0 ? 0 : t[SC_TW_EARLIER + cur];
-        t[SC_TW_CUR] = cur = !cur;
-        t[SC_TW_SINCE] = t[SC_TW_TRIAL] = 0;
-        a = b;
-    }
-    if (t[SC_TW_TRIAL]) return !cur;            /* calls of the trial still to run (sc_twin_ran) */
-    if (t[SC_TW_SINCE] >= 8 && (!t[SC_TW_CHECKED] ||
-                                t[SC_TW_SINCE] * (a / 128) >= t[SC_TW_LAST + !cur] + t[SC_TW_PREV + !cur] - 2 * a)) {
-        t[SC_TW_SINCE] = 0;
-        t[SC_TW_TRIAL] = 2;
-        t[SC_TW_CHECKED] = 1;
-        return !cur;
-    }
-    return cur;
-}
-
-/* A call ran program v: counted, and a trial's call used up (by a call
- * that ran, so a pick promised for a call that never came costs nothing). */
-void sc_twin_ran(int64_t *t, int v)
-{
-    t[SC_TW_RUNS + v]++;
-    if (t[SC_TW_TRIAL] && v != (t[SC_TW_CUR] & 1)) t[SC_TW_TRIAL]--;
-}
-
-/* Rank 0's time (ns) of a call that ran program v (learnt a few calls
- * late, when rank 0 ran ahead: picks meanwhile go by what it knew; runs
- * of the current program count towards the next trial, so a pick made
- * for a call that never came costs nothing). */
-void sc_twin_learn(int64_t *t, int v, int64_t ns)
-{
-    ns = ns > 0 ? ns : 1;
-    int trial = !warming(t) && v != (t[SC_TW_CUR] & 1), again = trial && t[SC_TW_LEARNT] == v + 1;
-    if (!t[SC_TW_SEEN + v]++) return;           /* a program's first call: its first touches, not its time */
-    t[SC_TW_EARLIER + v] = t[SC_TW_BEFORE + v];
-    t[SC_TW_BEFORE + v] = sc_twin_estimate(t, v);
-    t[SC_TW_PREV + v] = trial && !again ? ns : t[SC_TW_LAST + v];
-    t[SC_TW_LAST + v] = ns;
-    t[SC_TW_LEARNT] = v + 1;
-    if (!trial) t[SC_TW_SINCE]++;
-}
-
-/* A follower's program of a twin: rank 0's pick, promised at the end of
- * its last call when that was the same twin (a loop: the followers need
- * not wait for rank 0 to arrive, as a gather's senders, which stage
- * their blocks while the root still copies the last call's out), else in
- * its record of this call (it arrived: it may have gone on, never
- * SC_PAST calls, see twin_bound). */
-static int twin_follow(sc_comm_t *c, int *v)
-{
-    sc_line_t *l = post_line(c, 0);
-    uint32_t q = atomic_load_explicit(&l->next_seq, memory_order_acquire);
-    uint64_t n = l->next_call, s0 = l->next_sig[0], s1 = l->next_sig[1];
-    uint32_t got = l->next_variant;
-    atomic_thread_fence(memory_order_acquire);
-    if (!(q & 1) && atomic_load_explicit(&l->next_seq, memory_order_relaxed) == q && n == c->call
-        && s0 == c->sig[0] && s1 == c->sig[1]) {
-        *v = (int)(got & 1);
-        return SC_OK;
-    }
-    int rc = wait_line(c, l, 0, c->call, 0, c->spin_ns, 0);
-    if (rc) return rc;
-    sc_rec_t *r = rec_of(c, 0, c->call);
-    uint64_t s = atomic_load_explicit(&r->seq, memory_order_acquire), pick = r->variant;
-    atomic_thread_fence(memory_order_acquire);
-    if (s == 2 * c->call + 2 && atomic_load_explicit(&r->seq, memory_order_relaxed) == s) {
-        *v = (int)(pick & 1);
-        return SC_OK;
-    }
-    sc_out_of_step(c, 0);                     /* rank 0 is SC_PAST calls on */
-    sc_abort_mismatch(c);
-    return SC_EMISMATCH;
-}
-
-/* Rank 0, after a twin call: its pick for the next call, should that be
- * the same twin (under next_seq, odd while rewritten).  Rank 0 reads it
- * back from the same line at its next call (promised). */
-static void promise(sc_comm_t *c, int64_t *twin)
-{
-    sc_line_t *l = post_line(c, 0);
-    uint32_t q = atomic_load_explicit(&l->next_seq, memory_order_relaxed);
-    atomic_store_explicit(&l->next_seq, q + 1, memory_order_relaxed);
-    atomic_thread_fence(memory_order_release);
-    l->next_call = c->call + 1;
-    l->next_sig[0] = c->sig[0];
-    l->next_sig[1] = c->sig[1];
-    l->next_variant = (uint32_t)sc_twin_pick(twin);
-    atomic_store_explicit(&l->next_seq, q + 2, memory_order_release);
-}
-
-/* Rank 0: whether it promised a pick for this call (made at the end of
- * the last one, whichever twin runs it now, if the signature is the one
- * promised: the followers may already run it). */
-static int promised(sc_comm_t *c)
-{
-    sc_line_t *l = post_line(c, 0);
-    return l->next_call == c->call && l->next_sig[0] == c->sig[0] && l->next_sig[1] == c->sig[1];
-}
-
-/* Rank 0's time of a twin call: the longest any rank took, read from
- * their records once all have ended it (rank 0 alone can be early: a
- * root that wrote everything staged and left), but for ranks already
- * SC_PAST calls on, whose records of it are gone. */
-static void collect(sc_comm_t *c)
-{
-    while (c->pend_n) {
-        int i = c->pend_head;
-        uint64_t m = c->pend_call[i], done = 2 * m + 2;
-        int64_t worst = 0;
-        for (int r = 0; r < c->size; r++) {
-            sc_rec_t *rec = rec_of(c, r, m);
-            uint64_t s = atomic_load_explicit(&rec->seq, memory_order_acquire);
-            int64_t took = atomic_load_explicit(&rec->took, memory_order_acquire);
-            if ((int64_t)(s - done) > 0) continue;             /* r is SC_PAST calls on: its time is gone */
-            if (s != done || !took) return;                    /* r is still in call m: later */
-            worst = took > worst ? took : worst;
-        }
-        if (worst > 0) sc_twin_learn(c->pend_twin[i], c->pend_variant[i], worst);
-        c->pend_head = (i + 1) % SC_PAST;
-        c->pend_n--;
-    }
-}
-
-/* Rank 0 after a twin call: its time to learn, when every rank's is in
- * (the oldest is dropped should SC_PAST wait). */
-static void pend(sc_comm_t *c, int64_t *twin, int v)
-{
-    if (c->pend_n == SC_PAST) {
-        c->pend_head = (c->pend_head + 1) % SC_PAST;
-        c->pend_n--;
-    }
-    int i = (c->pend_head + c->pend_n++) % SC_PAST;
-    c->pend_call[i] = c->call;
-    c->pend_twin[i] = twin;
-    c->pend_variant[i] = v;
-}
-
-/* Rank 0 keeps its records of twin calls until every rank has read its
- * picks there: before a call that could overwrite the oldest one not
- * known to be read, it waits for every rank to have arrived past the
- * newest (they have the data of every call before this one, so nothing
- * waits on rank 0 meanwhile). */
-static int twin_bound(sc_comm_t *c)
-{
-    if (!c->twin_due || c->call - c->twin_first < SC_PAST - 1) return SC_OK;
-    for (int r = 1; r < c->size; r++) {
-        int rc = wait_line(c, post_line(c, r), r, c->twin_last + 1, 0, c->spin_ns, 0);
-        if (rc) return rc;
-    }
-    c->twin_due = 0;
-    return SC_OK;
-}
-
-/* One collective call: header words are [instructions, signature (2),
- * first event, scratch bytes, neighbours to check at the next call,
- * counts offset (v-variants), twin block or 0].  The caller owns c->busy. */
+/* One collective call (program header: isa.h SC_H_*; a twin's block
+ * picks which of two programs runs: twins.c).  The caller owns c->busy. */
 int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
 {
     int rc = aborted_at(c, c->call + 1);
@@ -658,17 +447,13 @@ int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
     int64_t tw = SC_ARG(prog, SC_H_TWIN);
     int64_t *twin = tw && c->size > 1 ? (int64_t *)tw : NULL, t0 = twin ? sc_now_ns() : 0;
     int v = 0;
-    if (c->rank == 0) {
-        if (c->pend_n) collect(c);
-        rc = twin_bound(c);
-        if (twin) v = promised(c) ? (int)post_line(c, 0)->next_variant : sc_twin_pick(twin);
-    }
+    if (c->rank == 0) rc = sc_twin_lead(c, twin, &v);
     if (!rc) {
         arrive(c, twin ? 0 : (uint64_t)SC_ARG(prog, SC_H_FIRST), sbuf, rbuf, (uint64_t)v);   /* a twin's first post waits for the pick */
         if (c->check && c->size > 1) rc = agree(c);
     }
     if (!rc && twin) {
-        if (c->rank) rc = twin_follow(c, &v);
+        if (c->rank) rc = sc_twin_follow(c, &v);
         if (!rc) {
             prog = (const int64_t *)twin[SC_TW_PROG + v];
             sc_twin_ran(twin, v);
@@ -680,15 +465,7 @@ int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
     }
     if (!rc) rc = run(c, prog, sbuf, rbuf);
     if (!rc && twin) {
-        int64_t took = sc_now_ns() - t0;
-        atomic_store_explicit(&rec_of(c, c->rank, c->call)->took, took > 0 ? took : 1, memory_order_release);
-        if (c->rank == 0) {
-            if (!c->twin_due) c->twin_first = c->call;
-            c->twin_last = c->call;
-            c->twin_due = 1;
-            pend(c, twin, v);
-            promise(c, twin);
-        }
+        sc_twin_done(c, twin, v, t0);
     }
     checks = (int32_t)SC_ARG(prog, SC_H_CHECKS);   /* of the program that ran (a twin's may differ) */
     if (!rc && checks && !c->check) {

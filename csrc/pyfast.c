@@ -49,12 +49,14 @@ static const int64_t *lookup(sc_comm_t *c, const int64_t *key)
  * signal handlers; nonzero when one raised (the exception stays set). */
 static int poll_signals(sc_comm_t *c)
 {
-    if (!c->gil_saved) return 0;
-    PyEval_RestoreThread(c->gil_saved);
+    if (!c->hooks.saved) return 0;
+    PyEval_RestoreThread(c->hooks.saved);
     int raised = PyErr_CheckSignals() < 0;
-    c->gil_saved = PyEval_SaveThread();
+    c->hooks.saved = PyEval_SaveThread();
     return raised;
 }
+
+static void *release_gil(void) { return PyEval_SaveThread(); }
 
 /* A wait lets the GIL go once it has lasted gil_ns, or before it sleeps.
  * With no other thread in the interpreter, that is after SC_GIL_NS: a
@@ -70,20 +72,20 @@ static void arm(sc_comm_t *c)
         PyThreadState *head = PyInterpreterState_ThreadHead(PyThreadState_GetInterpreter(me));
         c->gil_ns = head == me && !PyThreadState_Next(me) ? SC_GIL_NS : 0;
     }
-    c->gil_release = (void *)PyEval_SaveThread;
-    c->poll = (void *)poll_signals;
+    c->hooks.release = release_gil;
+    c->hooks.poll = poll_signals;
 }
 
 /* Take the GIL back if a slow wait let it go: before anything touches a
  * Python object again (PyBuffer_Release included). */
 static void resume(sc_comm_t *c)
 {
-    if (c->gil_saved) {
-        PyEval_RestoreThread(c->gil_saved);
-        c->gil_saved = NULL;
+    if (c->hooks.saved) {
+        PyEval_RestoreThread(c->hooks.saved);
+        c->hooks.saved = NULL;
     }
-    c->gil_release = NULL;
-    c->poll = NULL;
+    c->hooks.release = NULL;
+    c->hooks.poll = NULL;
 }
 
 /* One call, owned by this thread for its length: a second thread gets
