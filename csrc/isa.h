@@ -25,7 +25,6 @@ enum {
     SC_HEAD = 8,
     SC_OP_STREAMED = 256,
     SC_KEY = 7,
-    SC_TWIN_ALG = 128,
     SC_KEY_OP_SHIFT = 8,
     SC_KEY_NONE = -1,
     SC_KEY_INPLACE = -2,

@@ -52,7 +52,7 @@ OPS = [
        "wait for who's entry of a packed barrier queue"),
     Op("REDUCE", 11, [Field("kop", 0, 8, 8, "rop"), Field("type", 0, 16, 8, "rtype"), Field("form", 0, 24, 4, "rform"),
                       Field("index64", 0, 28, 1, "bool"), Field("streamed", 0, 29, 1, "bool"),
-                      Field("item", 0, 32, 8), Field("index_at", 0, 40, 8),
+                      Field("item", 0, 32, 8, optional=True), Field("index_at", 0, 40, 8, optional=True),
                       Field("dst", 1, kind="space"), Field("doff", 2), Field("a", 3, kind="space"), Field("aoff", 4),
                       Field("b", 5, kind="space"), Field("boff", 6), Field("items", 7)],
        "dst = a kop b over items (form: csrc/core.h SC_F_*); index64, item, index_at: MINLOC/MAXLOC pairs; "
@@ -101,7 +101,7 @@ KEY_NONE = -1           # algorithm: automatic; a buffer: absent
 KEY_INPLACE = -2        # send: IN_PLACE
 
 #: Constants with no field of their own.
-CONSTANTS = {"SC_INSN": INSN, "SC_HEAD": HEAD, "SC_OP_STREAMED": 1 << 8, "SC_KEY": len(KEY), "SC_TWIN_ALG": TWIN_ALG,
+CONSTANTS = {"SC_INSN": INSN, "SC_HEAD": HEAD, "SC_OP_STREAMED": 1 << _STREAMED.lo, "SC_KEY": len(KEY),
              "SC_KEY_OP_SHIFT": KEY_OP_SHIFT, "SC_KEY_NONE": KEY_NONE, "SC_KEY_INPLACE": KEY_INPLACE}
 
 
