@@ -2,15 +2,32 @@
 
 The cdef is the concatenation of the public headers listed in CDEF_HEADERS;
 they hold plain declarations only (no #include, no guards) so that cffi can
-parse them and each .c file includes its own header exactly once.
+parse them and each .c file includes its own header exactly once.  isa.h,
+the instruction set, is generated here from shmcoll/isa.py (its one
+definition), loaded by path: the package is not built yet.
 """
+import importlib.util
 import os
 import platform
 from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CDEF_HEADERS = ["core.h"]
-SOURCES = ["core.c", "exec.c", "copy.c", "reduce.c", "pyfast.c", "pages.c", "peers.c"]
+CDEF_HEADERS = ["isa.h", "core.h"]
+
+
+def write_isa_header():
+    """Regenerate csrc/isa.h from the table (rewritten only when it changed)."""
+    spec = importlib.util.spec_from_file_location("_shmcoll_isa", os.path.join(HERE, "..", "shmcoll", "isa.py"))
+    isa = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(isa)
+    path, text = os.path.join(HERE, "isa.h"), isa.header()
+    if not os.path.exists(path) or open(path).read() != text:
+        with open(path, "w") as f:
+            f.write(text)
+
+
+write_isa_header()
+SOURCES = ["core.c", "exec.c", "twins.c", "copy.c", "reduce.c", "pyfast.c", "pages.c", "peers.c"]
 
 ffibuilder = FFI()
 ffibuilder.cdef("\n".join(open(os.path.join(HERE, h)).read() for h in CDEF_HEADERS))

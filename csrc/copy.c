@@ -4,12 +4,12 @@
  *    again soon, and skipping the write-allocate read saves a third of the
  *    memory traffic.
  *  - 4K aliasing: glibc's memcpy and the kernel's copy (process_vm_readv)
- *    use `rep movsb`, which on AMD Zen runs about 15x slower when the
+ *    use `rep movsb`, which on AMD Zen runs several times slower when the
  *    destination sits 1..63 bytes past the source modulo 4 KiB (two
  *    adjacent heap buffers: dst = src + k * 4096 + 16).  Vector loads and
  *    stores do not suffer, so such copies take the vector loop, and
  *    single copies (reads and writes) go through a bounce buffer at the
- *    peer's page offset (measured: 256 KiB alltoall 236 -> 53 us, fresh layout 44). */
+ *    peer's page offset (bench/README.md, "Engine constants"). */
 #include "sc_internal.h"
 #include <errno.h>
 #include <stdlib.h>

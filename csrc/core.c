@@ -218,7 +218,6 @@ void sc_set_abort(sc_comm_t *c, int32_t rank, int32_t code)
     atomic_compare_exchange_strong(&hdr(c)->abort_word, &zero, (uint32_t)(rank + 1) | (uint32_t)code << 16);
 }
 
-uint32_t sc_abort_word(sc_comm_t *c) { return atomic_load(&hdr(c)->abort_word); }
 
 /* Record a failure for Python's message; deaths, timeouts and failed
  * single copies abort the job (codes as device.ABORT_REASONS). */
@@ -244,26 +243,25 @@ void sc_out_of_step(sc_comm_t *c, int who)
     c->err_call = c->call - (1ULL << 62);
 }
 
-/* Signatures: w0 = collective | algorithm << 8 | dtype << 16 | op << 24 |
- * root << 32, w1 = byte count.  Fields in the order messages name them:
- * what the user passed before what was derived from it (the algorithm). */
+/* A signature's field f (isa.h SC_SF_*: ids in the order messages name
+ * them, what the user passed before what was derived from it). */
 static int64_t field(const uint64_t *s, int f)
 {
     switch (f) {
-    case 1: return (int64_t)(s[0] & 0xff);
-    case 2: return (int32_t)(s[0] >> 32);
-    case 3: return (int64_t)s[1];
-    case 4: return (int64_t)(s[0] >> 16 & 0xff);
-    case 5: return (int64_t)(s[0] >> 24 & 0xff);
-    default: return (int64_t)(s[0] >> 8 & 0xff);
+    case SC_SF_COLLECTIVE: return SC_ARG(s, SC_SIG_COLLECTIVE);
+    case SC_SF_ROOT: return SC_SARG(s, SC_SIG_ROOT);
+    case SC_SF_BYTES: return SC_ARG(s, SC_SIG_BYTES);
+    case SC_SF_DTYPE: return SC_ARG(s, SC_SIG_DTYPE);
+    case SC_SF_OP: return SC_ARG(s, SC_SIG_OP);
+    default: return SC_ARG(s, SC_SIG_ALGORITHM);
     }
 }
 
 static int differ(sc_comm_t *c, int who, const uint64_t *mine, const uint64_t *theirs, int when)
 {
     if (mine[0] == theirs[0] && mine[1] == theirs[1]) return SC_OK;
-    int f = 1;
-    while (f < 6 && field(mine, f) == field(theirs, f)) f++;
+    int f = SC_SF_COLLECTIVE;
+    while (f < SC_SF_ALGORITHM && field(mine, f) == field(theirs, f)) f++;
     c->err_code = f;
     c->err_when = when;
     c->err_rank = who;
@@ -425,10 +423,10 @@ static int stalled_rank(sc_comm_t *c, int who)
     return who;
 }
 
-/* Other Python threads of this rank may run from now (csrc/pyfast.c, arm). */
+/* Other Python threads of this rank may run from now (core.h, sc_hooks_t). */
 static void let_go(sc_comm_t *c)
 {
-    if (c->gil_release && !c->gil_saved) c->gil_saved = ((void *(*)(void))c->gil_release)();
+    if (c->hooks.release && !c->hooks.saved) c->hooks.saved = c->hooks.release();
 }
 
 /* Spin with pause while the peer is likely running, then yield the core
@@ -463,9 +461,9 @@ static int wait_slow(sc_comm_t *c, const sc_wait_t *w)
             }
             return rc == SC_EABORT ? rc : sc_fail(c, SC_EDEAD, r, rc, 0);
         }
-        if (c->poll && t >= next_poll) {
+        if (c->hooks.poll && t >= next_poll) {
             next_poll = t + POLL_NS;
-            if (((int (*)(sc_comm_t *))c->poll)(c)) return sc_fail(c, SC_EINTR, c->rank, 0, 0);
+            if (c->hooks.poll(c)) return sc_fail(c, SC_EINTR, c->rank, 0, 0);
         }
         if (c->timeout_ns > 0 && t - t0 > c->timeout_ns) {
             int r = stalled_rank(c, w->who);

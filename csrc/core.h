@@ -1,7 +1,7 @@
 /* The engine's interface to Python (also the cffi cdef: plain declarations
  * only).  One sc_comm_t per rank per communicator: Python fills the plan
  * fields once, C owns the shared layout and runs every collective as one
- * compiled program (sc_exec; opcodes below, built by shmcoll/compile.py). */
+ * compiled program (sc_exec_owned; opcodes below, built by shmcoll/compile.py). */
 #define SC_LINE 128
 #define SC_INLINE 4096   /* inline payload of a slot: a writer's slots rotate over SC_SLOTS calls, so it runs
                             that many calls ahead of its readers (a staged ring waits for the last call's) */
@@ -12,13 +12,11 @@
 #define SC_SLOTS 8       /* inline slot lines per writer: a root may run this many calls ahead */
 #define SC_PAST 8        /* arrival records kept per rank: a rank that waited on no one checks its neighbours within this many calls */
 #define SC_LOOK 4        /* ... looking at their records every this many such calls (exec.c, recheck) */
-#define SC_INSN 8        /* int64 words per instruction */
-#define SC_HEAD 8        /* int64 words of program header */
 /* Twins: one call's two programs (the automatic choice by single copy and
  * its staged alternative), header word 7 of both pointing at this block of
  * int64 words, one per rank (Python-owned): rank 0 picks a program per
  * call from the times it measured, publishes its pick in its arrival
- * record, and every rank runs it (csrc/exec.c). */
+ * record, and every rank runs it (csrc/twins.c). */
 enum { SC_TW_PROG = 0, SC_TW_LAST = 2, SC_TW_PREV = 4, SC_TW_RUNS = 6, SC_TW_CUR = 8, SC_TW_SINCE = 9, SC_TW_TRIAL = 10,
        SC_TW_LEARNT = 11, SC_TW_SEEN = 12, SC_TW_CHECKED = 14, SC_TW_BEFORE = 15, SC_TW_EARLIER = 17, SC_TW_BACK = 19,
        SC_TW_WORDS = 20 };
@@ -36,36 +34,13 @@ enum { SC_TW_PROG = 0, SC_TW_LAST = 2, SC_TW_PREV = 4, SC_TW_RUNS = 6, SC_TW_CUR
 #define SC_EKERNEL -10  /* no reduction kernel for a program's op and type (a planning bug): the job is aborted */
 #define SC_FALLBACK -100 /* fast entry declined: take the checked Python path */
 
-/* Opcodes: word 0 of an instruction; operands a..g in words 1..7. */
-enum {
-    SC_OP_END = 0,
-    SC_OP_POST = 1,     /* a=event: my post line reaches (call, event) */
-    SC_OP_WAIT = 2,     /* a=who b=event c=flags(1 check signature, 2 spin long, 4 a message's first piece,
-                           8 check it in the inline slot d=space that comes next): who's post line */
-    SC_OP_ACK = 3,      /* a=count: my ack line reaches (call, count) */
-    SC_OP_WAITACK = 4,  /* a=who b=count c=flags: who's ack line */
-    SC_OP_COPY = 5,     /* a=dst space b=dst off c=src space d=src off e=n f=flags(1 stream, 2 stamp my record
-                           in the inline slot a first) g=source rank or -1 */
-    SC_OP_CMA = 6,      /* a=dst space b=dst off c=who d=who's space (1 send, 2 recv) e=src off f=n: single copy */
-    SC_OP_DRAIN = 7,    /* a=set: wait for the readers recorded on it, then forget them */
-    SC_OP_DEBT = 8,     /* a=set b=reader c=count: before rewriting set, wait for reader's ack of count */
-    SC_OP_QPOST = 9,    /* a=queue (0 gather, 1 release) b=entry: packed barrier queue */
-    SC_OP_QWAIT = 10,   /* a=queue b=entry c=who */
-    SC_OP_REDUCE = 11,  /* word 0 also holds the kernel (sc_reduce); a=dst space b=dst off c,d=a's e,f=b's g=items */
-    SC_OP_COUNT = 12,   /* a=source rank b=bytes: the traffic record of a folded input */
-    SC_OP_CMAW = 13,    /* a=src space b=src off c=who d=who's space e=dst off f=n g=(twin's recv off + 1) << 1 | stream,
-                           or 0: single copy into who's buffer, and into this rank's recv at the twin's offset */
-    SC_OP_SHARE = 14,   /* a=who b=role (0 reader, 1 writer) | step (< 16) << 8 c=writer's space (1 send, 2 recv) d=src off
-                           e=dst off (reader's recv) f=n g=piece: a single copy that reader and writer split,
-                           piece by piece, each claiming the next until none is left */
-    SC_OP_STREAMED = 256,  /* or'ed into word 0 of SC_OP_CMA, SC_OP_SHARE: their plain copies (a peer's arena) stream */
-};
-/* Reduction kernels (csrc/reduce.c): word 0 of SC_OP_REDUCE is
- * opcode | op << 8 | type << 16 | form << 24 | index-is-int64 << 28 |
- * streamed << 29 | item bytes << 32 | index offset << 40: index-is-int64,
- * item and offset for MINLOC/MAXLOC pairs, whose type is the value's;
- * streamed for the others: d is written by non-temporal stores (d = a op b,
- * d op= b and the narrowing of half types). */
+/* The instruction set (opcodes, operand fields, flags, spaces, debt sets,
+ * program header, signature, fast key): isa.h, generated from shmcoll/isa.py. */
+/* Reduction kernels (csrc/reduce.c), named by word 0 of SC_OP_REDUCE
+ * (isa.h SC_REDUCE_KOP, _TYPE, _FORM; INDEX64, ITEM and INDEX_AT for
+ * MINLOC/MAXLOC pairs, whose type is the value's; STREAMED for the
+ * others: d is written by non-temporal stores (d = a op b, d op= b and
+ * the narrowing of half types). */
 enum { SC_R_SUM = 1, SC_R_PROD, SC_R_MIN, SC_R_MAX, SC_R_LAND, SC_R_LOR, SC_R_LXOR, SC_R_BAND, SC_R_BOR, SC_R_BXOR,
        SC_R_MINLOC, SC_R_MAXLOC, SC_R_NOPS };
 enum { SC_T_I8 = 1, SC_T_I16, SC_T_I32, SC_T_I64, SC_T_U8, SC_T_U16, SC_T_U32, SC_T_U64, SC_T_F32, SC_T_F64,
@@ -73,106 +48,136 @@ enum { SC_T_I8 = 1, SC_T_I16, SC_T_I32, SC_T_I64, SC_T_U8, SC_T_U16, SC_T_U32, S
 /* Forms: d = a op b; d op= b; half types accumulate in float32:
  * d(f32) = a op b, d(f32) op= b, then d = a(f32) rounded to nearest even. */
 enum { SC_F_SAME = 0, SC_F_INTO = 1, SC_F_WIDEN = 2, SC_F_ACC = 3, SC_F_NARROW = 4, SC_F_N = 5 };
-/* Spaces (COPY/CMA operands): kind | rank << 8 | inline index << 32. */
-enum { SC_SEND = 1, SC_RECV = 2, SC_TMP = 3, SC_CHAN = 4, SC_SLOT = 5, SC_STRIPE = 6, SC_TINY = 7 };
-/* Debt sets: 0 the ring (channel), 1 the stripe, 2 + j the j-th inline slot of a call. */
-enum { SC_SET_RING = 0, SC_SET_STRIPE = 1, SC_SET_SLOT = 2, SC_NSETS = 2 + SC_SLOTS };
+/* Debt sets (isa.h SC_SET_*): the ring, the stripe, one per inline slot line. */
+enum { SC_NSETS = SC_SET_SLOT + SC_SLOTS };
 
 typedef struct sc_line sc_line_t;
 
-/* The fast entries' program cache: key = (collective, algorithm or -1 for
- * automatic, root, bytes of the first and second buffer, item size or
- * dtype, fingerprint of a v-variant's counts and displacements or 0).  A
- * v-variant's program ends with its counts and displacements (header word
- * 6: where), which the entry compares exactly before running it. */
+/* The fast entries' program cache, keyed as isa.h SC_K_* lays out:
+ * collective (| a built-in op << SC_KEY_OP_SHIFT), algorithm or
+ * SC_KEY_NONE for automatic, root, bytes of the first and second buffer,
+ * item size or dtype, sc_fingerprint of a v-variant's counts and
+ * displacements or 0.  A v-variant's program ends with its counts and
+ * displacements (header word SC_H_COUNTS: where), which the entry
+ * compares exactly before running it. */
 #define SC_CACHE 256
 #define SC_GIL_NS 20000
-#define SC_KEY 7
 #define SC_NB 16         /* neighbours a rank may check: a star's centre up to 17 ranks */
 typedef struct { int64_t key[SC_KEY]; const int64_t *prog; } sc_entry_t;
 
 typedef struct sc_peers sc_peers_t;
-typedef struct sc_comm {
-    /* plan, set by Python before sc_layout */
-    int32_t rank;
-    int32_t size;
-    int64_t chan_bytes;      /* per-rank channel: the staging ring */
-    int64_t stripe_bytes;    /* NUMA-striped bcast buffer */
-    int32_t stripe_slots;    /* its segments; slot i lives on node i mod nodes */
-    int32_t check;           /* cross-rank agreement round on every call (SHMCOLL_CHECK) */
-    int32_t cma;             /* every rank can read its peers' memory (sc_probe_cma) */
-    int32_t closed;          /* set by Python when the communicator may not be used: fast entries decline */
-    uint64_t call_base;      /* the first call's number (SHMCOLL_CALL_BASE) */
-    /* wait policy (ns): spin, then sched_yield, then futex sleep */
-    int64_t spin_ns;
-    int64_t spin_far_ns;     /* waits flagged "spin long": ranks on other CPUs once ours need none */
-    int64_t yield_ns;
-    int64_t sleep_ns;
-    int64_t liveness_ns;
-    int64_t timeout_ns;      /* a wait longer than this raises SC_ETIMEOUT (0: never) */
-    /* layout, computed by sc_layout */
-    int64_t off_state;
-    int64_t off_mutex;
-    int64_t off_post;
-    int64_t off_ack;
-    int64_t off_slot, off_slot_data;
-    int64_t off_rec;
-    int64_t off_queue;
-    int64_t off_claim;
-    int64_t off_chan;
-    int64_t off_stripe;
-    int64_t total;
-    /* attached */
-    char *base;
-    /* scratch (Python-owned, grown by the planner) and debts (Python-owned, SC_NSETS x size) */
-    char *tmp;
-    int64_t tmp_bytes;
-    int32_t *debt_who;
-    uint64_t *debt_cnt;
-    uint64_t debt_call[SC_NSETS];
-    int32_t debt_n[SC_NSETS];
-    /* traffic record: bytes this rank read from each source, then the
-     * messages it read from each (NULL: off) */
-    int64_t *traffic;
-    /* set by the Python entries: release the GIL once a wait has lasted
-     * gil_ns (SC_GIL_NS when the rank has one thread, else 0), poll signals */
-    void *gil_release;
-    int64_t gil_ns;
-    void *gil_saved;
-    void *poll;
-    sc_entry_t cache[SC_CACHE];
-    sc_entry_t *last;        /* the entry the last fast call found (pyfast.c lookup) */
-    /* private state */
-    uint64_t call;           /* this call's number: 64 bits, compared by signed difference */
-    uint64_t sig[2];         /* this call's signature (collective, algorithm, dtype, op, root; byte count) */
-    uint64_t prev[2];        /* the previous call's */
-    uint64_t hist;           /* a hash of every call's before the previous */
-    uint64_t due[SC_NB];     /* per neighbour to check (nb), if pending: the last call whose record of it is unchecked */
-    uint64_t since[SC_NB];   /* ... and the first */
-    int32_t nb[SC_NB];       /* the ranks this one checks when it did not wait on them (compile.checks) */
-    int32_t nnb;
-    /* rank 0's twins (exec.c): twin_first..twin_last, if twin_due, the twin
-     * calls not yet known to be past every rank; the twin calls whose
-     * ranks' times are still to be read (a ring: pend_n from pend_head;
-     * Python empties it with the programs) */
-    uint64_t twin_first, twin_last;
-    int32_t twin_due, pend_head, pend_n, pend_pad;
-    uint64_t pend_call[SC_PAST];
-    int64_t *pend_twin[SC_PAST];
-    int32_t pend_variant[SC_PAST];
-    int32_t pending;         /* neighbours with unchecked calls (bit k: nb[k]) */
-    int32_t quiet;           /* calls with pending since the last look, mod SC_LOOK (a look when 0) */
-    int32_t busy;
-    int32_t owe;             /* this rank's post line went out unfenced: its sleepers are still to be checked */
-    int32_t err_rank;
-    int32_t err_code;
-    int32_t err_when;        /* mismatches: 0 this call, 1 the previous call, 2 an earlier one, 3 calls out of step */
-    uint64_t err_call;       /* ... and the oldest call it may be in: the job is aborted from there */
-    int64_t err_a;
-    int64_t err_b;
-    sc_peers_t *peers;       /* the peers' arenas as mapped here (csrc/peers.c), made on first use */
-    int64_t direct;          /* bytes moved to or from peers' arenas by plain copies, or folded where they lie */
-} sc_comm_t;
+typedef struct sc_comm sc_comm_t;
+
+/* The one way up from the engine's waits into the Python layer
+ * (csrc/core.c wait_slow calls it; csrc/pyfast.c sets it for the length
+ * of a call and clears it after; all NULL outside a Python entry, and a
+ * wait then neither lets the GIL go nor polls).  A wait that has lasted
+ * the comm's gil_ns, or is about to sleep, calls release() once and keeps
+ * what it returns in saved: the GIL is let go.  While it waits it calls
+ * poll(c) every 10 ms, which runs Python's signal handlers (taking the GIL
+ * back from saved and letting it go again) and returns nonzero when one
+ * raised: the wait fails with SC_EINTR.  pyfast.c takes the GIL back from
+ * saved before it touches a Python object again. */
+typedef struct {
+    void *(*release)(void);
+    int (*poll)(sc_comm_t *c);
+    void *saved;
+} sc_hooks_t;
+
+/* One rank's context over a communicator, by concern (anonymous groups:
+ * the fields keep their names).  The executor's per-call fields (the call
+ * state, then the plan's and the layout's it reads) come before the cache,
+ * the twins' and the errors' state, which it touches only on their paths. */
+struct sc_comm {
+    struct {                 /* plan, set by Python before sc_layout */
+        int32_t rank;
+        int32_t size;
+        int64_t chan_bytes;      /* per-rank channel: the staging ring */
+        int64_t stripe_bytes;    /* NUMA-striped bcast buffer */
+        int32_t stripe_slots;    /* its segments; slot i lives on node i mod nodes */
+        int32_t check;           /* cross-rank agreement round on every call (SHMCOLL_CHECK) */
+        int32_t cma;             /* every rank can read its peers' memory (sc_probe_cma) */
+        int32_t closed;          /* set by Python when the communicator may not be used: fast entries decline */
+        uint64_t call_base;      /* the first call's number (SHMCOLL_CALL_BASE) */
+        /* wait policy (ns): spin, then sched_yield, then futex sleep */
+        int64_t spin_ns;
+        int64_t spin_far_ns;     /* waits flagged "spin long": ranks on other CPUs once ours need none */
+        int64_t yield_ns;
+        int64_t sleep_ns;
+        int64_t liveness_ns;
+        int64_t timeout_ns;      /* a wait longer than this raises SC_ETIMEOUT (0: never) */
+    };
+    struct {                 /* shared memory layout, computed by sc_layout, and where it is mapped */
+        int64_t off_state;
+        int64_t off_mutex;
+        int64_t off_post;
+        int64_t off_ack;
+        int64_t off_slot, off_slot_data;
+        int64_t off_rec;
+        int64_t off_queue;
+        int64_t off_claim;
+        int64_t off_chan;
+        int64_t off_stripe;
+        int64_t total;
+        char *base;
+    };
+    struct {                 /* Python-owned memory: scratch (grown by the planner), debts (SC_NSETS x size) */
+        char *tmp;
+        int64_t tmp_bytes;
+        int32_t *debt_who;
+        uint64_t *debt_cnt;
+        uint64_t debt_call[SC_NSETS];
+        int32_t debt_n[SC_NSETS];
+        /* traffic record: bytes this rank read from each source, then the
+         * messages it read from each (NULL: off) */
+        int64_t *traffic;
+    };
+    struct {                 /* this rank's calls: the executor's per-call state */
+        uint64_t call;           /* this call's number: 64 bits, compared by signed difference */
+        uint64_t sig[2];         /* this call's signature (isa.h SC_SIG_*) */
+        uint64_t prev[2];        /* the previous call's */
+        uint64_t hist;           /* a hash of every call's before the previous */
+        int32_t pending;         /* neighbours with unchecked calls (bit k: nb[k]) */
+        int32_t quiet;           /* calls with pending since the last look, mod SC_LOOK (a look when 0) */
+        int32_t busy;
+        int32_t owe;             /* this rank's post line went out unfenced: its sleepers are still to be checked */
+        sc_peers_t *peers;       /* the peers' arenas as mapped here (csrc/peers.c), made on first use */
+        int64_t direct;          /* bytes moved to or from peers' arenas by plain copies, or folded where they lie */
+    };
+    struct {                 /* records to recheck (exec.c recheck) */
+        uint64_t due[SC_NB];     /* per neighbour to check (nb), if pending: the last call whose record of it is unchecked */
+        uint64_t since[SC_NB];   /* ... and the first */
+        int32_t nb[SC_NB];       /* the ranks this one checks when it did not wait on them (compile.checks) */
+        int32_t nnb;
+    };
+    struct {                 /* the way up into Python (sc_hooks_t) */
+        sc_hooks_t hooks;
+        int64_t gil_ns;          /* let the GIL go once a wait lasted this (SC_GIL_NS: the rank has one thread, else 0) */
+    };
+    struct {                 /* the fast entries' program cache (pyfast.c) */
+        sc_entry_t cache[SC_CACHE];
+        sc_entry_t *last;        /* the entry the last fast call found (pyfast.c lookup) */
+    };
+    struct {                 /* rank 0's twins (twins.c) */
+        /* twin_first..twin_last, if twin_due, the twin calls not yet
+         * known to be past every rank; the twin calls whose ranks' times
+         * are still to be read (a ring: pend_n from pend_head; Python
+         * empties it with the programs) */
+        uint64_t twin_first, twin_last;
+        int32_t twin_due, pend_head, pend_n, pend_pad;
+        uint64_t pend_call[SC_PAST];
+        int64_t *pend_twin[SC_PAST];
+        int32_t pend_variant[SC_PAST];
+    };
+    struct {                 /* the last failure, for Python to name (device.failure) */
+        int32_t err_rank;
+        int32_t err_code;
+        int32_t err_when;        /* mismatches: 0 this call, 1 the previous call, 2 an earlier one, 3 calls out of step */
+        uint64_t err_call;       /* ... and the oldest call it may be in: the job is aborted from there */
+        int64_t err_a;
+        int64_t err_b;
+    };
+};
 
 int64_t sc_layout(sc_comm_t *c);
 int sc_attach(sc_comm_t *c, char *base);
@@ -185,17 +190,14 @@ int sc_rank_state(sc_comm_t *c, int32_t rank);
 void sc_set_abort(sc_comm_t *c, int32_t rank, int32_t code);
 void sc_abort_self(sc_comm_t *c, int32_t code);
 void sc_mismatch_of(sc_comm_t *c, int32_t rank, int64_t *out);
-uint32_t sc_abort_word(sc_comm_t *c);
 int sc_probe_cma(sc_comm_t *c);
 
-int sc_exec(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf);
 int sc_last_look(sc_comm_t *c);
 int sc_own(sc_comm_t *c);
 void sc_disown(sc_comm_t *c);
 
 void sc_copy(char *dst, const char *src, int64_t n, int nt);
 int sc_reduce(int64_t word, char *d, const char *a, const char *b, int64_t n);
-const char *sc_reduce_isa(void);
 
 int sc_twin_pick(int64_t *t);
 int64_t sc_twin_estimate(const int64_t *t, int v);
@@ -203,6 +205,7 @@ void sc_twin_learn(int64_t *t, int v, int64_t ns);
 void sc_twin_ran(int64_t *t, int v);
 
 int sc_cache_slot(const int64_t *key);
+int64_t sc_fingerprint(const int64_t *vec, int n);
 /* What a fast entry reads in place on every call (csrc/pyfast.c): its
  * communicator, collective id, the argument whose dtype the signature
  * holds (-1: none), whether it takes a reduction op, and one role

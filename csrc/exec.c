@@ -2,44 +2,50 @@
  *
  * Python plans every algorithm as a schedule (which bytes move from which
  * rank to which, step by step) and compiles it per rank into a program of
- * fixed-size instructions (shmcoll/compile.py) with every ring offset,
- * event number and ack count resolved.  Here a call is: arrive (publish the
- * call's signature and buffers), optionally agree on signatures with every
- * rank, then run the instructions: post and wait on (call, event) flags,
- * copy, single-copy read a peer's buffer or write into it, ack, and drain or record the
- * readers a writer must wait for before it rewrites its ring, its inline
- * slots or the stripe (lazily: only when it writes the same memory again). */
+ * fixed-size instructions (shmcoll/compile.py; their fields: isa.h,
+ * generated from shmcoll/isa.py) with every ring offset, event number and
+ * ack count resolved.  Here a call is: arrive (publish the call's
+ * signature and buffers), optionally agree on signatures with every rank,
+ * then run the instructions: post and wait on (call, event) flags, copy,
+ * single-copy read a peer's buffer or write into it, ack, and drain or
+ * record the readers a writer must wait for before it rewrites its ring,
+ * its inline slots or the stripe (lazily: only when it writes the same
+ * memory again); after it, check the records of neighbours it did not
+ * wait on (recheck).  Which of a twin's two programs runs is twins.c's. */
 #include "sc_internal.h"
 #include <errno.h>
 
 /* A writer using w inline slots a call (w a power of two) gives call C
  * the lines C * w .. C * w + w - 1 (mod SC_SLOTS): a line comes back
  * SC_SLOTS / w calls later, so a root writing to several readers is not
- * held to the readers of its previous call.  Operand u = j | w << 8. */
+ * held to the readers of its previous call.  Operand u: slot j, width w. */
 static uint64_t slot_index(uint64_t call, uint64_t u)
 {
-    return call * (u >> 8) + (u & 0xff);
+    return call * (uint64_t)SC_ARG(&u, SC_SLOTOP_WIDTH) + (uint64_t)SC_ARG(&u, SC_SLOTOP_J);
 }
+
+static int space_rank(int64_t sp) { return (int)SC_ARG(&sp, SC_SPACE_RANK); }
+static uint64_t space_index(int64_t sp) { return (uint64_t)SC_ARG(&sp, SC_SPACE_INDEX); }
 
 /* The header of the inline slot that space word sp names in this call. */
 static sc_slot_t *slot_of(sc_comm_t *c, int64_t sp)
 {
-    return slot_head(c, (int)(sp >> 8 & 0xffffff), slot_index(c->call, (uint64_t)(sp >> 32)));
+    return slot_head(c, space_rank(sp), slot_index(c->call, space_index(sp)));
 }
 
 static char *space(sc_comm_t *c, int64_t sp, int64_t off, char *sbuf, char *rbuf)
 {
-    int r = (int)(sp >> 8 & 0xffffff);
-    switch (sp & 0xff) {
+    int r = space_rank(sp);
+    switch (SC_ARG(&sp, SC_SPACE_KIND)) {
     case SC_SEND: return sbuf + off;
     case SC_RECV: return rbuf + off;
     case SC_TMP: {                  /* a fold's input slot (bits 32-): the peer's bytes, if its CMA left them there */
-        char *a = sp >> 32 ? sc_alias(c, (int)(sp >> 32) - 1) : NULL;
+        char *a = space_index(sp) ? sc_alias(c, (int)space_index(sp) - 1) : NULL;
         return (a ? a : c->tmp) + off;
     }
     case SC_CHAN: return chan_buf(c, r) + off;
-    case SC_SLOT: return slot_data(c, r, slot_index(c->call, (uint64_t)(sp >> 32))) + off;
-    case SC_TINY: return slot_tiny(c, r, slot_index(c->call, (uint64_t)(sp >> 32))) + off;
+    case SC_SLOT: return slot_data(c, r, slot_index(c->call, space_index(sp))) + off;
+    case SC_TINY: return slot_tiny(c, r, slot_index(c->call, space_index(sp))) + off;
     default: return c->base + c->off_stripe + off;
     }
 }
@@ -51,17 +57,9 @@ static int set_of(sc_comm_t *c, int64_t a)
     return a < SC_SET_SLOT ? (int)a : SC_SET_SLOT + (int)(slot_index(c->call, (uint64_t)(a - SC_SET_SLOT)) % SC_SLOTS);
 }
 
-/* Wait for line l (written by who) to reach (call, ev). */
-static int wait_line(sc_comm_t *c, sc_line_t *l, int who, uint64_t call, uint64_t ev, int64_t spin, int nocheck)
-{
-    if (line_reached(l, call, ev)) return SC_OK;
-    sc_wait_t w = { .line = l, .wq = &l->wq, .call = call, .event = ev, .who = who, .nocheck = nocheck, .spin_ns = spin };
-    return sc_wait_slow(c, &w);
-}
-
 static int wait_ack(sc_comm_t *c, int who, uint64_t call, uint64_t count, int64_t spin)
 {
-    return wait_line(c, ack_line(c, who), who, call, count, spin, 0);
+    return sc_wait_line(c, ack_line(c, who), who, call, count, spin, 0);
 }
 
 /* Whether a record (sig, prev, hist) is ours of this call word for word,
@@ -106,7 +104,7 @@ static int check_post(sc_comm_t *c, int who, const sc_slot_t *slot)
 /* Wait for who's post line; with check, then check its record. */
 static int wait_post(sc_comm_t *c, int who, uint64_t call, uint64_t ev, int64_t spin, int check, const sc_slot_t *slot)
 {
-    int rc = wait_line(c, post_line(c, who), who, call, ev, spin, 0);
+    int rc = sc_wait_line(c, post_line(c, who), who, call, ev, spin, 0);
     return !rc && check ? check_post(c, who, slot) : rc;
 }
 
@@ -150,13 +148,12 @@ static void debt(sc_comm_t *c, int s, int who, uint64_t count)
  * through a piece finishes it whenever it goes on: sc_shut).  A write
  * with a twin (this rank's own copy of the same bytes, nt: streamed)
  * goes TWIN bytes at a time, each copied into the twin first and then
- * into who while still in cache, so local is read from memory once (2
- * ranks, 16 MiB Allgather: 0.84x the copy into the twin, then the push).
+ * into who while still in cache, so local is read from memory once.
  * nt: bit 0 streams the twin, bit 1 the single copy where it is a plain
- * one (SC_OP_STREAMED on a CMA or SHARE; never a CMAW push: Allgather's
- * streamed pushes were 1.4x slower, bench/README). */
+ * one (SC_OP_STREAMED on a CMA or SHARE; never a CMAW push, which
+ * streamed runs slower: bench/README.md, "Engine constants"). */
 #define TWIN (256 << 10)
-static inline int streamed(const int64_t *in) { return in[0] & SC_OP_STREAMED ? 2 : 0; }   /* cma's nt */
+static inline int streamed(const int64_t *in) { return SC_ARG(in, SC_CMA_STREAMED) ? 2 : 0; }   /* cma's nt */
 static int cma(sc_comm_t *c, int who, char *local, uint64_t addr, int64_t n, int write, char *twin, int nt)
 {
     _Atomic int32_t *mine = &rank_rec(c, c->rank)->pushing, *door = write ? &rank_rec(c, who)->shut : NULL;
@@ -230,16 +227,17 @@ static int64_t claim(_Atomic uint64_t *w, uint64_t tag, int64_t k, int back)
  * waits for that ack before it counts the copy as done. */
 static int share(sc_comm_t *c, const int64_t *in, char *sbuf, char *rbuf)
 {
-    int who = (int)in[1], writer = (int)(in[2] & 1), nt = streamed(in);
-    uint64_t tag = claim_tag(c->call, (int)(in[2] >> 8 & 0xf)), at;
+    int who = (int)SC_ARG(in, SC_SHARE_WHO), writer = (int)SC_ARG(in, SC_SHARE_WRITER), nt = streamed(in);
+    uint64_t tag = claim_tag(c->call, (int)SC_ARG(in, SC_SHARE_STEP)), at;
     _Atomic uint64_t *w = writer ? claim_word(c, who, c->rank) : claim_word(c, c->rank, who);
-    int64_t n = in[6], q = in[7], k = (n + q - 1) / q, i;
+    int64_t n = SC_ARG(in, SC_SHARE_N), q = SC_ARG(in, SC_SHARE_PIECE), k = (n + q - 1) / q, i;
+    int64_t buf = SC_ARG(in, SC_SHARE_BUF), soff = SC_ARG(in, SC_SHARE_SOFF), doff = SC_ARG(in, SC_SHARE_DOFF);
     int rc = writer ? buffer_of(c, who, SC_RECV, &at) : SC_OK;
-    if (!writer) at = post_line(c, who)->addr[in[3] - 1];
+    if (!writer) at = post_line(c, who)->addr[buf - 1];
     while (!rc && (i = claim(w, tag, k, writer)) >= 0) {
         int64_t off = i * q, len = n - off < q ? n - off : q;
-        rc = writer ? cma(c, who, space(c, in[3], in[4] + off, sbuf, rbuf), at + (uint64_t)(in[5] + off), len, 1, NULL, nt)
-                    : cma(c, who, rbuf + in[5] + off, at + (uint64_t)(in[4] + off), len, 0, NULL, nt);
+        rc = writer ? cma(c, who, space(c, buf, soff + off, sbuf, rbuf), at + (uint64_t)(doff + off), len, 1, NULL, nt)
+                    : cma(c, who, rbuf + doff + off, at + (uint64_t)(soff + off), len, 0, NULL, nt);
     }
     return rc;
 }
@@ -282,7 +280,7 @@ static int agree(sc_comm_t *c)
 {
     for (int r = 0; r < c->size; r++) {
         if (r == c->rank) continue;
-        int rc = wait_line(c, post_line(c, r), r, c->call, 0, c->spin_ns, 1);
+        int rc = sc_wait_line(c, post_line(c, r), r, c->call, 0, c->spin_ns, 1);
         if (rc) return rc;
         if (sc_check_line(c, r)) return SC_EDIFFER;
     }
@@ -293,74 +291,90 @@ static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
 {
     uint64_t call = c->call;
     sc_line_t *me = post_line(c, c->rank);
-    const int64_t *in = prog + SC_HEAD, *end = in + prog[0] * SC_INSN;
+    const int64_t *in = prog + SC_HEAD, *end = in + SC_ARG(prog, SC_H_INSNS) * SC_INSN;
     int rc = SC_OK;
     for (; in < end && !rc; in += SC_INSN) {
-        switch (in[0] & 0xff) {
+        switch (SC_ARG(in, SC_OPCODE)) {
         case SC_OP_POST:
-            post_event(me, (uint64_t)in[1]);
+            post_event(me, (uint64_t)SC_ARG(in, SC_POST_EVENT));
             c->owe = 0;                       /* the same line's sleepers: checked */
             break;
-        case SC_OP_WAIT:
-            rc = wait_post(c, (int)in[1], call, (uint64_t)in[2], in[3] & 2 ? c->spin_far_ns : c->spin_ns, in[3] & 1,
-                           in[3] & 8 ? slot_of(c, in[4]) : NULL);
-            if (!rc && c->traffic && in[3] & 4) c->traffic[c->size + in[1]]++;    /* a message's first piece */
+        case SC_OP_WAIT: {
+            int64_t f = SC_ARG(in, SC_WAIT_FLAGS), who = SC_ARG(in, SC_WAIT_WHO);
+            rc = wait_post(c, (int)who, call, (uint64_t)SC_ARG(in, SC_WAIT_EVENT),
+                           f & SC_WAIT_FAR ? c->spin_far_ns : c->spin_ns, f & SC_WAIT_CHECK,
+                           f & SC_WAIT_INSLOT ? slot_of(c, SC_ARG(in, SC_WAIT_SLOT)) : NULL);
+            if (!rc && c->traffic && f & SC_WAIT_FIRST) c->traffic[c->size + who]++;    /* a message's first piece */
             break;
+        }
         case SC_OP_ACK:
-            ack_event(ack_line(c, c->rank), call, (uint64_t)in[1]);
+            ack_event(ack_line(c, c->rank), call, (uint64_t)SC_ARG(in, SC_ACK_COUNT));
             owed_after_fence(c, me);
             break;
         case SC_OP_WAITACK:
-            rc = wait_ack(c, (int)in[1], call, (uint64_t)in[2], in[3] & 2 ? c->spin_far_ns : c->spin_ns);
+            rc = wait_ack(c, (int)SC_ARG(in, SC_WAITACK_WHO), call, (uint64_t)SC_ARG(in, SC_WAITACK_COUNT),
+                          SC_ARG(in, SC_WAITACK_FLAGS) & SC_WAITACK_FAR ? c->spin_far_ns : c->spin_ns);
             break;
-        case SC_OP_COPY:
-            if (in[6] & 2) stamp(c, slot_of(c, in[1]));
-            sc_copy(space(c, in[1], in[2], sbuf, rbuf), space(c, in[3], in[4], sbuf, rbuf), in[5], (int)(in[6] & 1));
-            if (c->traffic && in[7] >= 0) c->traffic[in[7]] += in[5];
+        case SC_OP_COPY: {
+            int64_t f = SC_ARG(in, SC_COPY_FLAGS), n = SC_ARG(in, SC_COPY_N), from = SC_ARG(in, SC_COPY_SOURCE);
+            if (f & SC_COPY_STAMP) stamp(c, slot_of(c, SC_ARG(in, SC_COPY_DST)));
+            sc_copy(space(c, SC_ARG(in, SC_COPY_DST), SC_ARG(in, SC_COPY_DOFF), sbuf, rbuf),
+                    space(c, SC_ARG(in, SC_COPY_SRC), SC_ARG(in, SC_COPY_SOFF), sbuf, rbuf), n, (int)(f & SC_COPY_STREAM));
+            if (c->traffic && from >= 0) c->traffic[from] += n;
             break;
+        }
         case SC_OP_CMA: {
-            uint64_t at = post_line(c, (int)in[3])->addr[in[4] - 1] + (uint64_t)in[5];
-            char *p = in[7] ? sc_peer_ptr(c, (int)in[3], at, in[6]) : NULL;
-            if (in[7]) sc_alias_set(c, (int)in[7] - 1, p, in[2]);   /* folded where it lies */
-            if (p) c->direct += in[6];
-            else rc = cma(c, (int)in[3], space(c, in[1], in[2], sbuf, rbuf), at, in[6], 0, NULL, streamed(in));
-            if (!rc && c->traffic) c->traffic[in[3]] += in[6];
+            int who = (int)SC_ARG(in, SC_CMA_WHO);
+            int64_t n = SC_ARG(in, SC_CMA_N), fold = SC_ARG(in, SC_CMA_FOLD);
+            uint64_t at = post_line(c, who)->addr[SC_ARG(in, SC_CMA_BUF) - 1] + (uint64_t)SC_ARG(in, SC_CMA_SOFF);
+            char *p = fold ? sc_peer_ptr(c, who, at, n) : NULL;
+            if (fold) sc_alias_set(c, (int)fold - 1, p, SC_ARG(in, SC_CMA_DOFF));   /* folded where it lies */
+            if (p) c->direct += n;
+            else rc = cma(c, who, space(c, SC_ARG(in, SC_CMA_DST), SC_ARG(in, SC_CMA_DOFF), sbuf, rbuf), at, n, 0, NULL,
+                          streamed(in));
+            if (!rc && c->traffic) c->traffic[who] += n;
             break;
         }
         case SC_OP_CMAW: {
             uint64_t at;
-            rc = buffer_of(c, (int)in[3], (int)in[4], &at);
-            if (!rc) rc = cma(c, (int)in[3], space(c, in[1], in[2], sbuf, rbuf), at + (uint64_t)in[5], in[6], 1,
-                             in[7] ? rbuf + (in[7] >> 1) - 1 : NULL, (int)(in[7] & 1));
+            int who = (int)SC_ARG(in, SC_CMAW_WHO);
+            int64_t twin = SC_ARG(in, SC_CMAW_TWIN);
+            rc = buffer_of(c, who, (int)SC_ARG(in, SC_CMAW_BUF), &at);
+            if (!rc) rc = cma(c, who, space(c, SC_ARG(in, SC_CMAW_SRC), SC_ARG(in, SC_CMAW_SOFF), sbuf, rbuf),
+                             at + (uint64_t)SC_ARG(in, SC_CMAW_DOFF), SC_ARG(in, SC_CMAW_N), 1,
+                             twin ? rbuf + twin - 1 : NULL, (int)SC_ARG(in, SC_CMAW_TWIN_STREAM));
             break;
         }
         case SC_OP_SHARE:
             rc = share(c, in, sbuf, rbuf);
             break;
         case SC_OP_DRAIN:
-            rc = drain(c, set_of(c, in[1]));
+            rc = drain(c, set_of(c, SC_ARG(in, SC_DRAIN_SET)));
             break;
         case SC_OP_DEBT:
-            debt(c, set_of(c, in[1]), (int)in[2], (uint64_t)in[3]);
+            debt(c, set_of(c, SC_ARG(in, SC_DEBT_SET)), (int)SC_ARG(in, SC_DEBT_READER), (uint64_t)SC_ARG(in, SC_DEBT_COUNT));
             break;
         case SC_OP_QPOST:
-            atomic_store_explicit(queue_word(c, (int)in[1], (int)in[2]), call, memory_order_release);
+            atomic_store_explicit(queue_word(c, (int)SC_ARG(in, SC_QPOST_QUEUE), (int)SC_ARG(in, SC_QPOST_ENTRY)), call,
+                                  memory_order_release);
             wake_sleepers(queue_wq(c));
             owed_after_fence(c, me);
             break;
         case SC_OP_REDUCE:
-            if (sc_reduce(in[0], space(c, in[1], in[2], sbuf, rbuf), space(c, in[3], in[4], sbuf, rbuf),
-                          space(c, in[5], in[6], sbuf, rbuf), in[7])) {
+            if (sc_reduce(in[0], space(c, SC_ARG(in, SC_REDUCE_DST), SC_ARG(in, SC_REDUCE_DOFF), sbuf, rbuf),
+                          space(c, SC_ARG(in, SC_REDUCE_A), SC_ARG(in, SC_REDUCE_AOFF), sbuf, rbuf),
+                          space(c, SC_ARG(in, SC_REDUCE_B), SC_ARG(in, SC_REDUCE_BOFF), sbuf, rbuf),
+                          SC_ARG(in, SC_REDUCE_ITEMS))) {
                 sc_abort_call(c, 3, call);
                 rc = SC_EKERNEL;
             }
             break;
         case SC_OP_COUNT:
-            if (c->traffic) c->traffic[in[1]] += in[2];
+            if (c->traffic) c->traffic[SC_ARG(in, SC_COUNT_SOURCE)] += SC_ARG(in, SC_COUNT_BYTES);
             break;
         case SC_OP_QWAIT: {
-            sc_wait_t w = { .word = queue_word(c, (int)in[1], (int)in[2]), .wq = queue_wq(c), .call = call,
-                            .who = (int)in[3], .spin_ns = c->spin_ns };
+            sc_wait_t w = { .word = queue_word(c, (int)SC_ARG(in, SC_QWAIT_QUEUE), (int)SC_ARG(in, SC_QWAIT_ENTRY)),
+                            .wq = queue_wq(c), .call = call, .who = (int)SC_ARG(in, SC_QWAIT_WHO), .spin_ns = c->spin_ns };
             rc = wait_for(c, &w);
             break;
         }
@@ -375,8 +389,7 @@ static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
  * or a later one (the hash covers all before) against its own, which it
  * keeps for SC_PAST calls.  It looks (look) at the end of every
  * SC_LOOK-th such call and in Free (sc_last_look): each look reads a line
- * its readers write, a miss on its path (2 ranks, 8 B Bcast: 0.83x the
- * time looking every 4th call instead of every call), and waits only
+ * its readers write, a cache miss on a small call's critical path, and waits only
  * when the oldest unchecked call would leave its records.  So a root
  * runs up to SC_PAST - 1 calls ahead of its readers, and different roots
  * raise on every rank within SC_PAST calls; of two roots that differ
@@ -388,7 +401,7 @@ static int recheck(sc_comm_t *c, int block, int look)
         if (!(c->pending >> k & 1)) continue;
         int who = c->nb[k], rc, seen, must = block && c->call - c->since[k] >= SC_PAST - 1;
         if (!must && !look) continue;
-        if (must && (rc = wait_line(c, post_line(c, who), who, c->since[k], 0, c->spin_ns, 1)))
+        if (must && (rc = sc_wait_line(c, post_line(c, who), who, c->since[k], 0, c->spin_ns, 1)))
             return rc;
         uint64_t at = atomic_load_explicit(&post_line(c, who)->call, memory_order_acquire);
         if ((int64_t)(at - c->since[k]) < 0) continue;
@@ -418,280 +431,50 @@ int sc_last_look(sc_comm_t *c)
     return rc;
 }
 
-/* Twins (core.h): the same call as two programs, the automatic choice by
- * single copy and staged through shared memory.  Which is faster depends
- * on where the host put the CPUs: on a 2-vCPU Zen 4 guest, 2 MiB Allreduce
- * took 218 us by single copy and 154 staged with the vCPUs near, while
- * staged copies ran 2-4x slower with them far apart (bench/README.md), and
- * the guest sees neither.  So rank 0 times each (the longest any rank
- * took), picks per call, and every rank runs its pick.
- *
- * Rank 0's pick: each program in turn (by calls run, however late their
- * times are learnt) until three calls of each are learnt, the first of
- * each not counted: it pays first touches (2 ranks, 16 MiB Allreduce on a
- * 2-vCPU Xeon: single copy's first call 58 ms, staged's 9.2, then both 2-4
- * ms, settling at 1.8 and 2.5).  Counted, it went into the charge of the
- * next trial, so single copy, having lost a warm-up of cold calls (3.9 ms
- * against 2.4 as rank 0 measured them), was tried again only after about
- * 3000 calls.  Then the current one, which gives way when the other's
- * estimate is 1/8 below its own.  Calls slowed by what ran before them
- * slow both programs alike (2 ranks, 16 MiB Allreduce after any break, a
- * sleep or 60 copies of 16 MiB: by single copy 4.4, 4.1, 2.9 ms, down to
- * 1.7 over 8-15 calls, staged 3.1 down to 2.5), but two of them make the
- * current one lose to the other's older estimate.  So after a switch made
- * on the current one's own times, the other's first two calls must beat
- * by 1/8 what the old one took before its last two, or the old one is
- * back (and kept if it is still slow, the next switch coming within two
- * calls).  Before, the old one stayed charged with its slowed calls and
- * half the bench's calls ran staged (2562 us a call against 1666 for the
- * algorithm named); a check 8 calls after each switch (b39b914) fixed
- * that but locked into switching back and forth with slowdowns recurring
- * every 10-33 calls, the policy tests' 1.22-1.53x the time of the faster
- * program alone, now 1.06-1.13x.  The other is tried again, for two
- * calls, after the warm-up whatever its estimate (4 calls later: the
- * warm-up's own calls count), then once the calls since its last trial
- * took 128 times what its two calls cost over the current one: by rank
- * 0's estimates 1/128 of the time goes to trials, 1/64 with the current
- * one's first call after them as cold as the trial's first (a colder one,
- * unmeasured, is not bounded), and a program that loses by 20% is retried
- * every 52 calls, one 3x slower every 512 (at 5 us calls; a / 128 rounds
- * down).  A trial's estimate is the lower of its two times: its first call
- * pays for what the current one left in the caches (2 ranks, 32 KiB Bcast:
- * single copy 4.5-5.5 us in a loop, 7.2-7.5 us as a one-call trial between
- * staged calls: a one-call trial could keep the slower program for good
- * once the host moved the CPUs back near).  The current one's estimate is
- * the lower of its last two times (one stall does not condemn it, two
- * slower calls in a row, as when the host moves the CPUs apart, do). */
-int64_t sc_twin_estimate(const int64_t *t, int v)
-{
-    int64_t a = t[SC_TW_LAST + v], b = t[SC_TW_PREV + v];
-    return b && b < a ? b : a;
-}
-
-static int warming(const int64_t *t) { return t[SC_TW_SEEN] < 3 || t[SC_TW_SEEN + 1] < 3; }
-
-int sc_twin_pick(int64_t *t)
-{
-    if (warming(t)) return t[SC_TW_RUNS] > t[SC_TW_RUNS + 1];     /* 0, 1, 0, 1, 0, 1 */
-    int cur = (int)t[SC_TW_CUR] & 1;
-    int64_t a = sc_twin_estimate(t, cur), b = sc_twin_estimate(t, !cur), back = t[SC_TW_BACK];
-    if (back < 0 && t[SC_TW_SINCE] >= 2) back = t[SC_TW_BACK] = 0;
-    if (back > 0 && t[SC_TW_SINCE] >= 2) {      /* two calls since a switch on the old one's own times: */
-        t[SC_TW_BACK] = 0;
-        if (a >= back - back / 8) {             /* not better than the old one before it slowed */
-            t[SC_TW_CUR] = cur = !cur;
-            t[SC_TW_SINCE] = t[SC_TW_TRIAL] = 0;
-            t[SC_TW_BACK] = -1;
-            a = b;
-        }
-    } else if (b < a - a / 8) {                 /* not after a trial won, nor just after going back: */
-        t[SC_TW_BACK] = t[SC_TW_LEARNT] == !cur + 1 || back < 0 ? 0 : t[SC_TW_EARLIER + cur];
-        t[SC_TW_CUR] = cur = !cur;
-        t[SC_TW_SINCE] = t[SC_TW_TRIAL] = 0;
-        a = b;
-    }
-    if (t[SC_TW_TRIAL]) return !cur;            /* calls of the trial still to run (sc_twin_ran) */
-    if (t[SC_TW_SINCE] >= 8 && (!t[SC_TW_CHECKED] ||
-                                t[SC_TW_SINCE] * (a / 128) >= t[SC_TW_LAST + !cur] + t[SC_TW_PREV + !cur] - 2 * a)) {
-        t[SC_TW_SINCE] = 0;
-        t[SC_TW_TRIAL] = 2;
-        t[SC_TW_CHECKED] = 1;
-        return !cur;
-    }
-    return cur;
-}
-
-/* A call ran program v: counted, and a trial's call used up (by a call
- * that ran, so a pick promised for a call that never came costs nothing). */
-void sc_twin_ran(int64_t *t, int v)
-{
-    t[SC_TW_RUNS + v]++;
-    if (t[SC_TW_TRIAL] && v != (t[SC_TW_CUR] & 1)) t[SC_TW_TRIAL]--;
-}
-
-/* Rank 0's time (ns) of a call that ran program v (learnt a few calls
- * late, when rank 0 ran ahead: picks meanwhile go by what it knew; runs
- * of the current program count towards the next trial, so a pick made
- * for a call that never came costs nothing). */
-void sc_twin_learn(int64_t *t, int v, int64_t ns)
-{
-    ns = ns > 0 ? ns : 1;
-    int trial = !warming(t) && v != (t[SC_TW_CUR] & 1), again = trial && t[SC_TW_LEARNT] == v + 1;
-    if (!t[SC_TW_SEEN + v]++) return;           /* a program's first call: its first touches, not its time */
-    t[SC_TW_EARLIER + v] = t[SC_TW_BEFORE + v];
-    t[SC_TW_BEFORE + v] = sc_twin_estimate(t, v);
-    t[SC_TW_PREV + v] = trial && !again ? ns : t[SC_TW_LAST + v];
-    t[SC_TW_LAST + v] = ns;
-    t[SC_TW_LEARNT] = v + 1;
-    if (!trial) t[SC_TW_SINCE]++;
-}
-
-/* A follower's program of a twin: rank 0's pick, promised at the end of
- * its last call when that was the same twin (a loop: the followers need
- * not wait for rank 0 to arrive, as a gather's senders, which stage
- * their blocks while the root still copies the last call's out), else in
- * its record of this call (it arrived: it may have gone on, never
- * SC_PAST calls, see twin_bound). */
-static int twin_follow(sc_comm_t *c, int *v)
-{
-    sc_line_t *l = post_line(c, 0);
-    uint32_t q = atomic_load_explicit(&l->next_seq, memory_order_acquire);
-    uint64_t n = l->next_call, s0 = l->next_sig[0], s1 = l->next_sig[1];
-    uint32_t got = l->next_variant;
-    atomic_thread_fence(memory_order_acquire);
-    if (!(q & 1) && atomic_load_explicit(&l->next_seq, memory_order_relaxed) == q && n == c->call
-        && s0 == c->sig[0] && s1 == c->sig[1]) {
-        *v = (int)(got & 1);
-        return SC_OK;
-    }
-    int rc = wait_line(c, l, 0, c->call, 0, c->spin_ns, 0);
-    if (rc) return rc;
-    sc_rec_t *r = rec_of(c, 0, c->call);
-    uint64_t s = atomic_load_explicit(&r->seq, memory_order_acquire), pick = r->variant;
-    atomic_thread_fence(memory_order_acquire);
-    if (s == 2 * c->call + 2 && atomic_load_explicit(&r->seq, memory_order_relaxed) == s) {
-        *v = (int)(pick & 1);
-        return SC_OK;
-    }
-    sc_out_of_step(c, 0);                     /* rank 0 is SC_PAST calls on */
-    sc_abort_mismatch(c);
-    return SC_EMISMATCH;
-}
-
-/* Rank 0, after a twin call: its pick for the next call, should that be
- * the same twin (under next_seq, odd while rewritten).  Rank 0 reads it
- * back from the same line at its next call (promised). */
-static void promise(sc_comm_t *c, int64_t *twin)
-{
-    sc_line_t *l = post_line(c, 0);
-    uint32_t q = atomic_load_explicit(&l->next_seq, memory_order_relaxed);
-    atomic_store_explicit(&l->next_seq, q + 1, memory_order_relaxed);
-    atomic_thread_fence(memory_order_release);
-    l->next_call = c->call + 1;
-    l->next_sig[0] = c->sig[0];
-    l->next_sig[1] = c->sig[1];
-    l->next_variant = (uint32_t)sc_twin_pick(twin);
-    atomic_store_explicit(&l->next_seq, q + 2, memory_order_release);
-}
-
-/* Rank 0: whether it promised a pick for this call (made at the end of
- * the last one, whichever twin runs it now, if the signature is the one
- * promised: the followers may already run it). */
-static int promised(sc_comm_t *c)
-{
-    sc_line_t *l = post_line(c, 0);
-    return l->next_call == c->call && l->next_sig[0] == c->sig[0] && l->next_sig[1] == c->sig[1];
-}
-
-/* Rank 0's time of a twin call: the longest any rank took, read from
- * their records once all have ended it (rank 0 alone can be early: a
- * root that wrote everything staged and left), but for ranks already
- * SC_PAST calls on, whose records of it are gone. */
-static void collect(sc_comm_t *c)
-{
-    while (c->pend_n) {
-        int i = c->pend_head;
-        uint64_t m = c->pend_call[i], done = 2 * m + 2;
-        int64_t worst = 0;
-        for (int r = 0; r < c->size; r++) {
-            sc_rec_t *rec = rec_of(c, r, m);
-            uint64_t s = atomic_load_explicit(&rec->seq, memory_order_acquire);
-            int64_t took = atomic_load_explicit(&rec->took, memory_order_acquire);
-            if ((int64_t)(s - done) > 0) continue;             /* r is SC_PAST calls on: its time is gone */
-            if (s != done || !took) return;                    /* r is still in call m: later */
-            worst = took > worst ? took : worst;
-        }
-        if (worst > 0) sc_twin_learn(c->pend_twin[i], c->pend_variant[i], worst);
-        c->pend_head = (i + 1) % SC_PAST;
-        c->pend_n--;
-    }
-}
-
-/* Rank 0 after a twin call: its time to learn, when every rank's is in
- * (the oldest is dropped should SC_PAST wait). */
-static void pend(sc_comm_t *c, int64_t *twin, int v)
-{
-    if (c->pend_n == SC_PAST) {
-        c->pend_head = (c->pend_head + 1) % SC_PAST;
-        c->pend_n--;
-    }
-    int i = (c->pend_head + c->pend_n++) % SC_PAST;
-    c->pend_call[i] = c->call;
-    c->pend_twin[i] = twin;
-    c->pend_variant[i] = v;
-}
-
-/* Rank 0 keeps its records of twin calls until every rank has read its
- * picks there: before a call that could overwrite the oldest one not
- * known to be read, it waits for every rank to have arrived past the
- * newest (they have the data of every call before this one, so nothing
- * waits on rank 0 meanwhile). */
-static int twin_bound(sc_comm_t *c)
-{
-    if (!c->twin_due || c->call - c->twin_first < SC_PAST - 1) return SC_OK;
-    for (int r = 1; r < c->size; r++) {
-        int rc = wait_line(c, post_line(c, r), r, c->twin_last + 1, 0, c->spin_ns, 0);
-        if (rc) return rc;
-    }
-    c->twin_due = 0;
-    return SC_OK;
-}
-
-/* One collective call: header words are [instructions, signature (2),
- * first event, scratch bytes, neighbours to check at the next call,
- * counts offset (v-variants), twin block or 0].  The caller owns c->busy. */
+/* One collective call (program header: isa.h SC_H_*; a twin's block
+ * picks which of two programs runs: twins.c).  The caller owns c->busy. */
 int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
 {
     int rc = aborted_at(c, c->call + 1);
     if (rc) return rc;
     int look = !c->quiet;                     /* this call ends with a look at the pending (recheck) */
-    int32_t ahead = look ? c->pending | (int32_t)prog[5] : 0;
+    int32_t checks = (int32_t)SC_ARG(prog, SC_H_CHECKS), ahead = look ? c->pending | checks : 0;
     for (int k = 0; ahead && k < c->nnb; k++)   /* their lines arrive while we work */
         if (ahead >> k & 1) __builtin_prefetch(post_line(c, c->nb[k]));
     c->call++;
-    c->sig[0] = (uint64_t)prog[1];            /* a twin's programs share it */
-    c->sig[1] = (uint64_t)prog[2];
-    int64_t *twin = prog[7] && c->size > 1 ? (int64_t *)prog[7] : NULL, t0 = twin ? sc_now_ns() : 0;
+    c->sig[0] = (uint64_t)SC_ARG(prog, SC_H_SIG0);        /* a twin's programs share it */
+    c->sig[1] = (uint64_t)SC_ARG(prog, SC_H_SIG1);
+    int64_t tw = SC_ARG(prog, SC_H_TWIN);
+    int64_t *twin = tw && c->size > 1 ? (int64_t *)tw : NULL, t0 = twin ? sc_now_ns() : 0;
     int v = 0;
-    if (c->rank == 0) {
-        if (c->pend_n) collect(c);
-        rc = twin_bound(c);
-        if (twin) v = promised(c) ? (int)post_line(c, 0)->next_variant : sc_twin_pick(twin);
-    }
+    if (c->rank == 0) rc = sc_twin_lead(c, twin, &v);
     if (!rc) {
-        arrive(c, twin ? 0 : (uint64_t)prog[3], sbuf, rbuf, (uint64_t)v);   /* a twin's first post waits for the pick */
+        arrive(c, twin ? 0 : (uint64_t)SC_ARG(prog, SC_H_FIRST), sbuf, rbuf, (uint64_t)v);   /* a twin's first post waits for the pick */
         if (c->check && c->size > 1) rc = agree(c);
     }
     if (!rc && twin) {
-        if (c->rank) rc = twin_follow(c, &v);
+        if (c->rank) rc = sc_twin_follow(c, &v);
         if (!rc) {
             prog = (const int64_t *)twin[SC_TW_PROG + v];
             sc_twin_ran(twin, v);
-            if (prog[3]) {
-                post_event(post_line(c, c->rank), (uint64_t)prog[3]);
+            if (SC_ARG(prog, SC_H_FIRST)) {
+                post_event(post_line(c, c->rank), (uint64_t)SC_ARG(prog, SC_H_FIRST));
                 c->owe = 0;
             }
         }
     }
     if (!rc) rc = run(c, prog, sbuf, rbuf);
     if (!rc && twin) {
-        int64_t took = sc_now_ns() - t0;
-        atomic_store_explicit(&rec_of(c, c->rank, c->call)->took, took > 0 ? took : 1, memory_order_release);
-        if (c->rank == 0) {
-            if (!c->twin_due) c->twin_first = c->call;
-            c->twin_last = c->call;
-            c->twin_due = 1;
-            pend(c, twin, v);
-            promise(c, twin);
-        }
+        sc_twin_done(c, twin, v, t0);
     }
-    if (!rc && prog[5] && !c->check) {
+    checks = (int32_t)SC_ARG(prog, SC_H_CHECKS);   /* of the program that ran (a twin's may differ) */
+    if (!rc && checks && !c->check) {
         for (int k = 0; k < c->nnb; k++) {
-            if (!(prog[5] >> k & 1)) continue;
+            if (!(checks >> k & 1)) continue;
             if (!(c->pending >> k & 1)) c->since[k] = c->call;
             c->due[k] = c->call;
         }
-        c->pending |= (int32_t)prog[5];
+        c->pending |= checks;
     }
     if (!rc && c->pending) {
         rc = recheck(c, 1, look);
@@ -709,11 +492,3 @@ int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
  * scratch buffer and replace programs, which a running call uses). */
 int sc_own(sc_comm_t *c) { return __atomic_exchange_n(&c->busy, 1, __ATOMIC_ACQUIRE) ? SC_EBUSY : SC_OK; }
 void sc_disown(sc_comm_t *c) { __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE); }
-
-int sc_exec(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
-{
-    if (__atomic_exchange_n(&c->busy, 1, __ATOMIC_ACQUIRE)) return SC_EBUSY;
-    int rc = sc_exec_owned(c, prog, sbuf, rbuf);
-    __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
-    return rc;
-}

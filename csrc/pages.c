@@ -7,10 +7,9 @@
  * arena, a memfd mapped shared, which the peers map too (csrc/peers.c): a
  * peer copies from or into these arrays by plain loads and stores and
  * folds another rank's input where it lies, with no system call and no
- * copy in between (process_vm_readv pins the peer's pages one by one; 4
- * ranks on 2 cores, 16 MiB Allreduce by single copy: 60% of the time in
- * the kernel's copies; from the arena, 0.64-0.73x the time from 256 KiB
- * up).  The arena's ranges are advised huge pages, which the kernel gives
+ * copy in between (process_vm_readv pins the peer's pages one by one,
+ * which dominates a large single copy: bench/README.md, "Engine
+ * constants").  The arena's ranges are advised huge pages, which the kernel gives
  * shared memory where shmem_enabled allows (elsewhere small pages; a
  * large array's last 2 MiB is then a huge page whole).  Without an arena
  * (arena_fits, or the address space refused) arrays are mapped privately,
@@ -70,15 +69,12 @@ static size_t nspans, cap, nkept, kept_bytes;
 
 /* Slabs: 2 MiB grains of the arena (else huge-page mappings), each cut in
  * slots of one power of two, for arrays from slot_min up to min_bytes (and
- * 2 MiB), so they too are shared (2 ranks, 256 KiB Allgather: 15.8 us by
- * single copy from huge-page slots, 12.5 from the arena's; 64 KiB
- * Allreduce 5.2, 2.4); without the arena, a single copy of a 256 KiB
- * block on small pages pins 64 of them, 14.6 us against 6.4 for a memcpy
- * of it.  At most SLABS slabs (128 MiB; then numpy's),
- * EMPTY of them kept empty (temporaries of three sizes made again and
- * again faulted in a fresh huge page each time with two kept: 350 us an
- * iteration against 32 by numpy's, 13 with eight); slot k of slab i is
- * its p + k << shift. */
+ * 2 MiB), so they too are shared: from the arena a peer copies them by
+ * plain loads and stores; without it, a single copy of a block on small
+ * pages pins every page of it.  At most SLABS slabs (128 MiB; then
+ * numpy's), EMPTY of them kept empty (temporaries of a few sizes made
+ * again and again would otherwise fault in a fresh huge page each time);
+ * slot k of slab i is its p + k << shift. */
 #define SLABS 64
 #define EMPTY 8
 #define SLOT_ALIGN ((size_t)64 << 10)   /* the smallest slot: other pointers are not looked up */

@@ -49,20 +49,22 @@ static const int64_t *lookup(sc_comm_t *c, const int64_t *key)
  * signal handlers; nonzero when one raised (the exception stays set). */
 static int poll_signals(sc_comm_t *c)
 {
-    if (!c->gil_saved) return 0;
-    PyEval_RestoreThread(c->gil_saved);
+    if (!c->hooks.saved) return 0;
+    PyEval_RestoreThread(c->hooks.saved);
     int raised = PyErr_CheckSignals() < 0;
-    c->gil_saved = PyEval_SaveThread();
+    c->hooks.saved = PyEval_SaveThread();
     return raised;
 }
 
+static void *release_gil(void) { return PyEval_SaveThread(); }
+
 /* A wait lets the GIL go once it has lasted gil_ns, or before it sleeps.
- * With no other thread in the interpreter, that is after 20 us: a short
- * wait, as a small call's mostly are, then pays neither the release nor,
- * on its critical path, the retaking (2 ranks, Barrier: 150 -> 140 ns).
- * With other threads, at once, as they would get the GIL only every
- * switch interval (5 ms) from a loop of calls whose waits are short.
- * Looking at the threads costs 5 ns: done every 64th call. */
+ * With no other thread in the interpreter, that is after SC_GIL_NS: a
+ * short wait, as a small call's mostly are, then pays neither the release
+ * nor, on its critical path, the retaking.  With other threads, at once,
+ * as they would get the GIL only every switch interval from a loop of
+ * calls whose waits are short.  Looking at the threads is not free: done
+ * every 64th call. */
 static void arm(sc_comm_t *c)
 {
     if (!(c->call & 63)) {
@@ -70,20 +72,20 @@ static void arm(sc_comm_t *c)
         PyThreadState *head = PyInterpreterState_ThreadHead(PyThreadState_GetInterpreter(me));
         c->gil_ns = head == me && !PyThreadState_Next(me) ? SC_GIL_NS : 0;
     }
-    c->gil_release = (void *)PyEval_SaveThread;
-    c->poll = (void *)poll_signals;
+    c->hooks.release = release_gil;
+    c->hooks.poll = poll_signals;
 }
 
 /* Take the GIL back if a slow wait let it go: before anything touches a
  * Python object again (PyBuffer_Release included). */
 static void resume(sc_comm_t *c)
 {
-    if (c->gil_saved) {
-        PyEval_RestoreThread(c->gil_saved);
-        c->gil_saved = NULL;
+    if (c->hooks.saved) {
+        PyEval_RestoreThread(c->hooks.saved);
+        c->hooks.saved = NULL;
     }
-    c->gil_release = NULL;
-    c->poll = NULL;
+    c->hooks.release = NULL;
+    c->hooks.poll = NULL;
 }
 
 /* One call, owned by this thread for its length: a second thread gets
@@ -251,9 +253,10 @@ static PyObject *vspec(PyObject *v, int n, int64_t *vec)
     return it[0];
 }
 
-/* The key word of a v-variant: counts and displacements hashed as
- * shmcoll/device.py's fingerprint() does; the program holds them exactly. */
-static int64_t fingerprint(const int64_t *vec, int n)
+/* The key word of a v-variant (also device.fingerprint's): its n counts
+ * then n displacements hashed (FNV-1a on words, odd: never 0, "none");
+ * the program holds them exactly. */
+int64_t sc_fingerprint(const int64_t *vec, int n)
 {
     uint64_t h = 0xcbf29ce484222325ULL;
     for (int i = 0; i < 2 * n; i++) h = (h ^ (uint64_t)vec[i]) * 0x100000001b3ULL;
@@ -262,7 +265,8 @@ static int64_t fingerprint(const int64_t *vec, int n)
 
 static int same_counts(const int64_t *prog, const int64_t *vec, int n)
 {
-    return prog[6] > 0 && !memcmp(prog + prog[6], vec, 2 * (size_t)n * sizeof *vec);
+    int64_t at = SC_ARG(prog, SC_H_COUNTS);
+    return at > 0 && !memcmp(prog + at, vec, 2 * (size_t)n * sizeof *vec);
 }
 
 static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
@@ -274,7 +278,7 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
     Py_buffer b[2];
     int nb = 0, nbuf = 0, ok = 1;
     Py_ssize_t isz0 = 0;
-    int64_t key[SC_KEY] = { info->coll, -1, 0, 0, 0, 0, 0 };
+    int64_t key[SC_KEY] = { [SC_K_COLLECTIVE] = info->coll, [SC_K_ALGORITHM] = SC_KEY_NONE };
     int64_t vec[2 * 1024];      /* a v-spec's counts and displacements (MAX_RANKS) */
     char *sbuf = NULL, *rbuf = NULL;
     int typed = info->typed, reduction = info->reduction, inplace = 0;
@@ -284,18 +288,18 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
         switch (roles[i]) {
         case 'v':
             if (c->size > 1024 || !v || !(v = vspec(v, c->size, vec))) { ok = 0; break; }
-            key[6] = fingerprint(vec, c->size);
+            key[SC_K_COUNTS] = sc_fingerprint(vec, c->size);
             /* fall through: the spec's array is an output */
         case 'I': case 'O':
             if (!v || v == Py_None) {      /* an absent buffer: keyed apart from an empty one */
-                key[3 + (roles[i] == 'O')] = -1;
+                key[roles[i] == 'O' ? SC_K_RECV : SC_K_SEND] = SC_KEY_NONE;
                 break;
             }
             /* fall through */
         case 'i':
             if (roles[i] == 'i' && v == PyTuple_GET_ITEM(desc, 2)) {   /* IN_PLACE: the input is the next argument */
                 inplace = 1;
-                key[3] = -2;
+                key[SC_K_SEND] = SC_KEY_INPLACE;
                 typed += typed == i;
                 break;
             }
@@ -313,12 +317,12 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
                 learn(v, &b[nb - 1]);
                 p = b[nb - 1].buf, len = b[nb - 1].len, isz = b[nb - 1].itemsize;
             }
-            if (i == typed && !(key[5] = dtype_word(v))) { ok = 0; break; }   /* not an array Python keys alike */
-            if (reduction && nbuf && dtype_word(v) != key[5]) { ok = 0; break; }   /* Python refuses two dtypes */
-            key[3 + out] = len;
+            if (i == typed && !(key[SC_K_TYPE] = dtype_word(v))) { ok = 0; break; }   /* not an array Python keys alike */
+            if (reduction && nbuf && dtype_word(v) != key[SC_K_TYPE]) { ok = 0; break; }   /* Python refuses two dtypes */
+            key[out ? SC_K_RECV : SC_K_SEND] = len;
             if (!nbuf++) {
                 isz0 = isz;
-                if (typed < 0) key[5] = isz;
+                if (typed < 0) key[SC_K_TYPE] = isz;
             } else if (isz != isz0) { ok = 0; break; }      /* mixed item sizes: Python checks */
             if (!out) sbuf = p;
             if (w) rbuf = p;
@@ -327,29 +331,30 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
         case 'r':
             if (!v) break;
             if (!PyLong_CheckExact(v)) { ok = 0; break; }
-            key[2] = PyLong_AsLong(v);
-            ok = key[2] >= 0 && key[2] < c->size;
+            key[SC_K_ROOT] = PyLong_AsLong(v);
+            ok = key[SC_K_ROOT] >= 0 && key[SC_K_ROOT] < c->size;
             break;
         case 'p': {
             PyObject *code = PyDict_GetItemWithError(PyTuple_GET_ITEM(desc, 1), v ? v : PyTuple_GET_ITEM(desc, 3));
             if (!code) { ok = 0; break; }               /* a user op: Python folds it */
-            key[0] |= PyLong_AsLong(code) << 8;
+            key[SC_K_COLLECTIVE] |= PyLong_AsLong(code) << SC_KEY_OP_SHIFT;
             break;
         }
         case 'a':
             if (v && v != Py_None) {
                 PyObject *id = PyDict_GetItemWithError(PyTuple_GET_ITEM(self, 3), v);
                 if (!id) { ok = 0; break; }
-                key[1] = PyLong_AsLong(id);
+                key[SC_K_ALGORITHM] = PyLong_AsLong(id);
             }
             break;
         }
     }
     if (inplace) sbuf = rbuf;
     /* two buffers (not Bcast's one) that overlap, the same one included: Python refuses */
-    if (ok && nbuf == 2 && key[3] && key[4] && sbuf < rbuf + key[4] && rbuf < sbuf + key[3]) ok = 0;
+    int64_t slen = key[SC_K_SEND], rlen = key[SC_K_RECV];
+    if (ok && nbuf == 2 && slen && rlen && sbuf < rbuf + rlen && rbuf < sbuf + slen) ok = 0;
     const int64_t *prog = ok ? lookup(c, key) : NULL;
-    if (prog && key[6] && !same_counts(prog, vec, c->size)) prog = NULL;
+    if (prog && key[SC_K_COUNTS] && !same_counts(prog, vec, c->size)) prog = NULL;
     int rc = prog ? run(c, prog, sbuf, rbuf) : 0;
     for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);
     if (!prog) return decline(self, args, nargsf, kw);

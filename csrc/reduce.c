@@ -75,7 +75,7 @@ static inline uint16_t f2bf(float f)
 #endif
 
 static sc_kernel_t table[SC_R_NOPS][SC_T_NTYPES][SC_F_N];
-static const char *isa_name = NULL;
+static int picked;          /* table filled for this CPU */
 
 static void pick(void)
 {
@@ -92,14 +92,8 @@ static void pick(void)
     else
 #endif
         fill_base(table);
-    static const char *names[] = { "baseline", "avx2", "avx512" };
-    __atomic_store_n(&isa_name, names[set], __ATOMIC_RELEASE);
-}
-
-const char *sc_reduce_isa(void)
-{
-    if (!__atomic_load_n(&isa_name, __ATOMIC_ACQUIRE)) pick();
-    return isa_name;
+    (void)set;
+    __atomic_store_n(&picked, 1, __ATOMIC_RELEASE);
 }
 
 /* MINLOC / MAXLOC on (value V, index I) items of `item` bytes, the index
@@ -182,22 +176,23 @@ static void streamed(sc_kernel_t f, int form, int type, char *d, const char *a, 
     sc_fence();
 }
 
-/* Fold n elements as word (core.h) says; -1 for a kernel that does not
+/* Fold n elements as word (isa.h SC_REDUCE_*) says; -1 for a kernel that does not
  * exist (Python never plans one). */
 int sc_reduce(int64_t word, char *d, const char *a, const char *b, int64_t n)
 {
-    int op = (int)(word >> 8 & 0xff), type = (int)(word >> 16 & 0xff), form = (int)(word >> 24 & 0xf);
+    int op = (int)SC_ARG(&word, SC_REDUCE_KOP), type = (int)SC_ARG(&word, SC_REDUCE_TYPE);
+    int form = (int)SC_ARG(&word, SC_REDUCE_FORM);
     if (op >= SC_R_MINLOC) {
-        sc_loc_t f = op < SC_R_NOPS ? loc_kernel(op, type, (int)(word >> 28 & 1)) : NULL;
+        sc_loc_t f = op < SC_R_NOPS ? loc_kernel(op, type, (int)SC_ARG(&word, SC_REDUCE_INDEX64)) : NULL;
         if (!f || form > SC_F_INTO) return -1;
-        f(d, form == SC_F_INTO ? d : a, b, n, (int)(word >> 32 & 0xff), (int)(word >> 40 & 0xff));
+        f(d, form == SC_F_INTO ? d : a, b, n, (int)SC_ARG(&word, SC_REDUCE_ITEM), (int)SC_ARG(&word, SC_REDUCE_INDEX_AT));
         return 0;
     }
-    if (!__atomic_load_n(&isa_name, __ATOMIC_ACQUIRE)) pick();
+    if (!__atomic_load_n(&picked, __ATOMIC_ACQUIRE)) pick();
     sc_kernel_t f = op > 0 && type > 0 && type < SC_T_NTYPES && form < SC_F_N ? table[op][type][form] : NULL;
     if (!f) return -1;
 #if defined(__x86_64__)                    /* elsewhere sc_stream is a plain copy: nothing to gain */
-    if (word >> 29 & 1 && form != SC_F_WIDEN && form != SC_F_ACC) {
+    if (SC_ARG(&word, SC_REDUCE_STREAMED) && form != SC_F_WIDEN && form != SC_F_ACC) {
         streamed(form == SC_F_INTO ? table[op][type][SC_F_SAME] : f, form, type, d, a, b, n);
         return 0;
     }

@@ -10,7 +10,15 @@
 #include <stdint.h>
 #include <stddef.h>
 #include <string.h>
+#include "isa.h"
 #include "core.h"
+
+/* Field F of words p (an instruction, a program header, a signature):
+ * isa.h declares F as its word, F##_LO its first bit and F##_BITS its
+ * width, so this compiles to the load, shift and mask a literal would
+ * (a 64-bit field: the word itself).  SC_SARG sign-extends. */
+#define SC_ARG(p, F) ((int64_t)((uint64_t)(p)[F] >> F##_LO & ~0ULL >> (64 - F##_BITS)))
+#define SC_SARG(p, F) ((int64_t)((uint64_t)(p)[F] << (64 - F##_LO - F##_BITS)) >> (64 - F##_BITS))
 
 /* Waiters asleep on a line: the writer bumps `posts` (the futex word) and
  * wakes them.  A counter of its own, so no later value of the flag can
@@ -37,7 +45,7 @@ struct sc_line {                  /* first 64 bytes: what a reader checks */
     sc_wq_t wq;                   /* apart: sleepers counting in do not bounce the flag */
     uint64_t addr[2];             /* send, recv buffer of this call */
     uint64_t next_call;           /* rank 0: its twin pick for call next_call if that call's signature is */
-    uint64_t next_sig[2];         /* next_sig, made before it arrives there (exec.c), */
+    uint64_t next_sig[2];         /* next_sig, made before it arrives there (twins.c), */
     _Atomic uint32_t next_seq;    /* under a sequence lock (odd while rewritten) */
     uint32_t next_variant;
     char pad[SC_LINE - 120];
@@ -150,6 +158,15 @@ static inline int reached(const sc_wait_t *w) {
 }
 
 int sc_wait_slow(sc_comm_t *c, const sc_wait_t *w);
+
+/* Wait for line l (written by who) to reach (call, ev). */
+static inline int sc_wait_line(sc_comm_t *c, sc_line_t *l, int who, uint64_t call, uint64_t ev, int64_t spin,
+                               int nocheck)
+{
+    if (line_reached(l, call, ev)) return SC_OK;
+    sc_wait_t w = { .line = l, .wq = &l->wq, .call = call, .event = ev, .who = who, .nocheck = nocheck, .spin_ns = spin };
+    return sc_wait_slow(c, &w);
+}
 void sc_wake(sc_wq_t *wq);
 int sc_fail(sc_comm_t *c, int code, int32_t who, int64_t a, int64_t b);
 int sc_check_line(sc_comm_t *c, int who);
@@ -170,6 +187,30 @@ static inline uint64_t sc_mix(uint64_t h, const uint64_t *s)
 }
 int64_t sc_now_ns(void);       /* CLOCK_MONOTONIC */
 int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf);
+
+/* Twins (csrc/twins.c): which of a twin call's two programs runs, and
+ * what carries the pick from rank 0 to the others.  exec.c, per call:
+ *  - rank 0, every call: sc_twin_lead (twin NULL for any other call):
+ *    learn the times of earlier twin calls every rank has ended, keep
+ *    its records of picks until every rank has read them (may wait), and
+ *    set *v to its pick for this twin call;
+ *  - the other ranks, a twin call, after arriving: sc_twin_follow, rank
+ *    0's pick (promised or in its record of the call; may wait);
+ *  - every rank, before running program *v: sc_twin_ran (core.h);
+ *  - every rank, after a twin call ran: sc_twin_done.
+ * Calls with no twin on rank 0 cost the two tests inlined here. */
+void sc_twin_collect(sc_comm_t *c);
+int sc_twin_bound(sc_comm_t *c);
+int sc_twin_choose(sc_comm_t *c, int64_t *twin);
+int sc_twin_follow(sc_comm_t *c, int *v);
+void sc_twin_done(sc_comm_t *c, int64_t *twin, int v, int64_t t0);
+static inline int sc_twin_lead(sc_comm_t *c, int64_t *twin, int *v)
+{
+    if (c->pend_n) sc_twin_collect(c);
+    int rc = c->twin_due && c->call - c->twin_first >= SC_PAST - 1 ? sc_twin_bound(c) : SC_OK;
+    if (twin) *v = sc_twin_choose(c, twin);
+    return rc;
+}
 int sc_vm_move(int32_t pid, char *local, uint64_t addr, int64_t n, _Atomic int32_t *shut, char *mapped, int nt);
 void sc_shut(sc_comm_t *c);
 void sc_stream(char *dst, const char *src, int64_t n);    /* streamed stores, unfenced */

@@ -7,6 +7,7 @@ from .distance import alcd
 from .errors import (CMAError, MismatchError, PeerAborted, PeerDied, PeerFailure, PeerTimeout, SegmentError,
                      ShmcollError)
 from .launcher import init, launch, run
+from .listing import program
 from .ops import BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MAXLOC, MIN, MINLOC, PROD, SUM, Op
 from .topology import topology
 
@@ -29,5 +30,5 @@ def schedule(op, algorithm, nranks, nbytes, root=0, *, topology=None, options=No
 
 __all__ = ["BAND", "BOR", "BXOR", "CMAError", "Comm", "IN_PLACE", "LAND", "LOR", "LXOR", "MAX", "MAXLOC", "MIN",
            "MINLOC", "MismatchError", "Op", "PROD", "PeerAborted", "PeerDied", "PeerFailure", "PeerTimeout", "SUM",
-           "SegmentError", "ShmcollError", "alcd", "algorithms", "init", "launch", "run", "schedule", "topology"]
+           "SegmentError", "ShmcollError", "alcd", "algorithms", "init", "launch", "program", "run", "schedule", "topology"]
 __version__ = "0.2.0"

@@ -1,4 +1,4 @@
-"""`shmcoll run | topo | bench | options | alcd`."""
+"""`shmcoll run | topo | bench | options | alcd | program`."""
 import argparse
 import sys
 
@@ -64,18 +64,54 @@ def _alcd(argv):
     return 0
 
 
+def _size(text):
+    """Bytes from 1048576, 64K, 1M, 2G, 64KiB (powers of 1024)."""
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    try:
+        n = int(t[:-1] if scale > 1 else t) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 4096, 64K, 1M)") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"a size is not negative: {text!r}")
+    return n
+
+
+def _program(argv):
+    ap = argparse.ArgumentParser(prog="shmcoll program", description="Print each rank's compiled program for a "
+                                 "collective (planned and compiled here, no rank launched).")
+    ap.add_argument("op", help="collective, e.g. bcast, allgather, alltoall")
+    ap.add_argument("-n", "--np", type=int, required=True, dest="n")
+    ap.add_argument("--bytes", type=_size, default=0, help="as shmcoll.schedule counts them (bcast: the buffer, "
+                    "alltoall / allgather: one block); suffixes K, M, G")
+    ap.add_argument("--rank", type=int, default=None, help="this rank's program only")
+    ap.add_argument("--algorithm", default=None)
+    ap.add_argument("--root", type=int, default=0)
+    ap.add_argument("--topology", default=None, help="virtual topology SxC[xN], e.g. 1x4")
+    ap.add_argument("--cma", action="store_true", help="plan as with single copy between ranks")
+    ap.add_argument("--dtype", default=None, help="a reduction's numpy dtype (default float64)")
+    a = ap.parse_args(argv)
+    from .listing import program
+    try:
+        print(program(a.op, a.n, a.bytes, a.root, a.algorithm, rank=a.rank, topology=a.topology, cma=a.cma,
+                      dtype=a.dtype), end="")
+    except (TypeError, ValueError) as e:
+        ap.error(str(e))
+    return 0
+
+
 def _bench(argv):
     from .bench import main
     return main(argv)
 
 
-COMMANDS = {"run": _run, "topo": _topo, "bench": _bench, "options": _options, "alcd": _alcd}
+COMMANDS = {"run": _run, "topo": _topo, "bench": _bench, "options": _options, "alcd": _alcd, "program": _program}
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in COMMANDS:
-        print("usage: shmcoll {run,topo,bench,options,alcd} ...", file=sys.stderr)
+        print(f"usage: shmcoll {{{','.join(COMMANDS)}}} ...", file=sys.stderr)
         return 2
     return COMMANDS[argv[0]](argv[1:]) or 0
 

@@ -19,7 +19,7 @@ import pickle
 
 import numpy as np
 
-from . import buffers, ops
+from . import buffers, isa, ops
 from ._core import ffi, lib
 from .buffers import IN_PLACE
 from .coll import select
@@ -266,8 +266,8 @@ class Comm:
             self._fail(rc, what)
 
     def _key(self, op, algorithm, root, len0, len1, itemsize):
-        alg = -1 if algorithm is None else select.IDS[op][select.check_name(op, algorithm)]
-        return (select.TABLE[op][0], alg, root, len0, len1, itemsize, 0)
+        alg = isa.KEY_NONE if algorithm is None else select.IDS[op][select.check_name(op, algorithm)]
+        return isa.key(select.TABLE[op][0], alg, root, len0, len1, itemsize)
 
     @staticmethod
     def _dkey(dt):
@@ -606,7 +606,7 @@ class Comm:
         kern = ops.kernel(op, dt)
         learn_dtype(dt, dt.itemsize, np.ndarray)
         key = self._key(kind, algorithm, root, -2 if inplace else sbytes, rbytes, self._dkey(dt))
-        key = (key[0] | op.code << 8,) + key[1:]          # the op, as the C entry keys it
+        key = (key[0] | op.code << isa.KEY_OP_SHIFT,) + key[1:]          # the op, as the C entry keys it
         if counts is not None:
             key = key + (counts,)        # Python-only: not a C entry key
         self._run(kind, key, sbytes, root, algorithm, s0, r0, dt, counts, red=(op, kern, inplace))

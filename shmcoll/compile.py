@@ -17,19 +17,20 @@ import bisect
 
 import numpy as np
 
+from . import isa
 from ._core import lib
 from .sched import Step
 
 SLOTS, TINY = lib.SC_SLOTS, lib.SC_SLOT_TINY
-BUF = {"send": lib.SC_SEND, "recv": lib.SC_RECV, "tmp": lib.SC_TMP}
+SP = isa.SPACES
+BUF = {"send": SP["SEND"], "recv": SP["RECV"], "tmp": SP["TMP"]}
 QUEUES = {"gather": 0, "release": 1}
-POST, WAIT, ACK, WAITACK, COPY, CMA, CMAW, DRAIN, DEBT, QPOST, QWAIT, COUNT, SHARE = (
-    lib.SC_OP_POST, lib.SC_OP_WAIT, lib.SC_OP_ACK, lib.SC_OP_WAITACK, lib.SC_OP_COPY, lib.SC_OP_CMA, lib.SC_OP_CMAW,
-    lib.SC_OP_DRAIN, lib.SC_OP_DEBT, lib.SC_OP_QPOST, lib.SC_OP_QWAIT, lib.SC_OP_COUNT, lib.SC_OP_SHARE)
-STREAMED = lib.SC_OP_STREAMED           # or'ed into a CMA or SHARE: its plain copies stream
-RING, STRIPE, SLOT = lib.SC_SET_RING, lib.SC_SET_STRIPE, lib.SC_SET_SLOT
-CHECK, FAR, FIRST, INSLOT = 1, 2, 4, 8  # WAIT flags: check the record, spin long, a message's first piece, in a slot
-STAMP = 2                       # COPY flag: stamp the writer's record in the inline slot it fills
+RING, STRIPE, SLOT = isa.SETS["RING"], isa.SETS["STRIPE"], isa.SETS["SLOT"]
+CHECK, FAR, FIRST, INSLOT = (isa.WAIT_FLAGS[f] for f in ("CHECK", "FAR", "FIRST", "INSLOT"))
+STREAM, STAMP = isa.COPY_FLAGS["STREAM"], isa.COPY_FLAGS["STAMP"]
+#: Opcode numbers by name (isa.OPS), for code that reads programs word by word.
+POST, WAIT, ACK, WAITACK, COPY, CMA, CMAW, SHARE = (isa.BY_NAME[n].code for n in
+                                                    ("POST", "WAIT", "ACK", "WAITACK", "COPY", "CMA", "CMAW", "SHARE"))
 
 
 def _up(n, a=64):
@@ -37,8 +38,7 @@ def _up(n, a=64):
     return -(-n // a) * a
 
 
-def space(kind, rank=0, j=0):
-    return kind | rank << 8 | j << 32
+space = isa.space
 
 
 class _Ring:
@@ -89,9 +89,8 @@ def _segments(parts, a, n):
 
 
 #: A shared copy's pieces: at most this, so that the two ends even out;
-#: more pieces cost more than they even out (2 ranks, 2 MiB Alltoall,
-#: pieces of 128 / 256 / 512 KiB / 1 MiB: 318 / 300 / 294 / 273 us,
-#: direct 364; 256 KiB Bcast, 32 / 64 / 128 KiB: 26 / 22 / 20 us).
+#: more, smaller pieces cost more than they even out (bench/README.md,
+#: "Engine constants").
 SHARE_PIECE = 512 << 10
 
 
@@ -99,8 +98,7 @@ def _piece(n, paired):
     """Bytes per piece of a shared move of n bytes: halves where only one
     end has a move to copy, so both copy at once; whole moves up to
     SHARE_PIECE where each end reads one of a pair (an Alltoall between
-    two ranks), as both copy anyway (256 KiB Alltoall in halves: 48.8 us
-    against 45.0); at most 63 pieces (6 bits of the claim word count each
+    two ranks), as both copy anyway and halves only add claims; at most 63 pieces (6 bits of the claim word count each
     end's), whole pages past 63 of SHARE_PIECE, so that the two ends
     never pin the same page."""
     half = -(-n // 2) + 4095 & ~4095
@@ -261,13 +259,14 @@ class _Compiler:
                     per[red.rank] += _up(min(m.chunk or self.params["chunk_bytes"], m.nbytes))
         return max(per)
 
-    def emit(self, rank, *words):
-        self.prog[rank].append(words + (0,) * (8 - len(words)))
+    def emit(self, rank, op, **operands):
+        """Append instruction op (isa.OPS) with its operands by name to rank's program."""
+        self.prog[rank].append(isa.encode(op, **operands))
 
     def drain(self, w, s):
         if (w, s) not in self.drained:
             self.drained.add((w, s))
-            self.emit(w, DRAIN, s)
+            self.emit(w, "DRAIN", set=s)
 
     def settle(self, r, st=None):
         """Reader r waits for the pushes into its recvbuf once it is about
@@ -277,7 +276,7 @@ class _Compiler:
             return
         for w, piece, far, first in self.late[r]:
             if piece is None:           # a shared copy: the writer's ack (far) says it ended its part
-                self.emit(r, WAITACK, w, far, 0)
+                self.emit(r, "WAITACK", who=w, count=far)
                 self.acked_by[r][w] = far
             else:
                 self.wait(r, w, piece, far, first)
@@ -286,7 +285,7 @@ class _Compiler:
     def post(self, w):
         if self.pending[w]:
             self.event[w] += 1
-            self.emit(w, POST, self.event[w])
+            self.emit(w, "POST", event=self.event[w])
             for piece in self.pending[w]:
                 piece["event"] = self.event[w]
             self.pending[w] = []
@@ -378,7 +377,7 @@ class _Compiler:
                     self.share_out(r)
                 if held:
                     self.acks[r] += 1
-                    self.emit(r, ACK, self.acks[r])
+                    self.emit(r, "ACK", count=self.acks[r])
                     for i in held:
                         self.acked(r, moves[i].src, protos[i], slot_j[i], pieces[i][k], self.acks[r])
 
@@ -407,8 +406,8 @@ class _Compiler:
             self.copy(cp)
 
     def copy(self, cp):
-        self.emit(cp.rank, COPY, space(BUF[cp.dbuf]), cp.doff, space(BUF[cp.sbuf]), cp.soff, cp.n,
-                  self.streamed(cp.dbuf), -1)
+        self.emit(cp.rank, "COPY", dst=space(BUF[cp.dbuf]), doff=cp.doff, src=space(BUF[cp.sbuf]), soff=cp.soff,
+                  n=cp.n, flags=STREAM * self.streamed(cp.dbuf), source=-1)
 
     def early_copies(self, st, protos):
         """A step with shared copies and no folds runs each rank's first
@@ -472,11 +471,11 @@ class _Compiler:
         shared copy of the step."""
         for m in self.helping[w]:
             (so, do, n), = m.parts
-            self.emit(w, SHARE | STREAMED * self.streamed(m.dbuf), m.dst[0], 1 | self.at << 8, BUF[m.sbuf], so, do, n,
-                      _piece(n, (m.dst[0], w) in self.pairs))
+            self.emit(w, "SHARE", streamed=self.streamed(m.dbuf), who=m.dst[0], writer=1, step=self.at,
+                      buf=BUF[m.sbuf], soff=so, doff=do, n=n, piece=_piece(n, (m.dst[0], w) in self.pairs))
         if w in self.sharers:
             self.acks[w] += 1
-            self.emit(w, ACK, self.acks[w])
+            self.emit(w, "ACK", count=self.acks[w])
             self.share_ack[w] = self.acks[w]
         self.helping[w] = []
 
@@ -504,9 +503,8 @@ class _Compiler:
         from memory, not out of this core's cache, which is slow when the
         cores are far apart), and its own rank does not (to stage or push
         it, or fold it: it would read it back from memory).  A result that
-        nobody reads in the call stays cached: streamed, 16 MiB Reduce at
-        4 ranks on 2 CPUs ran 1.08-1.16x, Reduce_scatter_block neither
-        gained nor lost (bench/README.md)."""
+        nobody reads in the call stays cached, as streaming it only
+        slows the call (bench/README.md, "Engine constants")."""
         a, b = red.doff, red.doff + red.n
 
         def later(spans):
@@ -520,7 +518,7 @@ class _Compiler:
         if proto == "queue":
             q = QUEUES[m.sbuf]
             for entry in ([w] if q == 0 else m.dst):
-                self.emit(w, QPOST, q, entry)
+                self.emit(w, "QPOST", queue=q, entry=entry)
             return piece
         if proto == "direct":           # readers copy from the user's buffer, its address published at arrival
             if m.sbuf == "recv":        # filled by earlier steps: a post says it is there
@@ -548,26 +546,26 @@ class _Compiler:
                     self.wait(w, r, {"event": 0}, False, False)
                 for so, do, ln, _ in piece["segs"]:
                     cp = self.twins.pop((w, m.sbuf, so, ln), None)
-                    self.emit(w, CMAW, space(BUF[m.sbuf]), so, r, BUF[m.dbuf], do, ln,
-                              (cp.doff + 1) << 1 | self.streamed(cp.dbuf) if cp else 0)
+                    self.emit(w, "CMAW", src=space(BUF[m.sbuf]), soff=so, who=r, buf=BUF[m.dbuf], doff=do, n=ln,
+                              twin=cp.doff + 1 if cp else 0, twin_stream=self.streamed(cp.dbuf) if cp else 0)
             self.pending[w].append(piece)
             return piece
         if proto == "inline":
             u = self.slot(w, j)
             self.drain(w, SLOT + u)
-            dst = space(lib.SC_TINY if m.nbytes <= TINY else lib.SC_SLOT, w, u)    # tiny: in the header's line
+            dst = space(SP["TINY"] if m.nbytes <= TINY else SP["SLOT"], w, u)    # tiny: in the header's line
             piece["space"], piece["off"] = dst, 0
         else:
             ring = self.stripe if proto == "stripe" else self.rings.setdefault(w, _Ring(self.params["chan_bytes"], 64))
             self.drain(w, STRIPE if proto == "stripe" else RING)
             alloc, waits = ring.alloc(chunk if proto == "stripe" else slot, len(m.dst))
             for r, a in sorted(waits.items()):
-                self.emit(w, WAITACK, r, a, 0)
-            dst = space(lib.SC_STRIPE if proto == "stripe" else lib.SC_CHAN, w)
+                self.emit(w, "WAITACK", who=r, count=a)
+            dst = space(SP["STRIPE"] if proto == "stripe" else SP["CHAN"], w)
             piece["space"], piece["off"], piece["alloc"] = dst, alloc["off"], alloc
         for i, (so, _, ln, at) in enumerate(piece["segs"]):
-            self.emit(w, COPY, dst, piece["off"] + at, space(BUF[m.sbuf]), so, ln, STAMP if proto == "inline" and not i else 0,
-                      -1)
+            self.emit(w, "COPY", dst=dst, doff=piece["off"] + at, src=space(BUF[m.sbuf]), soff=so, n=ln,
+                      flags=STAMP if proto == "inline" and not i else 0, source=-1)
         self.pending[w].append(piece)
         return piece
 
@@ -575,22 +573,22 @@ class _Compiler:
         flags = (CHECK if (r, w) not in self.checked else 0) | (FAR if far else 0) | (FIRST if first else 0)
         self.checked.add((r, w))
         if inslot and flags & CHECK:
-            self.emit(r, WAIT, w, piece["event"], flags | INSLOT, piece["space"])
+            self.emit(r, "WAIT", who=w, event=piece["event"], flags=flags | INSLOT, slot=piece["space"])
         else:
-            self.emit(r, WAIT, w, piece["event"], flags)
+            self.emit(r, "WAIT", who=w, event=piece["event"], flags=flags)
 
     def read(self, r, m, proto, j, piece, far, first):
         w = m.src
         if proto == "queue":
             q = QUEUES[m.sbuf]
-            self.emit(r, QWAIT, q, w if q == 0 else r, w)
+            self.emit(r, "QWAIT", queue=q, entry=w if q == 0 else r, who=w)
             return
         if proto == "push":             # lands by itself: waited for late, nothing to copy or free
             self.late[r].append((w, piece, far, first))
             for _, do, ln, _ in piece["segs"]:
                 self.landing[r].add(do, do + ln)
             if self.params.get("record_traffic"):
-                self.emit(r, COUNT, w, sum(ln for _, _, ln, _ in piece["segs"]))
+                self.emit(r, "COUNT", source=w, bytes=sum(ln for _, _, ln, _ in piece["segs"]))
             return
         self.wait(r, w, piece, far, first, proto == "inline" and piece["segs"])
         if proto == "signal":
@@ -598,19 +596,20 @@ class _Compiler:
         nt = self.streamed(m.dbuf)
         if proto == "shared":           # r's part first; r's ack comes after its part of its own moves
             (so, do, n), = m.parts
-            self.emit(r, SHARE | STREAMED * nt, w, self.at << 8, BUF[m.sbuf], so, do, n,
-                      _piece(n, (w, r) in self.pairs))
+            self.emit(r, "SHARE", streamed=nt, who=w, writer=0, step=self.at, buf=BUF[m.sbuf], soff=so, doff=do,
+                      n=n, piece=_piece(n, (w, r) in self.pairs))
             if self.params.get("record_traffic"):
-                self.emit(r, COUNT, w, n)
+                self.emit(r, "COUNT", source=w, bytes=n)
             return
         if proto == "direct":
             for so, do, ln, _ in piece["segs"]:
-                self.emit(r, CMA | STREAMED * nt, space(BUF[m.dbuf]), do, w, BUF[m.sbuf], so, ln)
+                self.emit(r, "CMA", streamed=nt, dst=space(BUF[m.dbuf]), doff=do, who=w, buf=BUF[m.sbuf], soff=so, n=ln)
         else:
             for so, do, ln, at in piece["segs"]:
-                self.emit(r, COPY, space(BUF[m.dbuf]), do, piece["space"], piece["off"] + at, ln, nt, w)
+                self.emit(r, "COPY", dst=space(BUF[m.dbuf]), doff=do, src=piece["space"], soff=piece["off"] + at, n=ln,
+                          flags=STREAM * nt, source=w)
         self.acks[r] += 1
-        self.emit(r, ACK, self.acks[r])
+        self.emit(r, "ACK", count=self.acks[r])
         self.acked(r, w, proto, j, piece, self.acks[r])
 
     def acked(self, r, w, proto, j, piece, a):
@@ -648,7 +647,7 @@ class _Compiler:
         at, segs = stage[0], piece["segs"]
         j = j + 1 if len(segs) == 1 and j < self.p else 0
         for so, _, ln, pos in segs:
-            self.emit(r, CMA, space(BUF["tmp"]), at + pos, m.src, BUF[m.sbuf], so, ln, j)
+            self.emit(r, "CMA", dst=space(BUF["tmp"]), doff=at + pos, who=m.src, buf=BUF[m.sbuf], soff=so, n=ln, fold=j)
         stage[0] += _up(sum(ln for _, _, ln, _ in segs))
         return space(BUF["tmp"], 0, j), at
 
@@ -663,7 +662,7 @@ class _Compiler:
             if isinstance(i, int):
                 srcs.append(landed[i])
                 if self.params.get("record_traffic") and protos[i] != "direct":   # a CMA counts its own
-                    self.emit(red.rank, COUNT, moves[i].src, n)
+                    self.emit(red.rank, "COUNT", source=moves[i].src, bytes=n)
             else:
                 srcs.append((space(BUF[i[0]]), i[1] + lo))
         self.fold(red.rank, srcs, (space(BUF[red.dbuf]), red.doff + lo), n, nt)
@@ -683,21 +682,27 @@ class _Compiler:
         cache (the earlier ones write dst only to read it back)."""
         if len(srcs) == 1:
             if srcs[0] != dst:
-                self.emit(r, COPY, *dst, *srcs[0], n, nt, -1)
+                self.emit(r, "COPY", dst=dst[0], doff=dst[1], src=srcs[0][0], soff=srcs[0][1], n=n, flags=STREAM * nt,
+                          source=-1)
             return
         kern = self.sched.kernel
         items = n // kern.item
         if not kern.half:
-            self.emit(r, kern.word(lib.SC_F_SAME, nt and len(srcs) == 2), *dst, *srcs[0], *srcs[1], items)
+            self.reduce(r, kern.word(lib.SC_F_SAME, nt and len(srcs) == 2), dst, srcs[0], srcs[1], items)
             for i, s in enumerate(srcs[2:], 3):
-                self.emit(r, kern.word(lib.SC_F_INTO, nt and i == len(srcs)), *dst, *dst, *s, items)
+                self.reduce(r, kern.word(lib.SC_F_INTO, nt and i == len(srcs)), dst, dst, s, items)
             return
         acc = (space(BUF["tmp"]), self.acc_at)
         self.acc = max(self.acc, 4 * items)
-        self.emit(r, kern.word(lib.SC_F_WIDEN), *acc, *srcs[0], *srcs[1], items)
+        self.reduce(r, kern.word(lib.SC_F_WIDEN), acc, srcs[0], srcs[1], items)
         for s in srcs[2:]:
-            self.emit(r, kern.word(lib.SC_F_ACC), *acc, *acc, *s, items)
-        self.emit(r, kern.word(lib.SC_F_NARROW, nt), *dst, *acc, *acc, items)
+            self.reduce(r, kern.word(lib.SC_F_ACC), acc, acc, s, items)
+        self.reduce(r, kern.word(lib.SC_F_NARROW, nt), dst, acc, acc, items)
+
+    def reduce(self, r, word, dst, a, b, items):
+        """A REDUCE: word 0 is the kernel's (ops.Kernel.word: opcode and kernel fields), operands by name."""
+        ins = isa.encode("REDUCE", dst=dst[0], doff=dst[1], a=a[0], aoff=a[1], b=b[0], boff=b[1], items=items)
+        self.prog[r].append((word,) + ins[1:])
 
     def finish(self, sig, tmp):
         """Each rank's program: header, then instructions (see core.h)."""
@@ -707,19 +712,20 @@ class _Compiler:
         for w in range(self.p):
             for r, a in sorted(self.direct_owed[w].items()):
                 if self.acked_by[w].get(r, 0) < a:
-                    self.emit(w, WAITACK, r, a, 0)
+                    self.emit(w, "WAITACK", who=r, count=a)
             for (s, r), a in sorted(self.owed[w].items()):
-                self.emit(w, DEBT, s, r, a)
+                self.emit(w, "DEBT", set=s, reader=r, count=a)
             for r, a in sorted(self.stripe_owed.items()):
-                self.emit(w, DEBT, STRIPE, r, a)
+                self.emit(w, "DEBT", set=STRIPE, reader=r, count=a)
             ins = self.prog[w]
             first = 0
             if ins and ins[0][0] == POST:       # a leading post rides on the arrival
-                first, ins = ins[0][1], ins[1:]
+                first, ins = isa.decode(ins[0])[1]["event"], ins[1:]
             mask = sum(1 << k for k, nb in enumerate(checks(w, self.p, self.params.get("check_star")))
                        if (w, nb) not in self.checked)
-            a = np.zeros((1 + len(ins)) * 8, np.int64)
-            a[:6] = (len(ins), sig[0], sig[1], first, max(tmp, self.acc_at + self.acc), mask)
+            a = np.zeros(isa.HEAD + len(ins) * isa.INSN, np.int64)
+            a[:isa.HEAD] = isa.pack(isa.HEADER, {"insns": len(ins), "sig0": sig[0], "sig1": sig[1], "first": first,
+                                                 "scratch": max(tmp, self.acc_at + self.acc), "checks": mask})
             if ins:
                 a[8:] = np.array(ins, dtype=np.int64).ravel()
             out.append(a)
@@ -746,8 +752,3 @@ def compile_schedule(sched, params, sig):
         c.step(st, protocols)
     return c.finish(sig, sched.tmp)
 
-
-def signature(coll, alg, root, nbytes, dtype=0, op=0):
-    """(w0, w1) as csrc/core.c's field() reads them."""
-    w0 = coll | alg << 8 | dtype << 16 | op << 24 | (root & 0xffffffff) << 32
-    return w0 - (1 << 64) if w0 >= 1 << 63 else w0, nbytes

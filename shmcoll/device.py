@@ -15,7 +15,8 @@ import numpy as np
 
 from . import options as _options
 from ._core import ffi, lib
-from .compile import checks, compile_schedule, signature
+from . import isa
+from .compile import checks, compile_schedule
 from .errors import CMAError, MismatchError, PeerAborted, PeerDied, PeerTimeout
 from .segment import Segment
 from .topology import oversubscribed
@@ -27,7 +28,7 @@ ABORT_REASONS = {1: "raised an exception", 2: "died", 3: "passed bad or mismatch
                  5: "timed out waiting for a peer", 6: "was interrupted (KeyboardInterrupt)",
                  7: "could not read or write a peer's memory (single copy)",
                  8: "found that the ranks' calls differ"}
-TWIN_ALG = 0x80      # the signature's algorithm field of a twin (the automatic choice, single copy or staged)
+TWIN_ALG = isa.TWIN_ALG      # the signature's algorithm field of a twin (the automatic choice, single copy or staged)
 FIELDS = {1: "collective", 2: "root", 3: "byte count", 4: "dtype", 5: "op", 6: "algorithm"}
 
 
@@ -124,12 +125,8 @@ def _derive(p, nranks, topo, slots):
 
 
 def fingerprint(counts, displs):
-    """A v-variant's key word, as csrc/pyfast.c computes it."""
-    h = 0xcbf29ce484222325
-    for x in list(counts) + list(displs):
-        h = ((h ^ x) * 0x100000001b3) & (1 << 64) - 1
-    h |= 1
-    return h - (1 << 64) if h >= 1 << 63 else h
+    """A v-variant's key word: csrc/pyfast.c's sc_fingerprint, the one definition."""
+    return lib.sc_fingerprint(ffi.new("int64_t[]", list(counts) + list(displs)), len(counts))
 
 
 def _shm_free():
@@ -267,7 +264,7 @@ class Device:
         prog = self._programs.get(here)
         if prog is None:
             sched = make()
-            sig = signature(coll, alg, sched.root, sched.nbytes if sigbytes is None else sigbytes, dtype, op)
+            sig = isa.signature(coll, alg, sched.root, sched.nbytes if sigbytes is None else sigbytes, dtype, op)
             progs = compile_schedule(sched, self.plan.params, sig)
             prog = progs[self.rank]
             other = None

@@ -170,7 +170,6 @@ class Call:
     def streams_folds(self, footprint):
         """Folds' results too from twice that: below, while the two cores
         share a cache, the reader of a folded slice finds it there, and
-        writing it to memory cost more than the write-allocate reads it
-        saves (2 ranks, Allreduce 8 MiB: 1.09-1.26x near, 0.62-0.66x far;
-        16 MiB: 0.98-1.02x near, 0.70-0.76x far; bench/README.md)."""
+        writing it to memory costs more than the write-allocate reads it
+        saves (bench/README.md, "Engine constants")."""
         return footprint >= 2 * self.params["nt_bytes"]
