@@ -7,7 +7,7 @@ definition: csrc/isa.h is generated from it (csrc/build.py writes it at
 build time; tests/test_isa.py checks the copy in the tree), so exec.c
 decodes with the names declared here (SC_ARG(in, SC_WAIT_WHO) compiles to
 the same load, shift and mask as a literal), compile.py encodes with
-encode(), and shmcoll/program.py prints any program through the same
+encode(), and shmcoll/listing.py prints any program through the same
 fields.  Plain Python, importable without the C core (build.py loads it
 by path)."""
 from collections import namedtuple
