@@ -19,7 +19,7 @@ import pickle
 
 import numpy as np
 
-from . import buffers, ops
+from . import buffers, ops, spec
 from ._core import ffi, lib
 from .buffers import IN_PLACE
 from .coll import select
@@ -290,6 +290,7 @@ class Comm:
     def Bcast(self, buf, root=0, algorithm=None):
         self._root(root)
         root = int(root)
+        buf = spec.simple(buf, "buf", self.rank != root)
         ptr, nbytes, itemsize = buffers.view(buf, "buf", writable=self.rank != root)
         addr = buffers.address(ptr)
         self._run("bcast", self._key("bcast", algorithm, root, nbytes, 0, itemsize), nbytes, root, algorithm,
@@ -311,7 +312,10 @@ class Comm:
 
     @collective
     def Alltoall(self, sendbuf, recvbuf, algorithm=None):
-        """sendbuf IN_PLACE: recvbuf holds the blocks to send (copied first)."""
+        """sendbuf IN_PLACE: recvbuf holds the blocks to send (copied first);
+        a spec's count is per block."""
+        recvbuf = spec.simple(recvbuf, "recvbuf", True, self.size)
+        sendbuf = spec.simple(sendbuf, "sendbuf", False, self.size)
         if sendbuf is IN_PLACE:
             ptr, nbytes, _ = buffers.view(recvbuf, "recvbuf", writable=True)
             sendbuf = _own(ptr, 0, nbytes, buffers.dtype_of(recvbuf))
@@ -349,7 +353,10 @@ class Comm:
 
     @collective
     def Allgather(self, sendbuf, recvbuf, algorithm=None):
-        """sendbuf IN_PLACE: this rank's block is already in recvbuf."""
+        """sendbuf IN_PLACE: this rank's block is already in recvbuf;
+        recvbuf's spec count is per block."""
+        recvbuf = spec.simple(recvbuf, "recvbuf", True, self.size)
+        sendbuf = spec.simple(sendbuf, "sendbuf", False)
         if sendbuf is IN_PLACE:
             sendbuf = self._own_block("Allgather", recvbuf, self.rank)
         sptr, sbytes, sitem = buffers.view(sendbuf, "sendbuf", writable=False)
@@ -363,8 +370,11 @@ class Comm:
     @collective
     def Gather(self, sendbuf, recvbuf=None, root=0, algorithm=None):
         """recvbuf matters on the root only (None elsewhere); sendbuf
-        IN_PLACE on the root: its block is already in recvbuf."""
+        IN_PLACE on the root: its block is already in recvbuf; recvbuf's
+        spec count is per block."""
         root = self._root(root)
+        recvbuf = spec.simple(spec.root_only(recvbuf, self.rank, root), "recvbuf", True, self.size)
+        sendbuf = spec.simple(sendbuf, "sendbuf", False)
         if sendbuf is IN_PLACE:
             sendbuf = self._own_block("Gather", recvbuf, root)
         sptr, sbytes, sitem = buffers.view(sendbuf, "sendbuf", writable=False)
@@ -380,8 +390,11 @@ class Comm:
     @collective
     def Scatter(self, sendbuf, recvbuf, root=0, algorithm=None):
         """sendbuf matters on the root only (None elsewhere); recvbuf
-        IN_PLACE on the root: its block stays in sendbuf."""
+        IN_PLACE on the root: its block stays in sendbuf; sendbuf's spec
+        count is per block."""
         root = self._root(root)
+        sendbuf = spec.simple(spec.root_only(sendbuf, self.rank, root), "sendbuf", False, self.size)
+        recvbuf = spec.simple(recvbuf, "recvbuf", True)
         if recvbuf is IN_PLACE:
             recvbuf = self._own_block("Scatter", sendbuf, root, "sendbuf", copy=False)
         rptr, rbytes, ritem = buffers.view(recvbuf, "recvbuf", writable=True)
@@ -400,7 +413,9 @@ class Comm:
         displacements in items, displacements packed when left out).  With
         no counts, sizes and data travel together (see _collect) and land
         packed in rank order."""
-        rptr, rbytes, ritem, dt, counts, displs = buffers.vspec(recvbuf, "recvbuf", self.size, True)
+        rptr, rbytes, ritem, dt, counts, displs = spec.vspec(recvbuf, "recvbuf", self.size, True,
+                                                             derive=sendbuf is IN_PLACE)
+        sendbuf = spec.simple(sendbuf, "sendbuf", False)
         if sendbuf is IN_PLACE:
             sendbuf = self._own_piece("Allgatherv", rptr, ritem, dt, counts, displs, self.rank)
         sptr, sbytes, sitem = buffers.view(sendbuf, "sendbuf", writable=False)
@@ -447,6 +462,7 @@ class Comm:
         own and all plan the same schedule.  sendbuf IN_PLACE on the root:
         its piece is already in recvbuf."""
         root = self._root(root)
+        sendbuf = spec.simple(sendbuf, "sendbuf", False)
         if sendbuf is IN_PLACE:
             sendbuf = self._own_piece("Gatherv", *self._root_spec("Gatherv", recvbuf, "recvbuf", root), root)
         sptr, sbytes, sitem = buffers.view(sendbuf, "sendbuf", writable=False)
@@ -460,6 +476,7 @@ class Comm:
         to every rank first, as in Gatherv.  recvbuf IN_PLACE on the root:
         its piece stays in sendbuf."""
         root = self._root(root)
+        recvbuf = spec.simple(recvbuf, "recvbuf", True)
         if recvbuf is IN_PLACE:
             recvbuf = self._own_piece("Scatterv", *self._root_spec("Scatterv", sendbuf, "sendbuf", root), root,
                                       copy=False)
@@ -535,6 +552,7 @@ class Comm:
         IN_PLACE: recvbuf holds the whole input, the result lands at its
         start."""
         op = ops.check_op(op)
+        recvbuf = spec.simple(recvbuf, "recvbuf", True)
         rdt = buffers.dtype_of(recvbuf)
         if recvcounts is None:
             if sendbuf is IN_PLACE:
@@ -571,6 +589,10 @@ class Comm:
         what = _what(kind)
         inplace = sendbuf is IN_PLACE
         unused = kind == "reduce" and self.rank != root
+        blocks = self.size if kind == "reduce_scatter_block" else 0       # of a spec's count
+        recvbuf = spec.simple(spec.root_only(recvbuf, self.rank, root) if kind == "reduce" else recvbuf, "recvbuf",
+                              not unused, blocks if inplace else 0)
+        sendbuf = spec.simple(sendbuf, "sendbuf", False, blocks)
         rptr, rbytes, _ = (None, -1, 0) if recvbuf is None else buffers.view(recvbuf, "recvbuf", writable=not unused)
         if unused:
             rptr = None
@@ -671,17 +693,15 @@ class Comm:
         ptr, n, _ = buffers.view(a, "buffer", writable=False)
         return ptr, n
 
-    def _root_vspec(self, what, spec, name, root, writable, item, dt):
+    def _root_vspec(self, what, given, name, root, writable, item, dt):
         """The root's v-spec (pointer, bytes, item size, dtype; None, None,
         item, dt elsewhere) and, on every rank, the root's counts and
         displacements."""
         ptr = nbytes = counts = displs = None
         if self.rank == root:
-            if spec is None:
+            if given is None:
                 raise ValueError(f"{what}: the root needs {name} [buf, counts, displs, dtype]")
-            ptr, nbytes, item, dt, counts, displs = buffers.vspec(spec, name, self.size, writable)
-            if counts is None:
-                raise ValueError(f"{what}: {name} on the root must give counts: [buf, counts, displs, dtype]")
+            ptr, nbytes, item, dt, counts, displs = spec.vspec(given, name, self.size, writable)
         counts, displs, item = self._root_counts(root, counts, displs, item)
         return ptr, nbytes, item, dt, counts, displs
 
@@ -717,23 +737,23 @@ class Comm:
 
     # -- IN_PLACE outside reductions: this rank's own piece, copied to send
     # from (or a scratch to receive it), so every algorithm runs unchanged.
-    def _own_block(self, what, spec, root, name="recvbuf", copy=True):
-        """Block `root` of spec's p equal blocks (on the root only)."""
+    def _own_block(self, what, buf, root, name="recvbuf", copy=True):
+        """Block `root` of buf's p equal blocks (on the root only)."""
         self._in_place_root(what, root, name)
-        ptr, nbytes, item = buffers.view(spec, name, writable=False)
+        ptr, nbytes, item = buffers.view(buf, name, writable=False)
         if nbytes % (self.size * item):
             raise ValueError(f"{what}: IN_PLACE, but {name}'s {nbytes} bytes do not split into {self.size} blocks "
                              f"of whole {item}-byte items")
         block = nbytes // self.size
-        return _own(ptr if copy else None, root * block, block, buffers.dtype_of(spec))
+        return _own(ptr if copy else None, root * block, block, buffers.dtype_of(buf))
 
-    def _root_spec(self, what, spec, name, root):
+    def _root_spec(self, what, given, name, root):
         """(pointer, item size, dtype, counts, displacements) of the root's
         v-spec, for _own_piece."""
         self._in_place_root(what, root, name)
-        if spec is None:
+        if given is None:
             raise ValueError(f"{what}: the root needs {name} [buf, counts, displs, dtype]")
-        ptr, _, item, dt, counts, displs = buffers.vspec(spec, name, self.size, name == "recvbuf")
+        ptr, _, item, dt, counts, displs = spec.vspec(given, name, self.size, name == "recvbuf")
         return ptr, item, dt, counts, displs
 
     def _own_piece(self, what, ptr, item, dt, counts, displs, r, copy=True):
