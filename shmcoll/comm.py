@@ -27,11 +27,7 @@ from .device import TWIN_ALG, fingerprint, learn_dtype
 from .errors import MismatchError, PeerFailure, ShmcollError
 from .ops import BUILTINS, SUM
 from .sched import Call
-
-#: In a reduction's signature, the op of a rank that passed IN_PLACE: a
-#: rank in place plans its inputs' moves differently, so ranks must agree.
-INPLACE_OP = 0x80
-
+from .words import COUNTS_HASH, INPLACE_OP, field
 
 def collective(fn):
     """Run a Comm method so that any error it raises aborts the communicator."""
@@ -78,11 +74,6 @@ def _own(ptr, start, nbytes, dt):
     return raw.view(dt) if nbytes % dt.itemsize == 0 else raw
 
 
-def _what(op):
-    """The method name messages use for op."""
-    return select.TABLE[op][2] or op.capitalize()
-
-
 class Comm:
     def __init__(self, device):
         self._dev = device
@@ -95,7 +86,7 @@ class Comm:
         self._forced = {op: select.forced(op, self.plan.params) for op in select.TABLE}
         self._probe_cma()
         for op, (cid, _, name, roles, argnames) in select.TABLE.items():
-            if name is None:
+            if not roles:
                 continue
             method = getattr(Comm, name).__get__(self)
             handler = functools.partial(self._failed, name)
@@ -132,26 +123,12 @@ class Comm:
         self._fail(rc, what)
 
     def _fail(self, rc, what):
-        exc = self._dev.failure(rc, what, functools.partial(self._words, what))
+        exc = self._dev.failure(rc, what, functools.partial(field, what))
         if rc == lib.SC_EBUSY:          # the other thread's call goes on; ours is a local error
             self._bad(exc)
         if rc != lib.SC_EDIFFER:        # the job is aborted (a check-round refusal leaves it usable)
             self._break(exc)
         raise exc
-
-    def _words(self, what, field, value, when):
-        if field == 1:
-            return select.OPS.get(value, value)
-        if field == 3 and (what.endswith("v") or what == "Reduce_scatter"):
-            return f"counts and displacements #{value:x}"
-        if field == 5:
-            name = next((o.name for o in BUILTINS.values() if o.code == value & ~INPLACE_OP), f"op {value}")
-            return name + " with IN_PLACE" * bool(value & INPLACE_OP)
-        if field == 6 and when == 0:                 # this call's collective names the ids
-            names, alg = select.NAMES[what.lower()], value & ~TWIN_ALG
-            name = names[alg] if 0 <= alg < len(names) else alg
-            return f"{name} (automatic: single copy or staged, as timed)" if value & TWIN_ALG else name
-        return f"algorithm id {value}" if field == 6 else value
 
     def _bad(self, exc):
         """A local error: abort so the other ranks raise too."""
@@ -251,8 +228,8 @@ class Comm:
             staged = dataclasses.replace(call, cma=False)       # its twin: what runs without single copy
             alt = (nbytes, functools.partial(select.plan, op, select.pick(op, staged), staged))
         name = select.pick(op, call, algorithm, self._forced[op])
-        cid, what = select.TABLE[op][0], _what(op)
-        sigbytes = None if counts is None else hash(counts) & ((1 << 62) - 1)
+        cid, what = select.TABLE[op][0], select.method(op)
+        sigbytes = None if counts is None else hash(counts) & ((1 << 61) - 1) | COUNTS_HASH
         code = 0 if dtype is None else buffers.dtype_code(dtype)
         if lib.sc_own(self._c):     # another thread is running a call: touch nothing it uses
             self._fail(lib.SC_EBUSY, what)
@@ -586,7 +563,7 @@ class Comm:
         recvbuf holds the input.  A Reduce's recvbuf off the root is only
         keyed (as the C entry keys it), never used."""
         op = ops.check_op(op)
-        what = _what(kind)
+        what = select.method(kind)
         inplace = sendbuf is IN_PLACE
         unused = kind == "reduce" and self.rank != root
         blocks = self.size if kind == "reduce_scatter_block" else 0       # of a spec's count
@@ -816,8 +793,8 @@ class Comm:
         self._break(ShmcollError(f"rank {self.rank} freed this communicator"))
         if rc:
             op = select.OPS.get(self._c.prev[0] & 0xff)
-            what = _what(op) if op else "Free"
-            raise self._dev.failure(rc, what, functools.partial(self._words, what))
+            what = select.method(op) if op else "Free"
+            raise self._dev.failure(rc, what, functools.partial(field, what))
         if other is not None:
             r, theirs, ours = other
             raise MismatchError(f"Free: the ranks made different numbers of calls: rank {r} left after {theirs}, "

@@ -1,8 +1,8 @@
 """The one selection table.  A row per collective: its id in signatures,
 its module (ALGORITHMS: name -> planning function, choose(call) -> name,
-footprint(call) -> bytes touched), the Comm method its C fast entry
-stands for (None: no fast entry, as for Gatherv/Scatterv, whose counts
-only the root has), that method's argument roles (device.entry, csrc/pyfast.c: a
+footprint(call) -> bytes touched), its Comm method, that method's
+argument roles for its C fast entry (empty: none, as for Gatherv/Scatterv,
+whose counts only the root has) (device.entry, csrc/pyfast.c: a
 leading k when argument k's dtype is in the signature, x in-out buffer,
 i input (or IN_PLACE), o output, I/O optional, v an output with counts,
 r root, p reduction op, a algorithm) and names.  Adding a collective is a module and a row here.
@@ -18,20 +18,31 @@ TABLE = {
     "allgather": (4, allgather, "Allgather", "0ioa", ("sendbuf", "recvbuf", "algorithm")),
     "allgatherv": (5, allgatherv, "Allgatherv", "1iva", ("sendbuf", "recvbuf", "algorithm")),
     "gather": (6, gather, "Gather", "0iOra", ("sendbuf", "recvbuf", "root", "algorithm")),
-    "gatherv": (7, gather, None, "", ()),
+    "gatherv": (7, gather, "Gatherv", "", ()),
     "scatter": (8, scatter, "Scatter", "1Iora", ("sendbuf", "recvbuf", "root", "algorithm")),
-    "scatterv": (9, scatter, None, "", ()),
+    "scatterv": (9, scatter, "Scatterv", "", ()),
     "allreduce": (10, allreduce, "Allreduce", "0iopa", ("sendbuf", "recvbuf", "op", "algorithm")),
     "reduce": (11, reduce, "Reduce", "0iOpra", ("sendbuf", "recvbuf", "op", "root", "algorithm")),
     "reduce_scatter_block": (12, reduce_scatter, "Reduce_scatter_block", "0iopa",
                              ("sendbuf", "recvbuf", "op", "algorithm")),
-    "reduce_scatter": (13, reduce_scatter, None, "", ()),
+    "reduce_scatter": (13, reduce_scatter, "Reduce_scatter", "", ()),
     "scan": (14, scan, "Scan", "0iopa", ("sendbuf", "recvbuf", "op", "algorithm")),
     "exscan": (15, exscan, "Exscan", "0iopa", ("sendbuf", "recvbuf", "op", "algorithm")),
 }
 NAMES = {op: list(row[1].ALGORITHMS) for op, row in TABLE.items()}
 IDS = {op: {name: i for i, name in enumerate(names)} for op, names in NAMES.items()}
 OPS = {row[0]: op for op, row in TABLE.items()}
+_BY_METHOD = {row[2]: op for op, row in TABLE.items()}
+
+
+def method(op):
+    """The Comm method of collective op (messages name it so)."""
+    return TABLE[op][2]
+
+
+def collective(name):
+    """The collective of Comm method `name` (None: no collective's)."""
+    return _BY_METHOD.get(name)
 
 
 REDUCTIONS = {"allreduce", "reduce", "reduce_scatter_block", "reduce_scatter", "scan", "exscan"}
