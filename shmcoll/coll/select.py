@@ -2,10 +2,13 @@
 its module (ALGORITHMS: name -> planning function, choose(call) -> name,
 footprint(call) -> bytes touched), its Comm method, that method's
 argument roles for its C fast entry (empty: none, as for Gatherv/Scatterv,
-whose counts only the root has) (device.entry, csrc/pyfast.c: a
-leading k when argument k's dtype is in the signature, x in-out buffer,
-i input (or IN_PLACE), o output, I/O optional, v an output with counts,
-r root, p reduction op, a algorithm) and names.  Adding a collective is a module and a row here.
+whose counts only the root has; device.entry, csrc/pyfast.c: a leading k
+when argument k's dtype is in the signature, x in-out buffer, i input (or
+IN_PLACE), o output, I/O optional, v an output with counts, r root, p
+reduction op, a algorithm) and its argument names (a reduction's include
+op).  Adding a collective is a module, a row here and the Comm method;
+its options row and SHMCOLL_<OP>_ALGORITHM follow from the row
+(options.DEFAULTS), and tests/test_options.py checks the docs' table.
 
 Precedence of the algorithm: algorithm= argument > options /
 SHMCOLL_<OP>_ALGORITHM > the collective's choose()."""
@@ -18,14 +21,15 @@ TABLE = {
     "allgather": (4, allgather, "Allgather", "0ioa", ("sendbuf", "recvbuf", "algorithm")),
     "allgatherv": (5, allgatherv, "Allgatherv", "1iva", ("sendbuf", "recvbuf", "algorithm")),
     "gather": (6, gather, "Gather", "0iOra", ("sendbuf", "recvbuf", "root", "algorithm")),
-    "gatherv": (7, gather, "Gatherv", "", ()),
+    "gatherv": (7, gather, "Gatherv", "", ("sendbuf", "recvbuf", "root", "algorithm")),
     "scatter": (8, scatter, "Scatter", "1Iora", ("sendbuf", "recvbuf", "root", "algorithm")),
-    "scatterv": (9, scatter, "Scatterv", "", ()),
+    "scatterv": (9, scatter, "Scatterv", "", ("sendbuf", "recvbuf", "root", "algorithm")),
     "allreduce": (10, allreduce, "Allreduce", "0iopa", ("sendbuf", "recvbuf", "op", "algorithm")),
     "reduce": (11, reduce, "Reduce", "0iOpra", ("sendbuf", "recvbuf", "op", "root", "algorithm")),
     "reduce_scatter_block": (12, reduce_scatter, "Reduce_scatter_block", "0iopa",
                              ("sendbuf", "recvbuf", "op", "algorithm")),
-    "reduce_scatter": (13, reduce_scatter, "Reduce_scatter", "", ()),
+    "reduce_scatter": (13, reduce_scatter, "Reduce_scatter", "",
+                       ("sendbuf", "recvbuf", "recvcounts", "op", "algorithm")),
     "scan": (14, scan, "Scan", "0iopa", ("sendbuf", "recvbuf", "op", "algorithm")),
     "exscan": (15, exscan, "Exscan", "0iopa", ("sendbuf", "recvbuf", "op", "algorithm")),
 }
@@ -45,7 +49,7 @@ def collective(name):
     return _BY_METHOD.get(name)
 
 
-REDUCTIONS = {"allreduce", "reduce", "reduce_scatter_block", "reduce_scatter", "scan", "exscan"}
+REDUCTIONS = {op for op, row in TABLE.items() if "op" in row[4]}      # the collectives that take an op
 
 
 def typed(op, call, dtype):
