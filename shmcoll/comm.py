@@ -13,7 +13,6 @@ Errors: any error inside a collective call on this rank (bad argument,
 pickling, Ctrl-C) raises here and aborts the communicator, so every other
 rank raises PeerFailure instead of waiting or pairing with the wrong call;
 a peer's death raises PeerDied.  After either, the communicator is unusable."""
-import dataclasses
 import functools
 import pickle
 
@@ -156,32 +155,21 @@ class Comm:
         return Call(self.size, nbytes, root, self.plan.params, self.slots, len(self.plan.topo.nodes),
                     bool(self._c.cma))
 
-    def _twinned(self, op, call, nbytes, algorithm=None):
-        """Whether the automatic choice runs call as twins (adapt), and the
-        call its single-copy program plans: single copy wherever it might
-        win (the default cma_bytes rule lowered to adapt; a cma_bytes the
-        user set stays)."""
-        p = self.plan.params
-        if algorithm is not None or self._forced[op] is not None or not call.cma or not 0 < p["adapt"] <= nbytes:
-            return False, call
-        if p["cma_opt"] is None and call.params["cma_bytes"] > p["adapt"]:
-            call = dataclasses.replace(call, params=dict(call.params, cma_bytes=p["adapt"]))
-        return True, call
+    def _resolve(self, op, nbytes, root, algorithm, dtype):
+        call = select.typed(op, self._call(nbytes, root), dtype)
+        return select.resolve(op, call, algorithm, self._forced.get(op))
 
     def selected(self, op, nbytes, root=0, dtype=None):
         """The algorithm that algorithm=None uses for op at nbytes (a
         reduction's: of that dtype; twins: the single-copy program's)."""
-        select.algorithms(op)
-        call = self._twinned(op, select.typed(op, self._call(nbytes, root), dtype), nbytes)[1]
-        return select.pick(op, call, None, self._forced[op])
+        return self._resolve(op, nbytes, root, None, dtype)[0]
 
     def schedule(self, op, nbytes=0, root=0, algorithm=None, dtype=None):
         """The schedule this communicator runs for op (nbytes: the buffer for
         bcast, one block for alltoall; a reduction's: of that dtype; twins:
         the single-copy program's)."""
-        select.algorithms(op)
-        call = self._twinned(op, select.typed(op, self._call(nbytes, root), dtype), nbytes, algorithm)[1]
-        return select.plan(op, select.pick(op, call, algorithm, self._forced[op]), call)
+        name, call, _ = self._resolve(op, nbytes, root, algorithm, dtype)
+        return select.plan(op, name, call)
 
     def twins(self):
         """Calls that the automatic choice runs as twins (single copy, or
@@ -222,12 +210,8 @@ class Comm:
             call.item = red[1].item
             if call.inplace and op != "reduce":     # IN_PLACE on every rank or none (MPI): ranks plan alike
                 opcode |= INPLACE_OP
-        alt = None
-        twin, call = self._twinned(op, call, nbytes, algorithm)
-        if twin:
-            staged = dataclasses.replace(call, cma=False)       # its twin: what runs without single copy
-            alt = (nbytes, functools.partial(select.plan, op, select.pick(op, staged), staged))
-        name = select.pick(op, call, algorithm, self._forced[op])
+        name, call, staged = select.resolve(op, call, algorithm, self._forced[op])
+        alt = staged and (nbytes, functools.partial(select.plan, op, *staged))
         cid, what = select.TABLE[op][0], select.method(op)
         sigbytes = None if counts is None else hash(counts) & ((1 << 61) - 1) | COUNTS_HASH
         code = 0 if dtype is None else buffers.dtype_code(dtype)

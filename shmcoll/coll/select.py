@@ -12,6 +12,8 @@ its options row and SHMCOLL_<OP>_ALGORITHM follow from the row
 
 Precedence of the algorithm: algorithm= argument > options /
 SHMCOLL_<OP>_ALGORITHM > the collective's choose()."""
+import dataclasses
+
 from . import allgather, allgatherv, allreduce, alltoall, barrier, bcast, exscan, gather, reduce, reduce_scatter, scan, scatter
 
 TABLE = {
@@ -85,6 +87,24 @@ def pick(op, call, algorithm=None, forced_name=None):
     if algorithm is not None:
         return check_name(op, algorithm)
     return forced_name or TABLE[op][1].choose(call)
+
+
+def resolve(op, call, algorithm=None, forced_name=None):
+    """The one path from a call to its algorithm: (name, the call it
+    plans, staged), staged the (name, call) of its staged twin where the
+    automatic choice runs it as twins (adapt: the single copy from the
+    adapt bytes, whatever the default cma_bytes rule says; a cma_bytes the
+    user set stays), else None."""
+    algorithms(op)
+    p = call.params
+    twin = algorithm is None and forced_name is None and call.cma and 0 < p["adapt"] <= call.nbytes
+    if twin and p["cma_opt"] is None and p["cma_bytes"] > p["adapt"]:
+        call = dataclasses.replace(call, params=dict(p, cma_bytes=p["adapt"]))
+    staged = None
+    if twin:
+        alone = dataclasses.replace(call, cma=False)
+        staged = pick(op, alone), alone
+    return pick(op, call, algorithm, forced_name), call, staged
 
 
 def plan(op, name, call):
