@@ -14,15 +14,14 @@ pickling, Ctrl-C) raises here and aborts the communicator, so every other
 rank raises PeerFailure instead of waiting or pairing with the wrong call;
 a peer's death raises PeerDied.  After either, the communicator is unusable."""
 import functools
-import pickle
 
 import numpy as np
 
-from . import buffers, ops, spec
+from . import buffers, objects, ops, spec
 from ._core import ffi, lib
 from .buffers import IN_PLACE
 from .coll import select
-from .device import TWIN_ALG, fingerprint, learn_dtype
+from .device import fingerprint, learn_dtype
 from .errors import MismatchError, PeerFailure, ShmcollError
 from .ops import BUILTINS, SUM
 from .sched import Call
@@ -43,22 +42,6 @@ def collective(fn):
 
 
 OPCODES = {op: op.code for op in BUILTINS.values()}    # the C entries' built-in ops
-COMBINED = 1024     # bytes a rank deposits when sizes are unknown: size, capacity (24) and up to 1000 of data
-
-
-def _pickled(obj):
-    return np.frombuffer(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), np.uint8)
-
-
-def _displs(sizes):
-    return tuple(int(d) for d in np.concatenate([[0], np.cumsum(sizes)[:-1]]))
-
-
-def _unpickled(buf, sizes):
-    at = np.concatenate([[0], np.cumsum(sizes)])
-    return [pickle.loads(buf[at[i]:at[i + 1]].tobytes()) for i in range(len(sizes))]
-
-
 def _apart(s0, sbytes, r0, rbytes):
     """Refuse a send and a receive buffer that share a byte."""
     if sbytes and rbytes and s0 < r0 + rbytes and r0 < s0 + sbytes:
@@ -258,20 +241,6 @@ class Comm:
                   addr, addr)
 
     @collective
-    def bcast(self, obj, root=0):
-        """Pickle on the root; length first (8 B, inline), then the bytes."""
-        self._root(root)
-        n = np.zeros(1, np.int64)
-        data = None
-        if self.rank == root:
-            data = pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
-            n[0] = len(data)
-        self.Bcast(n, root)
-        buf = bytearray(data) if self.rank == root else bytearray(int(n[0]))
-        self.Bcast(buf, root)
-        return obj if self.rank == root else pickle.loads(buf)
-
-    @collective
     def Alltoall(self, sendbuf, recvbuf, algorithm=None):
         """sendbuf IN_PLACE: recvbuf holds the blocks to send (copied first);
         a spec's count is per block."""
@@ -293,24 +262,6 @@ class Comm:
         block = sbytes // self.size
         self._run("alltoall", self._key("alltoall", algorithm, 0, sbytes, rbytes, sitem), block, 0, algorithm,
                   s0, r0)
-
-    @collective
-    def alltoall(self, objs):
-        """objs[i] goes to rank i.  One Alltoall of every rank's size vector
-        gives all ranks the same table, hence one block width for the data."""
-        if len(objs) != self.size:
-            raise ValueError(f"alltoall needs one object per rank ({self.size}), got {len(objs)}")
-        blobs = [pickle.dumps(o, pickle.HIGHEST_PROTOCOL) for o in objs]
-        sizes = np.array([len(b) for b in blobs], np.int64)
-        table = np.empty((self.size, self.size), np.int64)
-        self.Alltoall(np.tile(sizes, (self.size, 1)), table)
-        width = int(table.max())
-        send = np.zeros((self.size, width), np.uint8)
-        for i, b in enumerate(blobs):
-            send[i, :len(b)] = np.frombuffer(b, np.uint8)
-        recv = np.empty_like(send)
-        self.Alltoall(send, recv)
-        return [pickle.loads(recv[i, :table[i, self.rank]].tobytes()) for i in range(self.size)]
 
     @collective
     def Allgather(self, sendbuf, recvbuf, algorithm=None):
@@ -381,7 +332,7 @@ class Comm:
             sendbuf = self._own_piece("Allgatherv", rptr, ritem, dt, counts, displs, self.rank)
         sptr, sbytes, sitem = buffers.view(sendbuf, "sendbuf", writable=False)
         if counts is None:
-            _, pieces = self._collect(np.frombuffer(ffi.buffer(sptr, sbytes), np.uint8), rbytes, ritem)
+            _, pieces = objects.collect(self, np.frombuffer(ffi.buffer(sptr, sbytes), np.uint8), rbytes, ritem)
             out = np.frombuffer(ffi.buffer(rptr, rbytes), np.uint8)
             at = 0
             for piece in pieces:
@@ -389,32 +340,6 @@ class Comm:
                 at += piece.size
             return
         self._vrun("allgatherv", algorithm, 0, sptr, sbytes, rptr, rbytes, ritem, dt, counts, displs, "sendbuf")
-
-    def _collect(self, data, capacity=-1, item=1):
-        """Every rank's bytes (uint8 arrays) in rank order, and their sizes,
-        without knowing the sizes up front: paper 003's store-and-forward
-        Collect, each rank's size riding with its data in one round; a
-        second round of exactly the sizes only when a piece exceeds the
-        combined block.  Each rank's receive capacity (bytes, item size;
-        -1: any) rides along too, so every rank refuses a too-small one."""
-        block = np.zeros(COMBINED, np.uint8)
-        block[:24].view(np.int64)[:] = (data.size, capacity, item)
-        if data.size <= COMBINED - 24:
-            block[24:24 + data.size] = data
-        got = np.empty((self.size, COMBINED), np.uint8)
-        self.Allgather(block, got)
-        head = got[:, :24].copy().view(np.int64).reshape(self.size, 3)
-        sizes = head[:, 0]
-        for r, (_, cap, it) in enumerate(head):
-            if cap >= 0 and (sizes.sum() > cap or (sizes % it).any()):
-                raise ValueError(f"rank {r}'s recvbuf holds {cap // it} items of {it} bytes but the ranks sent "
-                                 f"{[int(n) for n in sizes]} bytes")
-        if sizes.max() <= COMBINED - 24:
-            return sizes, [got[r, 24:24 + sizes[r]] for r in range(self.size)]
-        recv = np.empty(int(sizes.sum()), np.uint8)
-        self.Allgatherv(data, [recv, [int(n) for n in sizes]])
-        at = np.concatenate([[0], np.cumsum(sizes)])
-        return sizes, [recv[at[r]:at[r + 1]] for r in range(self.size)]
 
     @collective
     def Gatherv(self, sendbuf, recvbuf=None, root=0, algorithm=None):
@@ -445,43 +370,6 @@ class Comm:
         sptr, sbytes, sitem, dt, counts, displs = self._root_vspec("Scatterv", sendbuf, "sendbuf", root, False, ritem,
                                                                    buffers.dtype_of(recvbuf))
         self._vrun("scatterv", algorithm, root, sptr, sbytes, rptr, rbytes, sitem, dt, counts, displs, "recvbuf")
-
-    @collective
-    def allgather(self, obj):
-        """Every rank's object, in rank order: sizes and pickles together,
-        in one round when each fits the combined block (_collect)."""
-        _, pieces = self._collect(_pickled(obj))
-        return [pickle.loads(p.tobytes()) for p in pieces]
-
-    @collective
-    def gather(self, obj, root=0):
-        """Every rank's object on the root (a list), None elsewhere."""
-        root = self._root(root)
-        data = _pickled(obj)
-        sizes = np.empty(self.size, np.int64)
-        self.Allgather(np.array([data.size], np.int64), sizes)
-        recv = np.empty(int(sizes.sum()) if self.rank == root else 0, np.uint8)
-        self._vrun("gatherv", None, root, *self._bytes(data), *self._bytes(recv), 1, recv.dtype, tuple(sizes),
-                   _displs(sizes), "sendbuf")
-        return _unpickled(recv, sizes) if self.rank == root else None
-
-    @collective
-    def scatter(self, objs, root=0):
-        """objs[i] (a sequence on the root) goes to rank i."""
-        root = self._root(root)
-        sizes = np.zeros(self.size, np.int64)
-        send = np.zeros(0, np.uint8)
-        if self.rank == root:
-            if objs is None or len(objs) != self.size:
-                raise ValueError(f"scatter needs one object per rank ({self.size}) on the root")
-            blobs = [_pickled(o) for o in objs]
-            sizes[:] = [b.size for b in blobs]
-            send = np.concatenate(blobs)
-        self.Bcast(sizes, root)
-        recv = np.empty(int(sizes[self.rank]), np.uint8)
-        self._vrun("scatterv", None, root, *self._bytes(send), *self._bytes(recv), 1, recv.dtype, tuple(sizes),
-                   _displs(sizes), "recvbuf")
-        return pickle.loads(recv.tobytes())
 
     # -- reductions ------------------------------------------------------------
     @collective
@@ -607,7 +495,7 @@ class Comm:
         else:
             every = np.empty((self.size, n), dt)
             self.Allgather(mine.view(np.uint8), every.view(np.uint8))
-        acc = self._fold(every, op.block, {"scan": self.rank + 1, "exscan": self.rank}.get(kind, self.size))
+        acc = objects.fold(every, op.block, {"scan": self.rank + 1, "exscan": self.rank}.get(kind, self.size))
         if acc is None:
             return
         if kind in ("reduce_scatter_block", "reduce_scatter"):
@@ -617,42 +505,44 @@ class Comm:
         out = np.frombuffer(ffi.buffer(rptr, acc.nbytes), np.uint8)
         out[:] = np.ascontiguousarray(acc).view(np.uint8).reshape(-1)
 
+    # -- objects (pickled: shmcoll.objects) -----------------------------------
+    @collective
+    def bcast(self, obj, root=0):
+        return objects.bcast(self, obj, self._root(root))
+
+    @collective
+    def alltoall(self, objs):
+        return objects.alltoall(self, objs)
+
+    @collective
+    def allgather(self, obj):
+        return objects.allgather(self, obj)
+
+    @collective
+    def gather(self, obj, root=0):
+        return objects.gather(self, obj, self._root(root))
+
+    @collective
+    def scatter(self, objs, root=0):
+        return objects.scatter(self, objs, self._root(root))
+
     @collective
     def allreduce(self, obj, op=SUM):
-        ops.check_op(op)
-        return self._fold(self.allgather(obj), op, self.size)
+        return objects.reduction(self, obj, op, self.size)
 
     @collective
     def reduce(self, obj, op=SUM, root=0):
-        ops.check_op(op)
-        objs = self.gather(obj, self._root(root))
-        return self._fold(objs, op, self.size) if self.rank == root else None
+        root = self._root(root)
+        return objects.reduction(self, obj, op, self.size, root)
 
     @collective
     def scan(self, obj, op=SUM):
-        ops.check_op(op)
-        return self._fold(self.allgather(obj), op, self.rank + 1)
+        return objects.reduction(self, obj, op, self.rank + 1)
 
     @collective
     def exscan(self, obj, op=SUM):
         """None on rank 0."""
-        ops.check_op(op)
-        return self._fold(self.allgather(obj), op, self.rank)
-
-    @staticmethod
-    def _fold(objs, op, upto):
-        """objs[0] op ... op objs[upto - 1], in rank order (None if upto is 0):
-        objects, or a user op's blocks (op: Op.block)."""
-        if upto == 0:
-            return None
-        acc = objs[0]
-        for o in objs[1:upto]:
-            acc = op(acc, o)
-        return acc
-
-    def _bytes(self, a):
-        ptr, n, _ = buffers.view(a, "buffer", writable=False)
-        return ptr, n
+        return objects.reduction(self, obj, op, self.rank)
 
     def _root_vspec(self, what, given, name, root, writable, item, dt):
         """The root's v-spec (pointer, bytes, item size, dtype; None, None,
