@@ -18,6 +18,7 @@ import functools
 import numpy as np
 
 from . import buffers, objects, ops, spec
+from .args import Args, apart
 from ._core import ffi, lib
 from .buffers import IN_PLACE
 from .coll import select
@@ -26,6 +27,7 @@ from .errors import MismatchError, PeerFailure, ShmcollError
 from .ops import BUILTINS, SUM
 from .sched import Call
 from .words import COUNTS_HASH, INPLACE_OP, field
+
 
 def collective(fn):
     """Run a Comm method so that any error it raises aborts the communicator."""
@@ -42,18 +44,11 @@ def collective(fn):
 
 
 OPCODES = {op: op.code for op in BUILTINS.values()}    # the C entries' built-in ops
-def _apart(s0, sbytes, r0, rbytes):
-    """Refuse a send and a receive buffer that share a byte."""
-    if sbytes and rbytes and s0 < r0 + rbytes and r0 < s0 + sbytes:
-        raise ValueError("sendbuf and recvbuf overlap; pass distinct buffers")
 
 
-def _own(ptr, start, nbytes, dt):
-    """A fresh array of nbytes of dtype dt (bytes when they are not whole
-    items): a copy of ptr's bytes from start, or scratch when ptr is None."""
-    raw = np.empty(nbytes, np.uint8) if ptr is None else \
-        np.frombuffer(ffi.buffer(ptr + start, nbytes), np.uint8).copy()
-    return raw.view(dt) if nbytes % dt.itemsize == 0 else raw
+def _addr(ptr):
+    """The address C takes for a pointer from buffers.view (0: none)."""
+    return 0 if ptr is None else buffers.address(ptr)
 
 
 class Comm:
@@ -63,6 +58,7 @@ class Comm:
         self.plan = device.plan
         self.rank, self.size = device.rank, device.plan.nranks
         self.slots = device.plan.slots
+        self._args = Args(self.rank, self.size)
         self._broken = None
         self._freed = False
         self._forced = {op: select.forced(op, self.plan.params) for op in select.TABLE}
@@ -232,92 +228,46 @@ class Comm:
 
     @collective
     def Bcast(self, buf, root=0, algorithm=None):
-        self._root(root)
-        root = int(root)
-        buf = spec.simple(buf, "buf", self.rank != root)
-        ptr, nbytes, itemsize = buffers.view(buf, "buf", writable=self.rank != root)
-        addr = buffers.address(ptr)
+        root = self._args.root(root)
+        ptr, nbytes, itemsize = self._args.bcast(buf, root)
         self._run("bcast", self._key("bcast", algorithm, root, nbytes, 0, itemsize), nbytes, root, algorithm,
-                  addr, addr)
+                  _addr(ptr), _addr(ptr))
 
     @collective
     def Alltoall(self, sendbuf, recvbuf, algorithm=None):
         """sendbuf IN_PLACE: recvbuf holds the blocks to send (copied first);
         a spec's count is per block."""
-        recvbuf = spec.simple(recvbuf, "recvbuf", True, self.size)
-        sendbuf = spec.simple(sendbuf, "sendbuf", False, self.size)
-        if sendbuf is IN_PLACE:
-            ptr, nbytes, _ = buffers.view(recvbuf, "recvbuf", writable=True)
-            sendbuf = _own(ptr, 0, nbytes, buffers.dtype_of(recvbuf))
-        sptr, sbytes, sitem = buffers.view(sendbuf, "sendbuf", writable=False)
-        rptr, rbytes, ritem = buffers.view(recvbuf, "recvbuf", writable=True)
-        if sbytes != rbytes:
-            raise ValueError(f"sendbuf has {sbytes} bytes but recvbuf has {rbytes}; they must match")
-        item = max(sitem, ritem)
-        if sbytes % (self.size * item):
-            raise ValueError(f"sendbuf's {sbytes} bytes do not split into {self.size} equal blocks of whole "
-                             f"{item}-byte elements")
-        s0, r0 = buffers.address(sptr), buffers.address(rptr)
-        _apart(s0, sbytes, r0, rbytes)
-        block = sbytes // self.size
-        self._run("alltoall", self._key("alltoall", algorithm, 0, sbytes, rbytes, sitem), block, 0, algorithm,
-                  s0, r0)
+        s, sbytes, r, rbytes, sitem = self._args.alltoall(sendbuf, recvbuf)
+        self._run("alltoall", self._key("alltoall", algorithm, 0, sbytes, rbytes, sitem), sbytes // self.size, 0,
+                  algorithm, _addr(s), _addr(r))
 
     @collective
     def Allgather(self, sendbuf, recvbuf, algorithm=None):
         """sendbuf IN_PLACE: this rank's block is already in recvbuf;
         recvbuf's spec count is per block."""
-        recvbuf = spec.simple(recvbuf, "recvbuf", True, self.size)
-        sendbuf = spec.simple(sendbuf, "sendbuf", False)
-        if sendbuf is IN_PLACE:
-            sendbuf = self._own_block("Allgather", recvbuf, self.rank)
-        sptr, sbytes, sitem = buffers.view(sendbuf, "sendbuf", writable=False)
-        rptr, rbytes, ritem = buffers.view(recvbuf, "recvbuf", writable=True)
-        self._blocks("recvbuf", rbytes, sbytes)
-        s0, r0 = self._distinct(sptr, sbytes, rptr, rbytes, max(sitem, ritem))
-        dt = buffers.dtype_of(sendbuf)
+        s, sbytes, r, rbytes, dt = self._args.allgather(sendbuf, recvbuf)
         self._run("allgather", self._key("allgather", algorithm, 0, sbytes, rbytes, self._dkey(dt)), sbytes, 0,
-                  algorithm, s0, r0, dt)
+                  algorithm, _addr(s), _addr(r), dt)
 
     @collective
     def Gather(self, sendbuf, recvbuf=None, root=0, algorithm=None):
         """recvbuf matters on the root only (None elsewhere); sendbuf
         IN_PLACE on the root: its block is already in recvbuf; recvbuf's
         spec count is per block."""
-        root = self._root(root)
-        recvbuf = spec.simple(spec.root_only(recvbuf, self.rank, root), "recvbuf", True, self.size)
-        sendbuf = spec.simple(sendbuf, "sendbuf", False)
-        if sendbuf is IN_PLACE:
-            sendbuf = self._own_block("Gather", recvbuf, root)
-        sptr, sbytes, sitem = buffers.view(sendbuf, "sendbuf", writable=False)
-        rptr, rbytes, ritem = self._optional(recvbuf, "recvbuf", root, True)
-        s0 = buffers.address(sptr)
-        if self.rank == root:
-            self._blocks("recvbuf", rbytes, sbytes)
-            s0, _ = self._distinct(sptr, sbytes, rptr, rbytes, max(sitem, ritem))
-        dt = buffers.dtype_of(sendbuf)
+        root = self._args.root(root)
+        s, sbytes, r, rbytes, dt = self._args.gather(sendbuf, recvbuf, root)
         self._run("gather", self._key("gather", algorithm, root, sbytes, rbytes, self._dkey(dt)), sbytes, root,
-                  algorithm, s0, buffers.address(rptr) if rptr is not None else 0, dt)
+                  algorithm, _addr(s), _addr(r), dt)
 
     @collective
     def Scatter(self, sendbuf, recvbuf, root=0, algorithm=None):
         """sendbuf matters on the root only (None elsewhere); recvbuf
         IN_PLACE on the root: its block stays in sendbuf; sendbuf's spec
         count is per block."""
-        root = self._root(root)
-        sendbuf = spec.simple(spec.root_only(sendbuf, self.rank, root), "sendbuf", False, self.size)
-        recvbuf = spec.simple(recvbuf, "recvbuf", True)
-        if recvbuf is IN_PLACE:
-            recvbuf = self._own_block("Scatter", sendbuf, root, "sendbuf", copy=False)
-        rptr, rbytes, ritem = buffers.view(recvbuf, "recvbuf", writable=True)
-        sptr, sbytes, sitem = self._optional(sendbuf, "sendbuf", root, False)
-        r0 = buffers.address(rptr)
-        if self.rank == root:
-            self._blocks("sendbuf", sbytes, rbytes)
-            _, r0 = self._distinct(sptr, sbytes, rptr, rbytes, max(sitem, ritem), block=rbytes)
-        dt = buffers.dtype_of(recvbuf)
+        root = self._args.root(root)
+        s, sbytes, r, rbytes, dt = self._args.scatter(sendbuf, recvbuf, root)
         self._run("scatter", self._key("scatter", algorithm, root, sbytes, rbytes, self._dkey(dt)), rbytes, root,
-                  algorithm, buffers.address(sptr) if sptr is not None else 0, r0, dt)
+                  algorithm, _addr(s), _addr(r), dt)
 
     @collective
     def Allgatherv(self, sendbuf, recvbuf, algorithm=None):
@@ -329,7 +279,7 @@ class Comm:
                                                              derive=sendbuf is IN_PLACE)
         sendbuf = spec.simple(sendbuf, "sendbuf", False)
         if sendbuf is IN_PLACE:
-            sendbuf = self._own_piece("Allgatherv", rptr, ritem, dt, counts, displs, self.rank)
+            sendbuf = self._args.own_piece("Allgatherv", rptr, ritem, dt, counts, displs, self.rank)
         sptr, sbytes, sitem = buffers.view(sendbuf, "sendbuf", writable=False)
         if counts is None:
             _, pieces = objects.collect(self, np.frombuffer(ffi.buffer(sptr, sbytes), np.uint8), rbytes, ritem)
@@ -347,10 +297,10 @@ class Comm:
         counts go to every rank first (a small Bcast), so each checks its
         own and all plan the same schedule.  sendbuf IN_PLACE on the root:
         its piece is already in recvbuf."""
-        root = self._root(root)
+        root = self._args.root(root)
         sendbuf = spec.simple(sendbuf, "sendbuf", False)
         if sendbuf is IN_PLACE:
-            sendbuf = self._own_piece("Gatherv", *self._root_spec("Gatherv", recvbuf, "recvbuf", root), root)
+            sendbuf = self._args.own_piece("Gatherv", *self._args.root_spec("Gatherv", recvbuf, "recvbuf", root), root)
         sptr, sbytes, sitem = buffers.view(sendbuf, "sendbuf", writable=False)
         rptr, rbytes, ritem, dt, counts, displs = self._root_vspec("Gatherv", recvbuf, "recvbuf", root, True, sitem,
                                                                    buffers.dtype_of(sendbuf))
@@ -361,11 +311,11 @@ class Comm:
         """sendbuf on the root: [buf, counts, displs, dtype]; the counts go
         to every rank first, as in Gatherv.  recvbuf IN_PLACE on the root:
         its piece stays in sendbuf."""
-        root = self._root(root)
+        root = self._args.root(root)
         recvbuf = spec.simple(recvbuf, "recvbuf", True)
         if recvbuf is IN_PLACE:
-            recvbuf = self._own_piece("Scatterv", *self._root_spec("Scatterv", sendbuf, "sendbuf", root), root,
-                                      copy=False)
+            recvbuf = self._args.own_piece("Scatterv", *self._args.root_spec("Scatterv", sendbuf, "sendbuf", root),
+                                           root, copy=False)
         rptr, rbytes, ritem = buffers.view(recvbuf, "recvbuf", writable=True)
         sptr, sbytes, sitem, dt, counts, displs = self._root_vspec("Scatterv", sendbuf, "sendbuf", root, False, ritem,
                                                                    buffers.dtype_of(recvbuf))
@@ -382,7 +332,7 @@ class Comm:
     def Reduce(self, sendbuf, recvbuf=None, op=SUM, root=0, algorithm=None):
         """The same into the root's recvbuf (None elsewhere); IN_PLACE on
         the root only."""
-        root = self._root(root)
+        root = self._args.root(root)
         if sendbuf is IN_PLACE and self.rank != root:
             raise ValueError(f"Reduce: IN_PLACE is for the root's sendbuf only (rank {self.rank} is not root {root})")
         self._reduction("reduce", sendbuf, recvbuf, op, algorithm, lambda n: n, root)
@@ -430,48 +380,9 @@ class Comm:
         self._reduction("exscan", sendbuf, recvbuf, op, algorithm, lambda n: n)
 
     def _reduction(self, kind, sendbuf, recvbuf, op, algorithm, inputs, root=0, counts=None):
-        """Check and run a reduction.  inputs(recvbuf bytes) is the input's
-        bytes that recvbuf of that size implies (None: none fits); in place
-        recvbuf holds the input.  A Reduce's recvbuf off the root is only
-        keyed (as the C entry keys it), never used."""
-        op = ops.check_op(op)
-        what = select.method(kind)
-        inplace = sendbuf is IN_PLACE
-        unused = kind == "reduce" and self.rank != root
-        blocks = self.size if kind == "reduce_scatter_block" else 0       # of a spec's count
-        recvbuf = spec.simple(spec.root_only(recvbuf, self.rank, root) if kind == "reduce" else recvbuf, "recvbuf",
-                              not unused, blocks if inplace else 0)
-        sendbuf = spec.simple(sendbuf, "sendbuf", False, blocks)
-        rptr, rbytes, _ = (None, -1, 0) if recvbuf is None else buffers.view(recvbuf, "recvbuf", writable=not unused)
-        if unused:
-            rptr = None
-        elif rptr is None:
-            raise ValueError(f"{what}: recvbuf is needed" + (" on the root" if kind == "reduce" else ""))
-        rdt = buffers.dtype_of(recvbuf) if rptr is not None else None
-        if inplace:
-            sptr, sbytes, dt = rptr, rbytes, rdt
-        else:
-            sptr, sbytes, _ = buffers.view(sendbuf, "sendbuf", writable=False)
-            dt = buffers.dtype_of(sendbuf)
-            if rdt is not None and rdt != dt:
-                raise TypeError(f"{what}: sendbuf has dtype {dt} but recvbuf {rdt}; a reduction takes one dtype")
-        if dt.hasobject:
-            raise TypeError(f"{what}: dtype {dt} holds Python objects")
-        if counts is not None and sum(n for n, _ in counts) != sbytes:
-            raise ValueError(f"{what}: recvcounts sum to {sum(n for n, _ in counts) // dt.itemsize} items but the "
-                             f"input has {sbytes // dt.itemsize}")
-        if rptr is not None and not inplace and inputs(rbytes) != sbytes:
-            raise ValueError(f"{what}: recvbuf has {rbytes} bytes, which does not fit sendbuf's {sbytes}"
-                             + (f" ({self.size} blocks of recvbuf's size)" if kind == "reduce_scatter_block" else "")
-                             + (f" (this rank's recvcount: {counts[self.rank][0]} bytes)" if counts else ""))
-        if kind == "reduce_scatter_block" and sbytes % (self.size * dt.itemsize):
-            raise ValueError(f"{what}: {sbytes} bytes do not split into {self.size} blocks of whole {dt} items")
-        if sbytes % dt.itemsize:
-            raise ValueError(f"{what}: {sbytes} bytes are not whole {dt} items")
-        s0 = buffers.address(sptr)
-        r0 = buffers.address(rptr) if rptr is not None else 0
-        if not inplace and rptr is not None:
-            _apart(s0, sbytes, r0, rbytes)
+        """Check (Args.reduction) and run a reduction."""
+        op, inplace, sptr, sbytes, rptr, rbytes, dt = self._args.reduction(kind, sendbuf, recvbuf, op, inputs, root,
+                                                                           counts)
         if not op.builtin:
             return self._user_reduction(kind, op, sptr, sbytes, rptr, dt, root, counts)
         kern = ops.kernel(op, dt)
@@ -480,7 +391,7 @@ class Comm:
         key = (key[0] | op.code << 8,) + key[1:]          # the op, as the C entry keys it
         if counts is not None:
             key = key + (counts,)        # Python-only: not a C entry key
-        self._run(kind, key, sbytes, root, algorithm, s0, r0, dt, counts, red=(op, kern, inplace))
+        self._run(kind, key, sbytes, root, algorithm, _addr(sptr), _addr(rptr), dt, counts, red=(op, kern, inplace))
 
     def _user_reduction(self, kind, op, sptr, sbytes, rptr, dt, root, counts):
         """A user op: every input to every rank that needs it (Allgather,
@@ -508,7 +419,7 @@ class Comm:
     # -- objects (pickled: shmcoll.objects) -----------------------------------
     @collective
     def bcast(self, obj, root=0):
-        return objects.bcast(self, obj, self._root(root))
+        return objects.bcast(self, obj, self._args.root(root))
 
     @collective
     def alltoall(self, objs):
@@ -520,11 +431,11 @@ class Comm:
 
     @collective
     def gather(self, obj, root=0):
-        return objects.gather(self, obj, self._root(root))
+        return objects.gather(self, obj, self._args.root(root))
 
     @collective
     def scatter(self, objs, root=0):
-        return objects.scatter(self, objs, self._root(root))
+        return objects.scatter(self, objs, self._args.root(root))
 
     @collective
     def allreduce(self, obj, op=SUM):
@@ -532,7 +443,7 @@ class Comm:
 
     @collective
     def reduce(self, obj, op=SUM, root=0):
-        root = self._root(root)
+        root = self._args.root(root)
         return objects.reduction(self, obj, op, self.size, root)
 
     @collective
@@ -574,10 +485,9 @@ class Comm:
             raise ValueError(f"{own} has {have} bytes but the counts give rank {self.rank} {counts[self.rank]} "
                              f"items of {item} bytes ({mine} bytes)")
         pieces = tuple((c * item, d * item) for c, d in zip(counts, displs))
-        s0 = buffers.address(sptr) if sptr is not None else 0
-        r0 = buffers.address(rptr) if rptr is not None else 0
+        s0, r0 = _addr(sptr), _addr(rptr)
         if sptr is not None and rptr is not None:
-            _apart(s0, sbytes, r0, rbytes)
+            apart(s0, sbytes, r0, rbytes)
         if op == "allgatherv":          # the fast entry's key: it has the same counts on every rank
             tail = list(counts) + list(displs)
             key = self._key(op, algorithm, 0, sbytes, rbytes, self._dkey(dt))[:-1] + (fingerprint(counts, displs),)
@@ -585,70 +495,6 @@ class Comm:
             alg = -1 if algorithm is None else select.IDS[op][select.check_name(op, algorithm)]
             key, tail = (select.TABLE[op][0], alg, root, buffers.dtype_code(dt), pieces), None
         self._run(op, key, sum(n for n, _ in pieces), root, algorithm, s0, r0, dt, pieces, tail)
-
-    # -- IN_PLACE outside reductions: this rank's own piece, copied to send
-    # from (or a scratch to receive it), so every algorithm runs unchanged.
-    def _own_block(self, what, buf, root, name="recvbuf", copy=True):
-        """Block `root` of buf's p equal blocks (on the root only)."""
-        self._in_place_root(what, root, name)
-        ptr, nbytes, item = buffers.view(buf, name, writable=False)
-        if nbytes % (self.size * item):
-            raise ValueError(f"{what}: IN_PLACE, but {name}'s {nbytes} bytes do not split into {self.size} blocks "
-                             f"of whole {item}-byte items")
-        block = nbytes // self.size
-        return _own(ptr if copy else None, root * block, block, buffers.dtype_of(buf))
-
-    def _root_spec(self, what, given, name, root):
-        """(pointer, item size, dtype, counts, displacements) of the root's
-        v-spec, for _own_piece."""
-        self._in_place_root(what, root, name)
-        if given is None:
-            raise ValueError(f"{what}: the root needs {name} [buf, counts, displs, dtype]")
-        ptr, _, item, dt, counts, displs = spec.vspec(given, name, self.size, name == "recvbuf")
-        return ptr, item, dt, counts, displs
-
-    def _own_piece(self, what, ptr, item, dt, counts, displs, r, copy=True):
-        if counts is None:
-            raise ValueError(f"{what}: IN_PLACE needs counts (the buffer holds this rank's piece at its displacement)")
-        return _own(ptr if copy else None, displs[r] * item, counts[r] * item, dt)
-
-    def _in_place_root(self, what, root, name):
-        """IN_PLACE (in place of the buffer other than `name`) off the root: refused."""
-        if self.rank != root:
-            other = "sendbuf" if name == "recvbuf" else "recvbuf"
-            raise ValueError(f"{what}: IN_PLACE is for the root's {other} only (rank {self.rank} is not root {root})")
-
-    def _blocks(self, name, have, block):
-        """name must hold one block of `block` bytes per rank."""
-        if have != block * self.size:
-            other = "recvbuf" if name == "sendbuf" else "sendbuf"
-            raise ValueError(f"{name} has {have} bytes but {self.size} blocks of {other}'s {block} need "
-                             f"{block * self.size}")
-
-    def _optional(self, buf, name, root, writable):
-        """A buffer that matters on the root only: (ptr, bytes, itemsize),
-        (None, 0, 0) for None off the root."""
-        if buf is None:
-            if self.rank == root:
-                raise ValueError(f"the root needs {name}")
-            return None, -1, 0          # keyed apart from an empty buffer, as the C entry does
-        return buffers.view(buf, name, writable=writable and self.rank == root)
-
-    def _distinct(self, sptr, sbytes, rptr, rbytes, item, block=None):
-        """Addresses of two buffers that do not overlap and whose blocks
-        hold whole items."""
-        block = sbytes if block is None else block
-        if block % item:
-            raise ValueError(f"blocks of {block} bytes are not whole {item}-byte elements")
-        s0, r0 = buffers.address(sptr), buffers.address(rptr)
-        _apart(s0, sbytes, r0, rbytes)
-        return s0, r0
-
-    def _root(self, root):
-        if isinstance(root, (bool, np.bool_)) or not isinstance(root, (int, np.integer)) \
-                or not 0 <= root < self.size:
-            raise ValueError(f"root must be a rank in 0..{self.size - 1}, not {root!r}")
-        return int(root)
 
     # -- lifetime -------------------------------------------------------------
     def Free(self):
