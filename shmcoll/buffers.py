@@ -42,6 +42,14 @@ def array(buf):
 
 def view(buf, name, writable):
     """(cdata pointer, nbytes, itemsize) for a buffer argument."""
+    buf, nbytes, itemsize = checked(buf, name, writable)
+    return ffi.from_buffer(buf, require_writable=writable), nbytes, itemsize
+
+
+def checked(buf, name, writable):
+    """(the array or a memoryview, nbytes, itemsize) of a buffer argument
+    that C can take as it is: plain data, contiguous, writable where
+    written; anything else raises, naming it."""
     if buf is IN_PLACE:
         raise ValueError(f"{name}: IN_PLACE is not allowed here")
     buf = array(buf)
@@ -73,7 +81,7 @@ def view(buf, name, writable):
         raise ValueError(f"{name}: items of 0 bytes cannot be sent")
     if type(buf) is np.ndarray and buf.dtype.char not in np.typecodes["All"]:
         buf = buf.reshape(-1).view(np.uint8)        # a dtype the buffer protocol cannot name (bfloat16)
-    return ffi.from_buffer(buf, require_writable=writable), nbytes, itemsize
+    return buf, nbytes, itemsize
 
 
 def dtype_of(spec):

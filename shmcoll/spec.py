@@ -18,11 +18,13 @@ dtype]; counts one int per rank or one int for every rank (None: the
 buffer split as evenly as it goes, the lower ranks one more), displs one
 per rank, one stride (rank r at r x stride) or None (packed).  [buf,
 counts, displs] (a list or array third) is taken too, as the C entry does."""
+import itertools
 import operator
 
 import numpy as np
 
 from . import buffers
+from ._core import ffi
 from .buffers import IN_PLACE
 
 
@@ -53,8 +55,7 @@ def _raw(buf, dtype, name, writable):
     if buf is None:
         raw = np.empty(0, np.uint8)
     else:
-        buffers.view(buf, name, writable)        # contiguous, plain data, writable where written
-        b = buffers.array(buf)
+        b = buffers.checked(buf, name, writable)[0]      # contiguous, plain data, writable where written
         raw = np.asarray(b).reshape(-1).view(np.uint8) if isinstance(b, np.ndarray) else np.frombuffer(b, np.uint8)
     if dtype is None:
         return raw, buffers.dtype_of(buf) if buf is not None else np.dtype(np.uint8)
@@ -119,10 +120,9 @@ def simple(spec, name, writable, blocks=0):
 
 
 def vector(spec, name, nranks, writable, derive=True):
-    """A v-spec: (array over the whole buffer, counts, displacements),
-    counts and displacements tuples of items per rank, checked against
-    the buffer; (array, None, None) for no counts and no displacements
-    when not derive."""
+    """A v-spec: (its bytes, dtype, counts, displacements), counts and
+    displacements tuples of items per rank, checked against the buffer;
+    None and None for no counts and no displacements when not derive."""
     counts = displs = dtype = None
     buf = spec
     if isinstance(spec, (list, tuple)):
@@ -148,40 +148,54 @@ def vector(spec, name, nranks, writable, derive=True):
     raw, dt = _raw(buf, dtype, name, writable)
     ext = dt.itemsize
     items = raw.size // ext
-    arr = raw[:items * ext].view(dt)
+    raw = raw[:items * ext]
     if counts is None and displs is None and not derive:
-        return arr, None, None
+        return raw, dt, None, None
     if counts is None:
         if raw.size % ext:
             raise ValueError(f"{name}: cannot infer the counts: {raw.size} bytes are not whole {dt} items")
         counts = [items // nranks + (items % nranks > r) for r in range(nranks)]
     elif not isinstance(counts, (list, tuple, np.ndarray)):
         counts = [_index(counts, name, "count")] * nranks
-    counts = buffers.ints(counts, f"{name}: counts", nranks)
+    counts = _per_rank(counts, f"{name}: counts", nranks)
     if displs is None:
-        displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        displs = list(itertools.accumulate(counts[:-1], initial=0))
     elif not isinstance(displs, (list, tuple, np.ndarray)):
-        displs = np.arange(nranks, dtype=np.int64) * _index(displs, name, "displacement stride")
+        stride = _index(displs, name, "displacement stride")
+        displs = [r * stride for r in range(nranks)]
     else:
-        displs = buffers.ints(displs, f"{name}: displacements", nranks)
-    ends = displs + counts
-    if nranks and int(ends.max()) > items:
-        r = int(ends.argmax())
+        displs = _per_rank(displs, f"{name}: displacements", nranks)
+    r = max(range(nranks), key=lambda i: displs[i] + counts[i], default=None)
+    if r is not None and displs[r] + counts[r] > items:
         raise ValueError(f"{name}: rank {r}'s {counts[r]} items at displacement {displs[r]} end past the buffer's "
                          f"{items} {dt} items")
-    live = sorted((int(d), int(c), r) for r, (d, c) in enumerate(zip(displs, counts)) if c)
+    live = sorted((d, c, r) for r, (d, c) in enumerate(zip(displs, counts)) if c)
     for (d0, c0, r0), (d1, _, r1) in zip(live, live[1:]):
         if d0 + c0 > d1:
             raise ValueError(f"{name}: the ranges of ranks {r0} and {r1} overlap (displacements {d0} and {d1})")
-    return arr, tuple(int(c) for c in counts), tuple(int(d) for d in displs)
+    return raw, dt, tuple(counts), tuple(displs)
+
+
+def _per_rank(seq, what, n):
+    """n non-negative ints, one per rank, as a list of Python ints."""
+    if isinstance(seq, np.ndarray):
+        return [int(x) for x in buffers.ints(seq, what, n)]
+    try:
+        out = [operator.index(x) for x in seq]
+    except TypeError:
+        out = None
+    if out is None or len(out) != n:
+        raise ValueError(f"{what} must be {n} integers, one per rank, not {seq!r}")
+    if out and min(out) < 0:
+        raise ValueError(f"{what} must not be negative: {seq!r}")
+    return out
 
 
 def vspec(spec, name, nranks, writable, derive=True):
     """vector()'s, as the collectives take it: (pointer, bytes, item size,
     dtype, counts, displacements)."""
-    arr, counts, displs = vector(spec, name, nranks, writable, derive)
-    ptr, nbytes, itemsize = buffers.view(arr, name, writable)
-    return ptr, nbytes, itemsize, arr.dtype, counts, displs
+    raw, dt, counts, displs = vector(spec, name, nranks, writable, derive)
+    return ffi.from_buffer(raw, require_writable=writable), raw.size, dt.itemsize, dt, counts, displs
 
 
 def root_only(spec, rank, root):
