@@ -1,7 +1,8 @@
 """The API layer: Comm, mpi4py-like.  Upper-case methods move buffers,
-lower-case ones pickled objects.  Here we check arguments, select the
-algorithm and plan its schedule; the device layer compiles it and its C
-executor runs it.
+lower-case ones pickled objects (shmcoll/objects.py).  A method has its
+arguments checked (shmcoll/args.py, buffer specs: shmcoll/spec.py), keys
+the call, and _run picks the algorithm (select.resolve) and plans its
+schedule; the device layer compiles it and its C executor runs it.
 
 A call's life: the instance's C fast entry (device.entry) looks the
 program up by (collective, algorithm, root, byte counts, item size) and
@@ -273,7 +274,7 @@ class Comm:
     def Allgatherv(self, sendbuf, recvbuf, algorithm=None):
         """recvbuf: [buf, counts, displs, dtype] (mpi4py's forms; counts and
         displacements in items, displacements packed when left out).  With
-        no counts, sizes and data travel together (see _collect) and land
+        no counts, sizes and data travel together (objects.collect) and land
         packed in rank order."""
         rptr, rbytes, ritem, dt, counts, displs = spec.vspec(recvbuf, "recvbuf", self.size, True,
                                                              derive=sendbuf is IN_PLACE)
