@@ -1,6 +1,7 @@
-"""Buffer arguments, mpi4py style: an array or any buffer-protocol object,
-or a spec [buf, count, dtype] / [buf, dtype].  Returns the pointer C
-needs and the byte count; every problem names the argument."""
+"""Plain buffer arguments: an array or any buffer-protocol object (specs
+such as [buf, count, dtype] are made plain first, by shmcoll.spec).
+Returns the pointer C needs and the byte count; every problem names the
+argument."""
 import zlib
 
 import numpy as np
@@ -23,7 +24,7 @@ class _InPlace:
 IN_PLACE = _InPlace()
 
 
-def _array(buf):
+def array(buf):
     """An object exporting DLPack but no buffer (a CPU torch tensor) as the
     numpy array over its memory; anything else as it is."""
     if type(buf) is np.ndarray or not hasattr(buf, "__dlpack__"):
@@ -39,20 +40,19 @@ def _array(buf):
         raise TypeError(f"a {type(buf).__name__} exports DLPack but numpy cannot read it: {e}") from None
 
 
-def view(spec, name, writable):
+def view(buf, name, writable):
     """(cdata pointer, nbytes, itemsize) for a buffer argument."""
-    count = dtype = None
-    buf = spec
-    if spec is IN_PLACE:
+    buf, nbytes, itemsize = checked(buf, name, writable)
+    return ffi.from_buffer(buf, require_writable=writable), nbytes, itemsize
+
+
+def checked(buf, name, writable):
+    """(the array or a memoryview, nbytes, itemsize) of a buffer argument
+    that C can take as it is: plain data, contiguous, writable where
+    written; anything else raises, naming it."""
+    if buf is IN_PLACE:
         raise ValueError(f"{name}: IN_PLACE is not allowed here")
-    if isinstance(spec, (list, tuple)):
-        if len(spec) == 3:
-            buf, count, dtype = spec
-        elif len(spec) == 2:
-            buf, dtype = spec
-        else:
-            raise TypeError(f"{name}: a buffer spec is [buf, count, dtype] or [buf, dtype], got {len(spec)} items")
-    buf = _array(buf)
+    buf = array(buf)
     if type(buf) is np.ndarray:
         if buf.dtype.hasobject:
             raise TypeError(f"{name} holds Python objects (dtype {buf.dtype}); only plain data can be "
@@ -77,37 +77,17 @@ def view(spec, name, writable):
             raise ValueError(f"{name} is read-only but this collective writes into it")
         nbytes, itemsize = mv.nbytes, mv.itemsize
         buf = mv
-    if dtype is not None:
-        try:
-            dt = np.dtype(dtype)
-        except TypeError:
-            raise TypeError(f"{name}: {dtype!r} is not a datatype") from None
-        if dt.hasobject:
-            raise TypeError(f"{name}: datatype {dt} holds Python objects; only plain data can be shared")
-        itemsize = dt.itemsize
-        have = nbytes
-        if count is None:
-            if have % itemsize:
-                raise ValueError(f"{name}: {have} bytes is not a whole number of {np.dtype(dtype)} items")
-            count = have // itemsize
-        if not isinstance(count, (int, np.integer)) or count < 0:
-            raise ValueError(f"{name}: count must be a non-negative integer, not {count!r}")
-        nbytes = int(count) * itemsize
-        if nbytes > have:
-            raise ValueError(f"{name}: {count} x {np.dtype(dtype)} needs {nbytes} bytes but the buffer has {have}")
     if itemsize == 0:
         raise ValueError(f"{name}: items of 0 bytes cannot be sent")
     if type(buf) is np.ndarray and buf.dtype.char not in np.typecodes["All"]:
         buf = buf.reshape(-1).view(np.uint8)        # a dtype the buffer protocol cannot name (bfloat16)
-    return ffi.from_buffer(buf, require_writable=writable), nbytes, itemsize
+    return buf, nbytes, itemsize
 
 
 def dtype_of(spec):
-    """The datatype of a buffer argument view() accepted: the spec's, the
-    array's, or the buffer's format (bytes when numpy knows none)."""
-    if isinstance(spec, (list, tuple)):
-        return np.dtype(spec[-1])
-    spec = _array(spec)
+    """The datatype of a buffer argument view() accepted: the array's, or
+    the buffer's format (bytes when numpy knows none)."""
+    spec = array(spec)
     if isinstance(spec, np.ndarray):
         return spec.dtype
     try:
@@ -121,49 +101,6 @@ def dtype_code(dt):
     (no str hash): a checksum of the full description, byte order and
     fields included, 1..255 (distinct dtypes collide 1 time in 255)."""
     return zlib.crc32(f"{dt.str}{dt.descr}".encode()) % 255 + 1
-
-
-def vspec(spec, name, nranks, writable):
-    """A v-variant's buffer: [buf, counts, displs, dtype], [buf, (counts,
-    displs), dtype], [buf, counts, displs], [buf, counts, dtype], [buf,
-    counts] or a plain buffer.
-    (pointer, bytes, itemsize, dtype, counts or None, displs or None);
-    counts and displacements in items, checked against the buffer."""
-    counts = displs = None
-    buf, dt = spec, None
-    if isinstance(spec, (list, tuple)):
-        if len(spec) == 4:
-            buf, counts, displs, dt = spec
-        elif len(spec) == 3:
-            buf, counts, dt = spec
-            if isinstance(dt, (list, tuple, np.ndarray)):           # [buf, counts, displs]
-                displs, dt = dt, None
-            elif isinstance(counts, tuple) and len(counts) == 2 and all(isinstance(x, (list, tuple, np.ndarray))
-                                                                        for x in counts):
-                counts, displs = counts
-        elif len(spec) == 2:
-            buf, counts = spec
-        else:
-            raise TypeError(f"{name}: a v-buffer spec is [buf, counts, displs, dtype], got {len(spec)} items")
-    ptr, nbytes, itemsize = view([buf, dt] if dt is not None else buf, name, writable)
-    dtype = np.dtype(dt) if dt is not None else dtype_of(buf)
-    if counts is None:
-        return ptr, nbytes, itemsize, dtype, None, None
-    counts = ints(counts, f"{name}: counts", nranks)
-    if displs is None:
-        displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-    else:
-        displs = ints(displs, f"{name}: displacements", nranks)
-    ends = displs + counts
-    if nranks and int(ends.max()) * itemsize > nbytes:
-        r = int(ends.argmax())
-        raise ValueError(f"{name}: rank {r}'s {counts[r]} items at displacement {displs[r]} end past the buffer's "
-                         f"{nbytes // itemsize} items")
-    live = sorted((int(d), int(c), r) for r, (d, c) in enumerate(zip(displs, counts)) if c)
-    for (d0, c0, r0), (d1, _, r1) in zip(live, live[1:]):
-        if d0 + c0 > d1:
-            raise ValueError(f"{name}: the ranges of ranks {r0} and {r1} overlap (displacements {d0} and {d1})")
-    return ptr, nbytes, itemsize, dtype, tuple(int(c) for c in counts), tuple(int(d) for d in displs)
 
 
 def ints(seq, what, n):

@@ -1,7 +1,8 @@
 """The API layer: Comm, mpi4py-like.  Upper-case methods move buffers,
-lower-case ones pickled objects.  Here we check arguments, select the
-algorithm and plan its schedule; the device layer compiles it and its C
-executor runs it.
+lower-case ones pickled objects (shmcoll/objects.py).  A method has its
+arguments checked (shmcoll/args.py, buffer specs: shmcoll/spec.py), keys
+the call, and _run picks the algorithm (select.resolve) and plans its
+schedule; the device layer compiles it and its C executor runs it.
 
 A call's life: the instance's C fast entry (device.entry) looks the
 program up by (collective, algorithm, root, byte counts, item size) and
@@ -13,24 +14,20 @@ Errors: any error inside a collective call on this rank (bad argument,
 pickling, Ctrl-C) raises here and aborts the communicator, so every other
 rank raises PeerFailure instead of waiting or pairing with the wrong call;
 a peer's death raises PeerDied.  After either, the communicator is unusable."""
-import dataclasses
 import functools
-import pickle
 
 import numpy as np
 
-from . import buffers, isa, ops
+from . import buffers, isa, objects, ops, spec
+from .args import Args, apart
 from ._core import ffi, lib
 from .buffers import IN_PLACE
 from .coll import select
-from .device import TWIN_ALG, fingerprint, learn_dtype
+from .device import fingerprint, learn_dtype
 from .errors import MismatchError, PeerFailure, ShmcollError
 from .ops import BUILTINS, SUM
 from .sched import Call
-
-#: In a reduction's signature, the op of a rank that passed IN_PLACE: a
-#: rank in place plans its inputs' moves differently, so ranks must agree.
-INPLACE_OP = 0x80
+from .words import COUNTS_HASH, INPLACE_OP, field
 
 
 def collective(fn):
@@ -48,39 +45,11 @@ def collective(fn):
 
 
 OPCODES = {op: op.code for op in BUILTINS.values()}    # the C entries' built-in ops
-COMBINED = 1024     # bytes a rank deposits when sizes are unknown: size, capacity (24) and up to 1000 of data
 
 
-def _pickled(obj):
-    return np.frombuffer(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), np.uint8)
-
-
-def _displs(sizes):
-    return tuple(int(d) for d in np.concatenate([[0], np.cumsum(sizes)[:-1]]))
-
-
-def _unpickled(buf, sizes):
-    at = np.concatenate([[0], np.cumsum(sizes)])
-    return [pickle.loads(buf[at[i]:at[i + 1]].tobytes()) for i in range(len(sizes))]
-
-
-def _apart(s0, sbytes, r0, rbytes):
-    """Refuse a send and a receive buffer that share a byte."""
-    if sbytes and rbytes and s0 < r0 + rbytes and r0 < s0 + sbytes:
-        raise ValueError("sendbuf and recvbuf overlap; pass distinct buffers")
-
-
-def _own(ptr, start, nbytes, dt):
-    """A fresh array of nbytes of dtype dt (bytes when they are not whole
-    items): a copy of ptr's bytes from start, or scratch when ptr is None."""
-    raw = np.empty(nbytes, np.uint8) if ptr is None else \
-        np.frombuffer(ffi.buffer(ptr + start, nbytes), np.uint8).copy()
-    return raw.view(dt) if nbytes % dt.itemsize == 0 else raw
-
-
-def _what(op):
-    """The method name messages use for op."""
-    return select.TABLE[op][2] or op.capitalize()
+def _addr(ptr):
+    """The address C takes for a pointer from buffers.view (0: none)."""
+    return 0 if ptr is None else buffers.address(ptr)
 
 
 class Comm:
@@ -90,12 +59,13 @@ class Comm:
         self.plan = device.plan
         self.rank, self.size = device.rank, device.plan.nranks
         self.slots = device.plan.slots
+        self._args = Args(self.rank, self.size)
         self._broken = None
         self._freed = False
         self._forced = {op: select.forced(op, self.plan.params) for op in select.TABLE}
         self._probe_cma()
         for op, (cid, _, name, roles, argnames) in select.TABLE.items():
-            if name is None:
+            if not roles:
                 continue
             method = getattr(Comm, name).__get__(self)
             handler = functools.partial(self._failed, name)
@@ -132,26 +102,12 @@ class Comm:
         self._fail(rc, what)
 
     def _fail(self, rc, what):
-        exc = self._dev.failure(rc, what, functools.partial(self._words, what))
+        exc = self._dev.failure(rc, what, functools.partial(field, what))
         if rc == lib.SC_EBUSY:          # the other thread's call goes on; ours is a local error
             self._bad(exc)
         if rc != lib.SC_EDIFFER:        # the job is aborted (a check-round refusal leaves it usable)
             self._break(exc)
         raise exc
-
-    def _words(self, what, field, value, when):
-        if field == 1:
-            return select.OPS.get(value, value)
-        if field == 3 and (what.endswith("v") or what == "Reduce_scatter"):
-            return f"counts and displacements #{value:x}"
-        if field == 5:
-            name = next((o.name for o in BUILTINS.values() if o.code == value & ~INPLACE_OP), f"op {value}")
-            return name + " with IN_PLACE" * bool(value & INPLACE_OP)
-        if field == 6 and when == 0:                 # this call's collective names the ids
-            names, alg = select.NAMES[what.lower()], value & ~TWIN_ALG
-            name = names[alg] if 0 <= alg < len(names) else alg
-            return f"{name} (automatic: single copy or staged, as timed)" if value & TWIN_ALG else name
-        return f"algorithm id {value}" if field == 6 else value
 
     def _bad(self, exc):
         """A local error: abort so the other ranks raise too."""
@@ -179,32 +135,21 @@ class Comm:
         return Call(self.size, nbytes, root, self.plan.params, self.slots, len(self.plan.topo.nodes),
                     bool(self._c.cma))
 
-    def _twinned(self, op, call, nbytes, algorithm=None):
-        """Whether the automatic choice runs call as twins (adapt), and the
-        call its single-copy program plans: single copy wherever it might
-        win (the default cma_bytes rule lowered to adapt; a cma_bytes the
-        user set stays)."""
-        p = self.plan.params
-        if algorithm is not None or self._forced[op] is not None or not call.cma or not 0 < p["adapt"] <= nbytes:
-            return False, call
-        if p["cma_opt"] is None and call.params["cma_bytes"] > p["adapt"]:
-            call = dataclasses.replace(call, params=dict(call.params, cma_bytes=p["adapt"]))
-        return True, call
+    def _resolve(self, op, nbytes, root, algorithm, dtype):
+        call = select.typed(op, self._call(nbytes, root), dtype)
+        return select.resolve(op, call, algorithm, self._forced.get(op))
 
     def selected(self, op, nbytes, root=0, dtype=None):
         """The algorithm that algorithm=None uses for op at nbytes (a
         reduction's: of that dtype; twins: the single-copy program's)."""
-        select.algorithms(op)
-        call = self._twinned(op, select.typed(op, self._call(nbytes, root), dtype), nbytes)[1]
-        return select.pick(op, call, None, self._forced[op])
+        return self._resolve(op, nbytes, root, None, dtype)[0]
 
     def schedule(self, op, nbytes=0, root=0, algorithm=None, dtype=None):
         """The schedule this communicator runs for op (nbytes: the buffer for
         bcast, one block for alltoall; a reduction's: of that dtype; twins:
         the single-copy program's)."""
-        select.algorithms(op)
-        call = self._twinned(op, select.typed(op, self._call(nbytes, root), dtype), nbytes, algorithm)[1]
-        return select.plan(op, select.pick(op, call, algorithm, self._forced[op]), call)
+        name, call, _ = self._resolve(op, nbytes, root, algorithm, dtype)
+        return select.plan(op, name, call)
 
     def twins(self):
         """Calls that the automatic choice runs as twins (single copy, or
@@ -245,14 +190,10 @@ class Comm:
             call.item = red[1].item
             if call.inplace and op != "reduce":     # IN_PLACE on every rank or none (MPI): ranks plan alike
                 opcode |= INPLACE_OP
-        alt = None
-        twin, call = self._twinned(op, call, nbytes, algorithm)
-        if twin:
-            staged = dataclasses.replace(call, cma=False)       # its twin: what runs without single copy
-            alt = (nbytes, functools.partial(select.plan, op, select.pick(op, staged), staged))
-        name = select.pick(op, call, algorithm, self._forced[op])
-        cid, what = select.TABLE[op][0], _what(op)
-        sigbytes = None if counts is None else hash(counts) & ((1 << 62) - 1)
+        name, call, staged = select.resolve(op, call, algorithm, self._forced[op])
+        alt = staged and (nbytes, functools.partial(select.plan, op, *staged))
+        cid, what = select.TABLE[op][0], select.method(op)
+        sigbytes = None if counts is None else hash(counts) & ((1 << 61) - 1) | COUNTS_HASH
         code = 0 if dtype is None else buffers.dtype_code(dtype)
         if lib.sc_own(self._c):     # another thread is running a call: touch nothing it uses
             self._fail(lib.SC_EBUSY, what)
@@ -288,124 +229,61 @@ class Comm:
 
     @collective
     def Bcast(self, buf, root=0, algorithm=None):
-        self._root(root)
-        root = int(root)
-        ptr, nbytes, itemsize = buffers.view(buf, "buf", writable=self.rank != root)
-        addr = buffers.address(ptr)
+        root = self._args.root(root)
+        ptr, nbytes, itemsize = self._args.bcast(buf, root)
         self._run("bcast", self._key("bcast", algorithm, root, nbytes, 0, itemsize), nbytes, root, algorithm,
-                  addr, addr)
-
-    @collective
-    def bcast(self, obj, root=0):
-        """Pickle on the root; length first (8 B, inline), then the bytes."""
-        self._root(root)
-        n = np.zeros(1, np.int64)
-        data = None
-        if self.rank == root:
-            data = pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
-            n[0] = len(data)
-        self.Bcast(n, root)
-        buf = bytearray(data) if self.rank == root else bytearray(int(n[0]))
-        self.Bcast(buf, root)
-        return obj if self.rank == root else pickle.loads(buf)
+                  _addr(ptr), _addr(ptr))
 
     @collective
     def Alltoall(self, sendbuf, recvbuf, algorithm=None):
-        """sendbuf IN_PLACE: recvbuf holds the blocks to send (copied first)."""
-        if sendbuf is IN_PLACE:
-            ptr, nbytes, _ = buffers.view(recvbuf, "recvbuf", writable=True)
-            sendbuf = _own(ptr, 0, nbytes, buffers.dtype_of(recvbuf))
-        sptr, sbytes, sitem = buffers.view(sendbuf, "sendbuf", writable=False)
-        rptr, rbytes, ritem = buffers.view(recvbuf, "recvbuf", writable=True)
-        if sbytes != rbytes:
-            raise ValueError(f"sendbuf has {sbytes} bytes but recvbuf has {rbytes}; they must match")
-        item = max(sitem, ritem)
-        if sbytes % (self.size * item):
-            raise ValueError(f"sendbuf's {sbytes} bytes do not split into {self.size} equal blocks of whole "
-                             f"{item}-byte elements")
-        s0, r0 = buffers.address(sptr), buffers.address(rptr)
-        _apart(s0, sbytes, r0, rbytes)
-        block = sbytes // self.size
-        self._run("alltoall", self._key("alltoall", algorithm, 0, sbytes, rbytes, sitem), block, 0, algorithm,
-                  s0, r0)
-
-    @collective
-    def alltoall(self, objs):
-        """objs[i] goes to rank i.  One Alltoall of every rank's size vector
-        gives all ranks the same table, hence one block width for the data."""
-        if len(objs) != self.size:
-            raise ValueError(f"alltoall needs one object per rank ({self.size}), got {len(objs)}")
-        blobs = [pickle.dumps(o, pickle.HIGHEST_PROTOCOL) for o in objs]
-        sizes = np.array([len(b) for b in blobs], np.int64)
-        table = np.empty((self.size, self.size), np.int64)
-        self.Alltoall(np.tile(sizes, (self.size, 1)), table)
-        width = int(table.max())
-        send = np.zeros((self.size, width), np.uint8)
-        for i, b in enumerate(blobs):
-            send[i, :len(b)] = np.frombuffer(b, np.uint8)
-        recv = np.empty_like(send)
-        self.Alltoall(send, recv)
-        return [pickle.loads(recv[i, :table[i, self.rank]].tobytes()) for i in range(self.size)]
+        """sendbuf IN_PLACE: recvbuf holds the blocks to send (copied first);
+        a spec's count is per block."""
+        s, sbytes, r, rbytes, sitem = self._args.alltoall(sendbuf, recvbuf)
+        self._run("alltoall", self._key("alltoall", algorithm, 0, sbytes, rbytes, sitem), sbytes // self.size, 0,
+                  algorithm, _addr(s), _addr(r))
 
     @collective
     def Allgather(self, sendbuf, recvbuf, algorithm=None):
-        """sendbuf IN_PLACE: this rank's block is already in recvbuf."""
-        if sendbuf is IN_PLACE:
-            sendbuf = self._own_block("Allgather", recvbuf, self.rank)
-        sptr, sbytes, sitem = buffers.view(sendbuf, "sendbuf", writable=False)
-        rptr, rbytes, ritem = buffers.view(recvbuf, "recvbuf", writable=True)
-        self._blocks("recvbuf", rbytes, sbytes)
-        s0, r0 = self._distinct(sptr, sbytes, rptr, rbytes, max(sitem, ritem))
-        dt = buffers.dtype_of(sendbuf)
+        """sendbuf IN_PLACE: this rank's block is already in recvbuf;
+        recvbuf's spec count is per block."""
+        s, sbytes, r, rbytes, dt = self._args.allgather(sendbuf, recvbuf)
         self._run("allgather", self._key("allgather", algorithm, 0, sbytes, rbytes, self._dkey(dt)), sbytes, 0,
-                  algorithm, s0, r0, dt)
+                  algorithm, _addr(s), _addr(r), dt)
 
     @collective
     def Gather(self, sendbuf, recvbuf=None, root=0, algorithm=None):
         """recvbuf matters on the root only (None elsewhere); sendbuf
-        IN_PLACE on the root: its block is already in recvbuf."""
-        root = self._root(root)
-        if sendbuf is IN_PLACE:
-            sendbuf = self._own_block("Gather", recvbuf, root)
-        sptr, sbytes, sitem = buffers.view(sendbuf, "sendbuf", writable=False)
-        rptr, rbytes, ritem = self._optional(recvbuf, "recvbuf", root, True)
-        s0 = buffers.address(sptr)
-        if self.rank == root:
-            self._blocks("recvbuf", rbytes, sbytes)
-            s0, _ = self._distinct(sptr, sbytes, rptr, rbytes, max(sitem, ritem))
-        dt = buffers.dtype_of(sendbuf)
+        IN_PLACE on the root: its block is already in recvbuf; recvbuf's
+        spec count is per block."""
+        root = self._args.root(root)
+        s, sbytes, r, rbytes, dt = self._args.gather(sendbuf, recvbuf, root)
         self._run("gather", self._key("gather", algorithm, root, sbytes, rbytes, self._dkey(dt)), sbytes, root,
-                  algorithm, s0, buffers.address(rptr) if rptr is not None else 0, dt)
+                  algorithm, _addr(s), _addr(r), dt)
 
     @collective
     def Scatter(self, sendbuf, recvbuf, root=0, algorithm=None):
         """sendbuf matters on the root only (None elsewhere); recvbuf
-        IN_PLACE on the root: its block stays in sendbuf."""
-        root = self._root(root)
-        if recvbuf is IN_PLACE:
-            recvbuf = self._own_block("Scatter", sendbuf, root, "sendbuf", copy=False)
-        rptr, rbytes, ritem = buffers.view(recvbuf, "recvbuf", writable=True)
-        sptr, sbytes, sitem = self._optional(sendbuf, "sendbuf", root, False)
-        r0 = buffers.address(rptr)
-        if self.rank == root:
-            self._blocks("sendbuf", sbytes, rbytes)
-            _, r0 = self._distinct(sptr, sbytes, rptr, rbytes, max(sitem, ritem), block=rbytes)
-        dt = buffers.dtype_of(recvbuf)
+        IN_PLACE on the root: its block stays in sendbuf; sendbuf's spec
+        count is per block."""
+        root = self._args.root(root)
+        s, sbytes, r, rbytes, dt = self._args.scatter(sendbuf, recvbuf, root)
         self._run("scatter", self._key("scatter", algorithm, root, sbytes, rbytes, self._dkey(dt)), rbytes, root,
-                  algorithm, buffers.address(sptr) if sptr is not None else 0, r0, dt)
+                  algorithm, _addr(s), _addr(r), dt)
 
     @collective
     def Allgatherv(self, sendbuf, recvbuf, algorithm=None):
         """recvbuf: [buf, counts, displs, dtype] (mpi4py's forms; counts and
         displacements in items, displacements packed when left out).  With
-        no counts, sizes and data travel together (see _collect) and land
+        no counts, sizes and data travel together (objects.collect) and land
         packed in rank order."""
-        rptr, rbytes, ritem, dt, counts, displs = buffers.vspec(recvbuf, "recvbuf", self.size, True)
+        rptr, rbytes, ritem, dt, counts, displs = spec.vspec(recvbuf, "recvbuf", self.size, True,
+                                                             derive=sendbuf is IN_PLACE)
+        sendbuf = spec.simple(sendbuf, "sendbuf", False)
         if sendbuf is IN_PLACE:
-            sendbuf = self._own_piece("Allgatherv", rptr, ritem, dt, counts, displs, self.rank)
+            sendbuf = self._args.own_piece("Allgatherv", rptr, ritem, dt, counts, displs, self.rank)
         sptr, sbytes, sitem = buffers.view(sendbuf, "sendbuf", writable=False)
         if counts is None:
-            _, pieces = self._collect(np.frombuffer(ffi.buffer(sptr, sbytes), np.uint8), rbytes, ritem)
+            _, pieces = objects.collect(self, np.frombuffer(ffi.buffer(sptr, sbytes), np.uint8), rbytes, ritem)
             out = np.frombuffer(ffi.buffer(rptr, rbytes), np.uint8)
             at = 0
             for piece in pieces:
@@ -414,41 +292,16 @@ class Comm:
             return
         self._vrun("allgatherv", algorithm, 0, sptr, sbytes, rptr, rbytes, ritem, dt, counts, displs, "sendbuf")
 
-    def _collect(self, data, capacity=-1, item=1):
-        """Every rank's bytes (uint8 arrays) in rank order, and their sizes,
-        without knowing the sizes up front: paper 003's store-and-forward
-        Collect, each rank's size riding with its data in one round; a
-        second round of exactly the sizes only when a piece exceeds the
-        combined block.  Each rank's receive capacity (bytes, item size;
-        -1: any) rides along too, so every rank refuses a too-small one."""
-        block = np.zeros(COMBINED, np.uint8)
-        block[:24].view(np.int64)[:] = (data.size, capacity, item)
-        if data.size <= COMBINED - 24:
-            block[24:24 + data.size] = data
-        got = np.empty((self.size, COMBINED), np.uint8)
-        self.Allgather(block, got)
-        head = got[:, :24].copy().view(np.int64).reshape(self.size, 3)
-        sizes = head[:, 0]
-        for r, (_, cap, it) in enumerate(head):
-            if cap >= 0 and (sizes.sum() > cap or (sizes % it).any()):
-                raise ValueError(f"rank {r}'s recvbuf holds {cap // it} items of {it} bytes but the ranks sent "
-                                 f"{[int(n) for n in sizes]} bytes")
-        if sizes.max() <= COMBINED - 24:
-            return sizes, [got[r, 24:24 + sizes[r]] for r in range(self.size)]
-        recv = np.empty(int(sizes.sum()), np.uint8)
-        self.Allgatherv(data, [recv, [int(n) for n in sizes]])
-        at = np.concatenate([[0], np.cumsum(sizes)])
-        return sizes, [recv[at[r]:at[r + 1]] for r in range(self.size)]
-
     @collective
     def Gatherv(self, sendbuf, recvbuf=None, root=0, algorithm=None):
         """recvbuf on the root: [buf, counts, displs, dtype].  The root's
         counts go to every rank first (a small Bcast), so each checks its
         own and all plan the same schedule.  sendbuf IN_PLACE on the root:
         its piece is already in recvbuf."""
-        root = self._root(root)
+        root = self._args.root(root)
+        sendbuf = spec.simple(sendbuf, "sendbuf", False)
         if sendbuf is IN_PLACE:
-            sendbuf = self._own_piece("Gatherv", *self._root_spec("Gatherv", recvbuf, "recvbuf", root), root)
+            sendbuf = self._args.own_piece("Gatherv", *self._args.root_spec("Gatherv", recvbuf, "recvbuf", root), root)
         sptr, sbytes, sitem = buffers.view(sendbuf, "sendbuf", writable=False)
         rptr, rbytes, ritem, dt, counts, displs = self._root_vspec("Gatherv", recvbuf, "recvbuf", root, True, sitem,
                                                                    buffers.dtype_of(sendbuf))
@@ -459,51 +312,15 @@ class Comm:
         """sendbuf on the root: [buf, counts, displs, dtype]; the counts go
         to every rank first, as in Gatherv.  recvbuf IN_PLACE on the root:
         its piece stays in sendbuf."""
-        root = self._root(root)
+        root = self._args.root(root)
+        recvbuf = spec.simple(recvbuf, "recvbuf", True)
         if recvbuf is IN_PLACE:
-            recvbuf = self._own_piece("Scatterv", *self._root_spec("Scatterv", sendbuf, "sendbuf", root), root,
-                                      copy=False)
+            recvbuf = self._args.own_piece("Scatterv", *self._args.root_spec("Scatterv", sendbuf, "sendbuf", root),
+                                           root, copy=False)
         rptr, rbytes, ritem = buffers.view(recvbuf, "recvbuf", writable=True)
         sptr, sbytes, sitem, dt, counts, displs = self._root_vspec("Scatterv", sendbuf, "sendbuf", root, False, ritem,
                                                                    buffers.dtype_of(recvbuf))
         self._vrun("scatterv", algorithm, root, sptr, sbytes, rptr, rbytes, sitem, dt, counts, displs, "recvbuf")
-
-    @collective
-    def allgather(self, obj):
-        """Every rank's object, in rank order: sizes and pickles together,
-        in one round when each fits the combined block (_collect)."""
-        _, pieces = self._collect(_pickled(obj))
-        return [pickle.loads(p.tobytes()) for p in pieces]
-
-    @collective
-    def gather(self, obj, root=0):
-        """Every rank's object on the root (a list), None elsewhere."""
-        root = self._root(root)
-        data = _pickled(obj)
-        sizes = np.empty(self.size, np.int64)
-        self.Allgather(np.array([data.size], np.int64), sizes)
-        recv = np.empty(int(sizes.sum()) if self.rank == root else 0, np.uint8)
-        self._vrun("gatherv", None, root, *self._bytes(data), *self._bytes(recv), 1, recv.dtype, tuple(sizes),
-                   _displs(sizes), "sendbuf")
-        return _unpickled(recv, sizes) if self.rank == root else None
-
-    @collective
-    def scatter(self, objs, root=0):
-        """objs[i] (a sequence on the root) goes to rank i."""
-        root = self._root(root)
-        sizes = np.zeros(self.size, np.int64)
-        send = np.zeros(0, np.uint8)
-        if self.rank == root:
-            if objs is None or len(objs) != self.size:
-                raise ValueError(f"scatter needs one object per rank ({self.size}) on the root")
-            blobs = [_pickled(o) for o in objs]
-            sizes[:] = [b.size for b in blobs]
-            send = np.concatenate(blobs)
-        self.Bcast(sizes, root)
-        recv = np.empty(int(sizes[self.rank]), np.uint8)
-        self._vrun("scatterv", None, root, *self._bytes(send), *self._bytes(recv), 1, recv.dtype, tuple(sizes),
-                   _displs(sizes), "recvbuf")
-        return pickle.loads(recv.tobytes())
 
     # -- reductions ------------------------------------------------------------
     @collective
@@ -516,7 +333,7 @@ class Comm:
     def Reduce(self, sendbuf, recvbuf=None, op=SUM, root=0, algorithm=None):
         """The same into the root's recvbuf (None elsewhere); IN_PLACE on
         the root only."""
-        root = self._root(root)
+        root = self._args.root(root)
         if sendbuf is IN_PLACE and self.rank != root:
             raise ValueError(f"Reduce: IN_PLACE is for the root's sendbuf only (rank {self.rank} is not root {root})")
         self._reduction("reduce", sendbuf, recvbuf, op, algorithm, lambda n: n, root)
@@ -535,6 +352,7 @@ class Comm:
         IN_PLACE: recvbuf holds the whole input, the result lands at its
         start."""
         op = ops.check_op(op)
+        recvbuf = spec.simple(recvbuf, "recvbuf", True)
         rdt = buffers.dtype_of(recvbuf)
         if recvcounts is None:
             if sendbuf is IN_PLACE:
@@ -563,53 +381,18 @@ class Comm:
         self._reduction("exscan", sendbuf, recvbuf, op, algorithm, lambda n: n)
 
     def _reduction(self, kind, sendbuf, recvbuf, op, algorithm, inputs, root=0, counts=None):
-        """Check and run a reduction.  inputs(recvbuf bytes) is the input's
-        bytes that recvbuf of that size implies (None: none fits); in place
-        recvbuf holds the input.  A Reduce's recvbuf off the root is only
-        keyed (as the C entry keys it), never used."""
-        op = ops.check_op(op)
-        what = _what(kind)
-        inplace = sendbuf is IN_PLACE
-        unused = kind == "reduce" and self.rank != root
-        rptr, rbytes, _ = (None, -1, 0) if recvbuf is None else buffers.view(recvbuf, "recvbuf", writable=not unused)
-        if unused:
-            rptr = None
-        elif rptr is None:
-            raise ValueError(f"{what}: recvbuf is needed" + (" on the root" if kind == "reduce" else ""))
-        rdt = buffers.dtype_of(recvbuf) if rptr is not None else None
-        if inplace:
-            sptr, sbytes, dt = rptr, rbytes, rdt
-        else:
-            sptr, sbytes, _ = buffers.view(sendbuf, "sendbuf", writable=False)
-            dt = buffers.dtype_of(sendbuf)
-            if rdt is not None and rdt != dt:
-                raise TypeError(f"{what}: sendbuf has dtype {dt} but recvbuf {rdt}; a reduction takes one dtype")
-        if dt.hasobject:
-            raise TypeError(f"{what}: dtype {dt} holds Python objects")
-        if counts is not None and sum(n for n, _ in counts) != sbytes:
-            raise ValueError(f"{what}: recvcounts sum to {sum(n for n, _ in counts) // dt.itemsize} items but the "
-                             f"input has {sbytes // dt.itemsize}")
-        if rptr is not None and not inplace and inputs(rbytes) != sbytes:
-            raise ValueError(f"{what}: recvbuf has {rbytes} bytes, which does not fit sendbuf's {sbytes}"
-                             + (f" ({self.size} blocks of recvbuf's size)" if kind == "reduce_scatter_block" else "")
-                             + (f" (this rank's recvcount: {counts[self.rank][0]} bytes)" if counts else ""))
-        if kind == "reduce_scatter_block" and sbytes % (self.size * dt.itemsize):
-            raise ValueError(f"{what}: {sbytes} bytes do not split into {self.size} blocks of whole {dt} items")
-        if sbytes % dt.itemsize:
-            raise ValueError(f"{what}: {sbytes} bytes are not whole {dt} items")
-        s0 = buffers.address(sptr)
-        r0 = buffers.address(rptr) if rptr is not None else 0
-        if not inplace and rptr is not None:
-            _apart(s0, sbytes, r0, rbytes)
+        """Check (Args.reduction) and run a reduction."""
+        op, inplace, sptr, sbytes, rptr, rbytes, dt = self._args.reduction(kind, sendbuf, recvbuf, op, inputs, root,
+                                                                           counts)
         if not op.builtin:
             return self._user_reduction(kind, op, sptr, sbytes, rptr, dt, root, counts)
         kern = ops.kernel(op, dt)
         learn_dtype(dt, dt.itemsize, np.ndarray)
-        key = self._key(kind, algorithm, root, -2 if inplace else sbytes, rbytes, self._dkey(dt))
+        key = self._key(kind, algorithm, root, isa.KEY_INPLACE if inplace else sbytes, rbytes, self._dkey(dt))
         key = (key[0] | op.code << isa.KEY_OP_SHIFT,) + key[1:]          # the op, as the C entry keys it
         if counts is not None:
             key = key + (counts,)        # Python-only: not a C entry key
-        self._run(kind, key, sbytes, root, algorithm, s0, r0, dt, counts, red=(op, kern, inplace))
+        self._run(kind, key, sbytes, root, algorithm, _addr(sptr), _addr(rptr), dt, counts, red=(op, kern, inplace))
 
     def _user_reduction(self, kind, op, sptr, sbytes, rptr, dt, root, counts):
         """A user op: every input to every rank that needs it (Allgather,
@@ -624,7 +407,7 @@ class Comm:
         else:
             every = np.empty((self.size, n), dt)
             self.Allgather(mine.view(np.uint8), every.view(np.uint8))
-        acc = self._fold(every, op.block, {"scan": self.rank + 1, "exscan": self.rank}.get(kind, self.size))
+        acc = objects.fold(every, op.block, {"scan": self.rank + 1, "exscan": self.rank}.get(kind, self.size))
         if acc is None:
             return
         if kind in ("reduce_scatter_block", "reduce_scatter"):
@@ -634,54 +417,54 @@ class Comm:
         out = np.frombuffer(ffi.buffer(rptr, acc.nbytes), np.uint8)
         out[:] = np.ascontiguousarray(acc).view(np.uint8).reshape(-1)
 
+    # -- objects (pickled: shmcoll.objects) -----------------------------------
+    @collective
+    def bcast(self, obj, root=0):
+        return objects.bcast(self, obj, self._args.root(root))
+
+    @collective
+    def alltoall(self, objs):
+        return objects.alltoall(self, objs)
+
+    @collective
+    def allgather(self, obj):
+        return objects.allgather(self, obj)
+
+    @collective
+    def gather(self, obj, root=0):
+        return objects.gather(self, obj, self._args.root(root))
+
+    @collective
+    def scatter(self, objs, root=0):
+        return objects.scatter(self, objs, self._args.root(root))
+
     @collective
     def allreduce(self, obj, op=SUM):
-        ops.check_op(op)
-        return self._fold(self.allgather(obj), op, self.size)
+        return objects.reduction(self, obj, op, self.size)
 
     @collective
     def reduce(self, obj, op=SUM, root=0):
-        ops.check_op(op)
-        objs = self.gather(obj, self._root(root))
-        return self._fold(objs, op, self.size) if self.rank == root else None
+        root = self._args.root(root)
+        return objects.reduction(self, obj, op, self.size, root)
 
     @collective
     def scan(self, obj, op=SUM):
-        ops.check_op(op)
-        return self._fold(self.allgather(obj), op, self.rank + 1)
+        return objects.reduction(self, obj, op, self.rank + 1)
 
     @collective
     def exscan(self, obj, op=SUM):
         """None on rank 0."""
-        ops.check_op(op)
-        return self._fold(self.allgather(obj), op, self.rank)
+        return objects.reduction(self, obj, op, self.rank)
 
-    @staticmethod
-    def _fold(objs, op, upto):
-        """objs[0] op ... op objs[upto - 1], in rank order (None if upto is 0):
-        objects, or a user op's blocks (op: Op.block)."""
-        if upto == 0:
-            return None
-        acc = objs[0]
-        for o in objs[1:upto]:
-            acc = op(acc, o)
-        return acc
-
-    def _bytes(self, a):
-        ptr, n, _ = buffers.view(a, "buffer", writable=False)
-        return ptr, n
-
-    def _root_vspec(self, what, spec, name, root, writable, item, dt):
+    def _root_vspec(self, what, given, name, root, writable, item, dt):
         """The root's v-spec (pointer, bytes, item size, dtype; None, None,
         item, dt elsewhere) and, on every rank, the root's counts and
         displacements."""
         ptr = nbytes = counts = displs = None
         if self.rank == root:
-            if spec is None:
+            if given is None:
                 raise ValueError(f"{what}: the root needs {name} [buf, counts, displs, dtype]")
-            ptr, nbytes, item, dt, counts, displs = buffers.vspec(spec, name, self.size, writable)
-            if counts is None:
-                raise ValueError(f"{what}: {name} on the root must give counts: [buf, counts, displs, dtype]")
+            ptr, nbytes, item, dt, counts, displs = spec.vspec(given, name, self.size, writable)
         counts, displs, item = self._root_counts(root, counts, displs, item)
         return ptr, nbytes, item, dt, counts, displs
 
@@ -703,10 +486,9 @@ class Comm:
             raise ValueError(f"{own} has {have} bytes but the counts give rank {self.rank} {counts[self.rank]} "
                              f"items of {item} bytes ({mine} bytes)")
         pieces = tuple((c * item, d * item) for c, d in zip(counts, displs))
-        s0 = buffers.address(sptr) if sptr is not None else 0
-        r0 = buffers.address(rptr) if rptr is not None else 0
+        s0, r0 = _addr(sptr), _addr(rptr)
         if sptr is not None and rptr is not None:
-            _apart(s0, sbytes, r0, rbytes)
+            apart(s0, sbytes, r0, rbytes)
         if op == "allgatherv":          # the fast entry's key: it has the same counts on every rank
             tail = list(counts) + list(displs)
             key = self._key(op, algorithm, 0, sbytes, rbytes, self._dkey(dt))[:-1] + (fingerprint(counts, displs),)
@@ -714,70 +496,6 @@ class Comm:
             alg = -1 if algorithm is None else select.IDS[op][select.check_name(op, algorithm)]
             key, tail = (select.TABLE[op][0], alg, root, buffers.dtype_code(dt), pieces), None
         self._run(op, key, sum(n for n, _ in pieces), root, algorithm, s0, r0, dt, pieces, tail)
-
-    # -- IN_PLACE outside reductions: this rank's own piece, copied to send
-    # from (or a scratch to receive it), so every algorithm runs unchanged.
-    def _own_block(self, what, spec, root, name="recvbuf", copy=True):
-        """Block `root` of spec's p equal blocks (on the root only)."""
-        self._in_place_root(what, root, name)
-        ptr, nbytes, item = buffers.view(spec, name, writable=False)
-        if nbytes % (self.size * item):
-            raise ValueError(f"{what}: IN_PLACE, but {name}'s {nbytes} bytes do not split into {self.size} blocks "
-                             f"of whole {item}-byte items")
-        block = nbytes // self.size
-        return _own(ptr if copy else None, root * block, block, buffers.dtype_of(spec))
-
-    def _root_spec(self, what, spec, name, root):
-        """(pointer, item size, dtype, counts, displacements) of the root's
-        v-spec, for _own_piece."""
-        self._in_place_root(what, root, name)
-        if spec is None:
-            raise ValueError(f"{what}: the root needs {name} [buf, counts, displs, dtype]")
-        ptr, _, item, dt, counts, displs = buffers.vspec(spec, name, self.size, name == "recvbuf")
-        return ptr, item, dt, counts, displs
-
-    def _own_piece(self, what, ptr, item, dt, counts, displs, r, copy=True):
-        if counts is None:
-            raise ValueError(f"{what}: IN_PLACE needs counts (the buffer holds this rank's piece at its displacement)")
-        return _own(ptr if copy else None, displs[r] * item, counts[r] * item, dt)
-
-    def _in_place_root(self, what, root, name):
-        """IN_PLACE (in place of the buffer other than `name`) off the root: refused."""
-        if self.rank != root:
-            other = "sendbuf" if name == "recvbuf" else "recvbuf"
-            raise ValueError(f"{what}: IN_PLACE is for the root's {other} only (rank {self.rank} is not root {root})")
-
-    def _blocks(self, name, have, block):
-        """name must hold one block of `block` bytes per rank."""
-        if have != block * self.size:
-            other = "recvbuf" if name == "sendbuf" else "sendbuf"
-            raise ValueError(f"{name} has {have} bytes but {self.size} blocks of {other}'s {block} need "
-                             f"{block * self.size}")
-
-    def _optional(self, buf, name, root, writable):
-        """A buffer that matters on the root only: (ptr, bytes, itemsize),
-        (None, 0, 0) for None off the root."""
-        if buf is None:
-            if self.rank == root:
-                raise ValueError(f"the root needs {name}")
-            return None, -1, 0          # keyed apart from an empty buffer, as the C entry does
-        return buffers.view(buf, name, writable=writable and self.rank == root)
-
-    def _distinct(self, sptr, sbytes, rptr, rbytes, item, block=None):
-        """Addresses of two buffers that do not overlap and whose blocks
-        hold whole items."""
-        block = sbytes if block is None else block
-        if block % item:
-            raise ValueError(f"blocks of {block} bytes are not whole {item}-byte elements")
-        s0, r0 = buffers.address(sptr), buffers.address(rptr)
-        _apart(s0, sbytes, r0, rbytes)
-        return s0, r0
-
-    def _root(self, root):
-        if isinstance(root, (bool, np.bool_)) or not isinstance(root, (int, np.integer)) \
-                or not 0 <= root < self.size:
-            raise ValueError(f"root must be a rank in 0..{self.size - 1}, not {root!r}")
-        return int(root)
 
     # -- lifetime -------------------------------------------------------------
     def Free(self):
@@ -796,8 +514,8 @@ class Comm:
         self._break(ShmcollError(f"rank {self.rank} freed this communicator"))
         if rc:
             op = select.OPS.get(self._c.prev[0] & 0xff)
-            what = _what(op) if op else "Free"
-            raise self._dev.failure(rc, what, functools.partial(self._words, what))
+            what = select.method(op) if op else "Free"
+            raise self._dev.failure(rc, what, functools.partial(field, what))
         if other is not None:
             r, theirs, ours = other
             raise MismatchError(f"Free: the ranks made different numbers of calls: rank {r} left after {theirs}, "

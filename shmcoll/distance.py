@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
+from .planning import schedule
+
 PAPER = ("ring", "recursive_doubling", "bruck", "neighbor_exchange")
 
 
@@ -34,7 +36,6 @@ def alcd(algorithm, p, placement=None, nbytes=1, op="allgather"):
     """Distance of `algorithm` of op on p ranks (blocks of nbytes).
     placement: a virtual topology spec ("2x8"), a Topology, or slots (one
     per rank, with .socket and .node) for the physical shares."""
-    from . import schedule
     # planned on the placement's topology: the numa reductions chain its nodes
     sched = schedule(op, algorithm, p, nbytes, topology=placement if isinstance(placement, str) else None)
     msgs = sched.messages()

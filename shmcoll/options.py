@@ -5,14 +5,16 @@ are rejected so a typo never silently does nothing."""
 import numbers
 import os
 
+from .coll.select import TABLE
+
 DEFAULTS = {
     "chan_bytes": 2 << 20,      # per-rank channel: eager buffer and chunk ring
     "chunk_bytes": None,        # largest ring chunk (default: a quarter of L2); a call's first run plans
-                                # every chunk in Python, so a few KiB and up suit real runs (128 B, 3 ranks:
-                                # a first Allreduce of 560 KB plans for 0.8 s, of 16 MB for 42 s)
+                                # every chunk in Python, so planning time grows with bytes / chunk: a few
+                                # KiB and up suit real runs, tiny chunks are for tests
     "inline_bytes": 4096,       # moves of up to this many bytes go in the writer's inline slots, which let it run
-                                # 8 calls ahead of its readers (at most csrc's SC_INLINE; 4 ranks on 2 CPUs, 512 B:
-                                # Bcast 6.4 -> 1.3 us against staged through the ring)
+                                # 8 calls ahead of its readers instead of waiting for each to drain the ring
+                                # (at most csrc's SC_INLINE)
     "tile_bytes": None,         # alltoall tile (default: from the shared cache)
     "stripe_slots": None,       # numa bcast: striped segments (default: >= 8 and 2 x groups, a multiple of nodes)
     "bcast_k": None,            # limited bcast: readers per segment (default: ranks per socket, <= 4)
@@ -20,7 +22,8 @@ DEFAULTS = {
                                 # size, and for alltoall left to it, also twice the L2s of the ranks' cores)
     "check": 0,                 # cross-rank argument agreement on every call
     "cma_bytes": None,          # single copy (rendezvous) from here when ranks may read each other; 0: never
-                                # (default: 32 KiB for 2 ranks, 1 MiB for more, as measured); blocks with one
+                                # (default: 32 KiB for 2 ranks, 1 MiB for more: below, staging is cheaper than
+                                # the rendezvous and page pinning a single copy costs); blocks with one
                                 # reader each (gather, scatter, alltoall) count together when each rank has a CPU,
                                 # and by default Alltoall blocks go single copy from 8 KiB there (coll/alltoall.py)
     "spin_ns": None,            # spin before yielding (default: 50 us, 0 when oversubscribed, except
@@ -43,28 +46,14 @@ DEFAULTS = {
                                 # sharing 2 MiB huge pages (128 MiB of them at most, then numpy's): a 256 KiB
                                 # block pins one page, not 64, for up to 2x the memory; 0: never
     "shm_bytes": None,          # space the segment must fit in (default: what /dev/shm has free)
-    "barrier_algorithm": None,
-    "bcast_algorithm": None,
-    "alltoall_algorithm": None,
-    "allgather_algorithm": None,
-    "allgatherv_algorithm": None,
-    "gather_algorithm": None,
-    "gatherv_algorithm": None,
-    "scatter_algorithm": None,
-    "scatterv_algorithm": None,
     "reduce_small_bytes": 256 << 10,   # allreduce: all_at_once while (ranks - 1) x bytes is at most this
                                        # (an eighth of it when ranks share CPUs); reduce: flat
     "reduce_block_bytes": None,        # reduce_scatter_allgather: blocks of this many bytes, folded and gathered
                                        # while in cache (default: an eighth of the shared cache over the ranks,
-                                       # 2 MiB at least: 2 ranks, 16 MiB, 260 MiB L3: 1877 us in 16 MiB blocks,
-                                       # 2321 in 2 MiB ones, a sync more per block)
-    "allreduce_algorithm": None,
-    "reduce_algorithm": None,
-    "reduce_scatter_block_algorithm": None,
-    "reduce_scatter_algorithm": None,
-    "scan_algorithm": None,
-    "exscan_algorithm": None,
+                                       # 2 MiB at least, as each block costs the ranks one more sync)
 }
+# every collective's algorithm, forced by name (select.forced): one row per TABLE row
+DEFAULTS.update({f"{op}_algorithm": None for op in TABLE})
 
 
 def resolve(options=None, environ=os.environ):

@@ -423,7 +423,9 @@ CASES = {  # kind -> (the bad rank's exception, words of its message) ; None: ev
     "scatter_root": ("ValueError", ["root"]),
     "inplace_gather_off_root": ("ValueError", ["IN_PLACE", "root's sendbuf"]),
     "inplace_scatter_off_root": ("ValueError", ["IN_PLACE", "root's recvbuf"]),
-    "inplace_allgatherv_no_counts": ("ValueError", ["IN_PLACE", "counts"]),
+    # IN_PLACE takes mpi4py's even split of recvbuf when it has no counts, while
+    # the ranks that send gather every rank's size instead: they make other calls
+    "inplace_allgatherv_no_counts": (None, ["collective"]),
     "inplace_recv_split": ("ValueError", ["IN_PLACE", "blocks"]),
     "dtype": (None, ["dtype"]),
     "counts_differ": (None, ["counts"]),

@@ -1,6 +1,7 @@
 """Tunables: argument (options=) > environment (SHMCOLL_<NAME>) > default;
 unknown names are rejected; values reach every rank's plan and C context."""
 import os
+import re
 import subprocess
 import sys
 
@@ -8,12 +9,11 @@ import pytest
 
 import shmcoll
 from shmcoll import options
+from shmcoll.coll import select
 from shmcoll.options import DEFAULTS, resolve
 from conftest import run_ranks
 
-ALG_OPTS = {f"{op}_algorithm" for op in ("barrier", "bcast", "alltoall", "allgather", "allgatherv", "gather",
-                                          "gatherv", "scatter", "scatterv", "allreduce", "reduce",
-                                          "reduce_scatter_block", "reduce_scatter", "scan", "exscan")}
+ALG_OPTS = {f"{op}_algorithm" for op in select.TABLE}
 
 
 def env_name(name):
@@ -196,3 +196,56 @@ def test_environment_is_read_at_launch(monkeypatch):
     second = run_ranks(_params, 2)
     assert [p["chunk_bytes"] for p, _ in first] == [8192] * 2
     assert [p["chunk_bytes"] for p, _ in second] == [16384] * 2
+
+
+# -- a collective in select.TABLE brings its options row, its environment
+# variable and its line in the docs' algorithm table ---------------------------
+def _every_selected(comm):
+    return {op: comm.selected(op, 1 << 12) for op in select.TABLE}
+
+
+@pytest.mark.parametrize("end", [0, -1])
+def test_every_collective_algorithm_is_forced_by_its_environment_variable(monkeypatch, end):
+    """SHMCOLL_<OP>_ALGORITHM for every TABLE row, each naming its first
+    (then its last) algorithm: every rank selects that one."""
+    want = {op: select.algorithms(op)[end] for op in select.TABLE}
+    for op in select.TABLE:
+        assert f"{op}_algorithm" in DEFAULTS, f"{op} has no options row"
+        monkeypatch.setenv(env_name(f"{op}_algorithm"), want[op])
+    assert run_ranks(_every_selected, 2) == [want] * 2
+
+
+def _docs_table():
+    """{method names in the first column: the row} of the docs' algorithm
+    table (docs/algorithms.md where it exists, else README.md's
+    "Algorithms" section); "Gather(v)" names Gather and Gatherv."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.join(root, "docs", "algorithms.md")
+    if os.path.exists(path):
+        text = open(path).read()
+    else:
+        text = open(os.path.join(root, "README.md")).read()
+        text = text[text.index("### Algorithms"):]
+    rows = {}
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            if rows:
+                break
+            continue
+        first = line.split("|")[1].strip()
+        for cell in first.split(","):
+            m = re.fullmatch(r"\s*(\w+?)(?:\((\w+)\))?\s*", cell)
+            if m:
+                rows[m.group(1)] = line
+                if m.group(2):
+                    rows[m.group(1) + m.group(2)] = line
+    return rows
+
+
+@pytest.mark.parametrize("op", list(select.TABLE))
+def test_every_collective_is_in_the_docs_algorithm_table(op):
+    rows = _docs_table()
+    method = select.method(op)
+    assert method in rows, f"{method} has no row in the docs' algorithm table"
+    for name in select.algorithms(op):
+        assert f"`{name}`" in rows[method], f"{method}'s row in the docs' algorithm table lacks `{name}`"

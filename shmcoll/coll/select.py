@@ -1,14 +1,19 @@
 """The one selection table.  A row per collective: its id in signatures,
 its module (ALGORITHMS: name -> planning function, choose(call) -> name,
-footprint(call) -> bytes touched), the Comm method its C fast entry
-stands for (None: no fast entry, as for Gatherv/Scatterv, whose counts
-only the root has), that method's argument roles (device.entry, csrc/pyfast.c: a
-leading k when argument k's dtype is in the signature, x in-out buffer,
-i input (or IN_PLACE), o output, I/O optional, v an output with counts,
-r root, p reduction op, a algorithm) and names.  Adding a collective is a module and a row here.
+footprint(call) -> bytes touched), its Comm method, that method's
+argument roles for its C fast entry (empty: none, as for Gatherv/Scatterv,
+whose counts only the root has; device.entry, csrc/pyfast.c: a leading k
+when argument k's dtype is in the signature, x in-out buffer, i input (or
+IN_PLACE), o output, I/O optional, v an output with counts, r root, p
+reduction op, a algorithm) and its argument names (a reduction's include
+op).  Adding a collective is a module, a row here and the Comm method;
+its options row and SHMCOLL_<OP>_ALGORITHM follow from the row
+(options.DEFAULTS), and tests/test_options.py checks the docs' table.
 
 Precedence of the algorithm: algorithm= argument > options /
 SHMCOLL_<OP>_ALGORITHM > the collective's choose()."""
+import dataclasses
+
 from . import allgather, allgatherv, allreduce, alltoall, barrier, bcast, exscan, gather, reduce, reduce_scatter, scan, scatter
 
 TABLE = {
@@ -18,23 +23,35 @@ TABLE = {
     "allgather": (4, allgather, "Allgather", "0ioa", ("sendbuf", "recvbuf", "algorithm")),
     "allgatherv": (5, allgatherv, "Allgatherv", "1iva", ("sendbuf", "recvbuf", "algorithm")),
     "gather": (6, gather, "Gather", "0iOra", ("sendbuf", "recvbuf", "root", "algorithm")),
-    "gatherv": (7, gather, None, "", ()),
+    "gatherv": (7, gather, "Gatherv", "", ("sendbuf", "recvbuf", "root", "algorithm")),
     "scatter": (8, scatter, "Scatter", "1Iora", ("sendbuf", "recvbuf", "root", "algorithm")),
-    "scatterv": (9, scatter, None, "", ()),
+    "scatterv": (9, scatter, "Scatterv", "", ("sendbuf", "recvbuf", "root", "algorithm")),
     "allreduce": (10, allreduce, "Allreduce", "0iopa", ("sendbuf", "recvbuf", "op", "algorithm")),
     "reduce": (11, reduce, "Reduce", "0iOpra", ("sendbuf", "recvbuf", "op", "root", "algorithm")),
     "reduce_scatter_block": (12, reduce_scatter, "Reduce_scatter_block", "0iopa",
                              ("sendbuf", "recvbuf", "op", "algorithm")),
-    "reduce_scatter": (13, reduce_scatter, None, "", ()),
+    "reduce_scatter": (13, reduce_scatter, "Reduce_scatter", "",
+                       ("sendbuf", "recvbuf", "recvcounts", "op", "algorithm")),
     "scan": (14, scan, "Scan", "0iopa", ("sendbuf", "recvbuf", "op", "algorithm")),
     "exscan": (15, exscan, "Exscan", "0iopa", ("sendbuf", "recvbuf", "op", "algorithm")),
 }
 NAMES = {op: list(row[1].ALGORITHMS) for op, row in TABLE.items()}
 IDS = {op: {name: i for i, name in enumerate(names)} for op, names in NAMES.items()}
 OPS = {row[0]: op for op, row in TABLE.items()}
+_BY_METHOD = {row[2]: op for op, row in TABLE.items()}
 
 
-REDUCTIONS = {"allreduce", "reduce", "reduce_scatter_block", "reduce_scatter", "scan", "exscan"}
+def method(op):
+    """The Comm method of collective op (messages name it so)."""
+    return TABLE[op][2]
+
+
+def collective(name):
+    """The collective of Comm method `name` (None: no collective's)."""
+    return _BY_METHOD.get(name)
+
+
+REDUCTIONS = {op for op, row in TABLE.items() if "op" in row[4]}      # the collectives that take an op
 
 
 def typed(op, call, dtype):
@@ -70,6 +87,24 @@ def pick(op, call, algorithm=None, forced_name=None):
     if algorithm is not None:
         return check_name(op, algorithm)
     return forced_name or TABLE[op][1].choose(call)
+
+
+def resolve(op, call, algorithm=None, forced_name=None):
+    """The one path from a call to its algorithm: (name, the call it
+    plans, staged), staged the (name, call) of its staged twin where the
+    automatic choice runs it as twins (adapt: the single copy from the
+    adapt bytes, whatever the default cma_bytes rule says; a cma_bytes the
+    user set stays), else None."""
+    algorithms(op)
+    p = call.params
+    twin = algorithm is None and forced_name is None and call.cma and 0 < p["adapt"] <= call.nbytes
+    if twin and p["cma_opt"] is None and p["cma_bytes"] > p["adapt"]:
+        call = dataclasses.replace(call, params=dict(p, cma_bytes=p["adapt"]))
+    staged = None
+    if twin:
+        alone = dataclasses.replace(call, cma=False)
+        staged = pick(op, alone), alone
+    return pick(op, call, algorithm, forced_name), call, staged
 
 
 def plan(op, name, call):

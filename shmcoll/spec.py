@@ -1,0 +1,204 @@
+"""Buffer specs as mpi4py reads them (its msgbuffer.pxi), made plain.
+
+A spec names part of a buffer: [buf, dtype], [buf, count], [buf, count,
+dtype], [buf, (count, displ)], [buf, (count, displ), dtype] or [buf, count,
+displ, dtype]; count and displ in items of dtype (the buffer's own when
+left out).  Where a collective's argument holds one block per rank (an
+Alltoall's two buffers, an Allgather's or a Gather root's recvbuf, a
+Scatter root's sendbuf, a Reduce_scatter_block's sendbuf), count is per
+block and the spec spans blocks x count items; elsewhere count is the whole
+message.  A count left out is what the buffer holds past displ, split into
+the blocks.  simple() turns a spec into a numpy array over exactly those
+items, so the collectives see one form and plain arrays never come here.
+
+A v-spec (Allgatherv's recvbuf, a Gatherv root's recvbuf, a Scatterv
+root's sendbuf): [buf, counts], [buf, dtype], [buf, counts, dtype], [buf,
+(counts, displs)], [buf, (counts, displs), dtype] or [buf, counts, displs,
+dtype]; counts one int per rank or one int for every rank (None: the
+buffer split as evenly as it goes, the lower ranks one more), displs one
+per rank, one stride (rank r at r x stride) or None (packed).  [buf,
+counts, displs] (a list or array third) is taken too, as the C entry does."""
+import itertools
+import operator
+
+import numpy as np
+
+from . import buffers
+from ._core import ffi
+from .buffers import IN_PLACE
+
+
+def is_datatype(x):
+    """What mpi4py takes as the datatype of a spec (here: anything numpy
+    names a dtype by: a typecode string, a dtype, a scalar type)."""
+    return isinstance(x, (str, np.dtype, type))
+
+
+def _index(x, name, what):
+    try:
+        n = operator.index(x)
+    except TypeError:
+        raise TypeError(f"{name}: the {what} must be an integer, not {x!r}") from None
+    if n < 0:
+        raise ValueError(f"{name}: negative {what} {n}")
+    return n
+
+
+def _pair(x, name, what):
+    if len(x) != 2:
+        raise ValueError(f"{name}: ({what}) must be 2 items, got {len(x)}")
+    return x[0], x[1]
+
+
+def _raw(buf, dtype, name, writable):
+    """The whole buffer as bytes (a uint8 array), and the spec's dtype."""
+    if buf is None:
+        raw = np.empty(0, np.uint8)
+    else:
+        b = buffers.checked(buf, name, writable)[0]      # contiguous, plain data, writable where written
+        raw = np.asarray(b).reshape(-1).view(np.uint8) if isinstance(b, np.ndarray) else np.frombuffer(b, np.uint8)
+    if dtype is None:
+        return raw, buffers.dtype_of(buf) if buf is not None else np.dtype(np.uint8)
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"{name}: {dtype!r} is not a datatype") from None
+    if dt.hasobject or dt.itemsize == 0:
+        raise TypeError(f"{name}: datatype {dt} is not plain data of whole bytes")
+    return raw, dt
+
+
+def _simple_items(spec, name):
+    n = len(spec)
+    count = displ = dtype = None
+    if n == 2:
+        buf, count = spec
+        if is_datatype(count):
+            count, dtype = None, count
+        elif isinstance(count, (list, tuple)):
+            count, displ = _pair(count, name, "count, displacement")
+    elif n == 3:
+        buf, count, dtype = spec
+        if isinstance(count, (list, tuple)):
+            count, displ = _pair(count, name, "count, displacement")
+    elif n == 4:
+        buf, count, displ, dtype = spec
+    else:
+        raise ValueError(f"{name}: a buffer spec is 2 to 4 items ([buf, count, dtype], [buf, count, displ, dtype], "
+                         f"...), got {n}")
+    return buf, count, displ, dtype
+
+
+def simple(spec, name, writable, blocks=0):
+    """spec as a plain array (anything but a list or tuple as it is);
+    blocks > 1: the argument holds that many blocks, count is per block."""
+    if not isinstance(spec, (list, tuple)):
+        return spec
+    buf, count, displ, dtype = _simple_items(spec, name)
+    raw, dt = _raw(buf, dtype, name, writable)
+    ext = dt.itemsize
+    at = 0 if displ is None else _index(displ, name, "displacement") * ext
+    if at > raw.size:
+        raise ValueError(f"{name}: displacement {at // ext} is past the buffer's {raw.size // ext} {dt} items")
+    length = raw.size - at
+    per = f" per rank ({blocks} blocks)" if blocks > 1 else ""
+    if count is None:
+        if length % ext:
+            raise ValueError(f"{name}: cannot infer the count: {length} bytes are not whole {dt} items")
+        if blocks > 1 and length // ext % blocks:
+            raise ValueError(f"{name}: cannot infer the count: {length // ext} {dt} items do not split into "
+                             f"{blocks} blocks, one per rank")
+        nbytes = length
+    else:
+        nbytes = _index(count, name, "count") * ext * max(blocks, 1)
+        if nbytes > length:
+            raise ValueError(f"{name}: {count} {dt} items{per} need {nbytes} bytes but the buffer has {length}"
+                             + (f" past displacement {at // ext}" if at else ""))
+        if nbytes and buf is None:
+            raise ValueError(f"{name}: the buffer is None but the count is {count}")
+    return raw[at:at + nbytes].view(dt)
+
+
+def vector(spec, name, nranks, writable, derive=True):
+    """A v-spec: (its bytes, dtype, counts, displacements), counts and
+    displacements tuples of items per rank, checked against the buffer;
+    None and None for no counts and no displacements when not derive."""
+    counts = displs = dtype = None
+    buf = spec
+    if isinstance(spec, (list, tuple)):
+        n = len(spec)
+        if n == 2:
+            buf, counts = spec
+            if is_datatype(counts):
+                counts, dtype = None, counts
+            elif isinstance(counts, tuple):
+                counts, displs = _pair(counts, name, "counts, displacements")
+        elif n == 3:
+            buf, counts, dtype = spec
+            if isinstance(counts, tuple):
+                counts, displs = _pair(counts, name, "counts, displacements")
+            elif dtype is not None and not is_datatype(dtype):       # [buf, counts, displs]
+                displs, dtype = dtype, None
+        elif n == 4:
+            buf, counts, displs, dtype = spec
+        else:
+            raise ValueError(f"{name}: a v-buffer spec is 2 to 4 items ([buf, counts, displs, dtype], ...), got {n}")
+    if buf is IN_PLACE:
+        raise ValueError(f"{name}: IN_PLACE is not allowed here")
+    raw, dt = _raw(buf, dtype, name, writable)
+    ext = dt.itemsize
+    items = raw.size // ext
+    raw = raw[:items * ext]
+    if counts is None and displs is None and not derive:
+        return raw, dt, None, None
+    if counts is None:
+        if raw.size % ext:
+            raise ValueError(f"{name}: cannot infer the counts: {raw.size} bytes are not whole {dt} items")
+        counts = [items // nranks + (items % nranks > r) for r in range(nranks)]
+    elif not isinstance(counts, (list, tuple, np.ndarray)):
+        counts = [_index(counts, name, "count")] * nranks
+    counts = _per_rank(counts, f"{name}: counts", nranks)
+    if displs is None:
+        displs = list(itertools.accumulate(counts[:-1], initial=0))
+    elif not isinstance(displs, (list, tuple, np.ndarray)):
+        stride = _index(displs, name, "displacement stride")
+        displs = [r * stride for r in range(nranks)]
+    else:
+        displs = _per_rank(displs, f"{name}: displacements", nranks)
+    r = max(range(nranks), key=lambda i: displs[i] + counts[i], default=None)
+    if r is not None and displs[r] + counts[r] > items:
+        raise ValueError(f"{name}: rank {r}'s {counts[r]} items at displacement {displs[r]} end past the buffer's "
+                         f"{items} {dt} items")
+    live = sorted((d, c, r) for r, (d, c) in enumerate(zip(displs, counts)) if c)
+    for (d0, c0, r0), (d1, _, r1) in zip(live, live[1:]):
+        if d0 + c0 > d1:
+            raise ValueError(f"{name}: the ranges of ranks {r0} and {r1} overlap (displacements {d0} and {d1})")
+    return raw, dt, tuple(counts), tuple(displs)
+
+
+def _per_rank(seq, what, n):
+    """n non-negative ints, one per rank, as a list of Python ints."""
+    if isinstance(seq, np.ndarray):
+        return [int(x) for x in buffers.ints(seq, what, n)]
+    try:
+        out = [operator.index(x) for x in seq]
+    except TypeError:
+        out = None
+    if out is None or len(out) != n:
+        raise ValueError(f"{what} must be {n} integers, one per rank, not {seq!r}")
+    if out and min(out) < 0:
+        raise ValueError(f"{what} must not be negative: {seq!r}")
+    return out
+
+
+def vspec(spec, name, nranks, writable, derive=True):
+    """vector()'s, as the collectives take it: (pointer, bytes, item size,
+    dtype, counts, displacements)."""
+    raw, dt, counts, displs = vector(spec, name, nranks, writable, derive)
+    return ffi.from_buffer(raw, require_writable=writable), raw.size, dt.itemsize, dt, counts, displs
+
+
+def root_only(spec, rank, root):
+    """An argument that counts on the root only: a spec elsewhere is not
+    read (mpi4py's), so it is taken as absent."""
+    return None if rank != root and isinstance(spec, (list, tuple)) else spec

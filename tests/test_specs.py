@@ -1,0 +1,285 @@
+"""Buffer specs mean what they mean in mpi4py (its msgbuffer.pxi): for each
+collective and each spec form mpi4py accepts, at 2 and 3 ranks, with
+counts smaller than the buffers, so a count read per block or in total
+shows; forms mpi4py refuses raise a clear error on every rank.
+
+The expected values follow from mpi4py's documented meaning, written out
+here: a spec's items start at displ (in items of its dtype) and number
+count, or count per block where the argument holds one block per rank
+(Alltoall's buffers, Allgather's and a Gather root's recvbuf, a Scatter
+root's sendbuf, Reduce_scatter_block's sendbuf, and its recvbuf in
+place); the rest of each buffer is left as it was."""
+import numpy as np
+import pytest
+
+import shmcoll
+from conftest import run_ranks
+
+SENT = -1          # what every byte outside a message holds, before and after
+C, D = 3, 2        # a spec's count (per block where blocks) and displacement, in items
+
+
+def data(r, n):
+    """Rank r's message of n int32 items."""
+    return (np.arange(n, dtype=np.int64) * 7 + 1000 * (r + 1)).astype(np.int32)
+
+
+# simple forms: spec(buf, count, displ, blocks) over buf's items [displ, displ + count x blocks)
+SIMPLE = {
+    "[buf, dtype]": lambda b, c, d, k: [b[d:d + c * k], "i"],
+    "[buf, count]": lambda b, c, d, k: [b[d:], c],
+    "[buf, count, dtype]": lambda b, c, d, k: [b[d:], c, "i"],
+    "[buf, (count, displ)]": lambda b, c, d, k: [b, (c, d)],
+    "[buf, [count, displ], dtype]": lambda b, c, d, k: [b, [c, d], "i"],
+    "[buf, (count, displ), dtype]": lambda b, c, d, k: [b, (c, d), np.int32],
+    "[buf, count, displ, dtype]": lambda b, c, d, k: [b, c, d, np.dtype(np.int32)],
+    "[bytes, count, displ, dtype]": lambda b, c, d, k: [b.view(np.uint8), c, d, "i"],
+}
+
+
+def vcounts(p):
+    """Unequal counts, and displacements with gaps and out of rank order."""
+    counts = [r + 1 for r in range(p)]
+    order = list(range(p))[::-1]
+    displs, at = [0] * p, 1
+    for r in order:
+        displs[r], at = at, at + counts[r] + 2
+    return counts, displs, at
+
+
+# v-spec forms: (spec(buf, p), the counts and displacements it means)
+def _even(p, n):
+    counts = [n // p + (n % p > r) for r in range(p)]
+    return counts, [sum(counts[:r]) for r in range(p)]
+
+
+VFORMS = {
+    "[buf, counts, displs, dtype]": lambda b, p: ([b, vcounts(p)[0], vcounts(p)[1], "i"], vcounts(p)[:2]),
+    "[buf, (counts, displs), dtype]": lambda b, p: ([b, tuple(vcounts(p)[:2]), "i"], vcounts(p)[:2]),
+    "[buf, (counts, displs)]": lambda b, p: ([b, tuple(vcounts(p)[:2])], vcounts(p)[:2]),
+    "[buf, counts, dtype]": lambda b, p: ([b, vcounts(p)[0], "i"], _even_packed(vcounts(p)[0])),
+    "[buf, counts]": lambda b, p: ([b, np.array(vcounts(p)[0])], _even_packed(vcounts(p)[0])),
+    "[buf, count, stride, dtype]": lambda b, p: ([b, 2, 3, "i"], ([2] * p, [3 * r for r in range(p)])),
+    "[buf, (count, stride), dtype]": lambda b, p: ([b, (2, 4), "i"], ([2] * p, [4 * r for r in range(p)])),
+    "[buf, dtype]": lambda b, p: ([b[:2 * p + 1], "i"], _even(p, 2 * p + 1)),
+}
+
+
+def _even_packed(counts):
+    return counts, [sum(counts[:r]) for r in range(len(counts))]
+
+
+def buffer(items, logical=None, d=D):
+    """A buffer with room for `items` at d and 3 more after; logical put at d."""
+    b = np.full(d + items + 3, SENT, np.int32)
+    if logical is not None:
+        b[d:d + len(logical)] = logical
+    return b
+
+
+def expect(b, want, d=D):
+    out = np.full(len(b), SENT, np.int32)
+    out[d:d + len(want)] = want
+    return out
+
+
+def check(errs, what, got, want):
+    if not np.array_equal(got, want):
+        errs.append(f"{what}: got {got.tolist()}, want {want.tolist()}")
+
+
+def _simple_job(comm, coll, inplace):
+    """Every simple form of coll on this rank: a list of what differed."""
+    p, r, errs = comm.size, comm.rank, []
+    for form, spec in SIMPLE.items():
+        where = f"{coll} {form}{' IN_PLACE' if inplace else ''} rank {r}"
+        ip = shmcoll.IN_PLACE
+        if coll == "Bcast":
+            root = 1 % p
+            b = buffer(C, data(root, C) if r == root else None)
+            comm.Bcast(spec(b, C, D, 1), root)
+            check(errs, where, b, expect(b, data(root, C)))
+        elif coll == "Alltoall":
+            s, rb = buffer(p * C, data(r, p * C)), buffer(p * C, data(r, p * C) if inplace else None)
+            comm.Alltoall(ip if inplace else spec(s, C, D, p), spec(rb, C, D, p))
+            check(errs, where, rb, expect(rb, np.concatenate([data(j, p * C)[r * C:(r + 1) * C] for j in range(p)])))
+        elif coll == "Allgather":
+            s, rb = buffer(C, data(r, C)), buffer(p * C)
+            if inplace:
+                rb[D + r * C:D + (r + 1) * C] = data(r, C)
+            comm.Allgather(ip if inplace else spec(s, C, D, 1), spec(rb, C, D, p))
+            check(errs, where, rb, expect(rb, np.concatenate([data(j, C) for j in range(p)])))
+        elif coll == "Gather":
+            root = p - 1
+            s, rb = buffer(C, data(r, C)), buffer(p * C)
+            if inplace and r == root:
+                rb[D + r * C:D + (r + 1) * C] = data(r, C)
+            comm.Gather(ip if inplace and r == root else spec(s, C, D, 1), spec(rb, C, D, p), root)
+            want = np.concatenate([data(j, C) for j in range(p)]) if r == root else []
+            check(errs, where, rb, expect(rb, want))
+        elif coll == "Scatter":
+            root = 0
+            s, rb = buffer(p * C, data(root, p * C) if r == root else None), buffer(C)
+            comm.Scatter(spec(s, C, D, p), ip if inplace and r == root else spec(rb, C, D, 1), root)
+            check(errs, where, rb, expect(rb, [] if inplace and r == root else data(root, p * C)[r * C:(r + 1) * C]))
+            if r == root:
+                check(errs, where + " sendbuf", s, expect(s, data(root, p * C)))
+        elif coll in ("Allreduce", "Reduce", "Scan", "Exscan"):
+            root = 1 % p
+            upto = {"Allreduce": p, "Reduce": p, "Scan": r + 1, "Exscan": r}[coll]
+            s, rb = buffer(C, data(r, C)), buffer(C, data(r, C) if inplace else None)
+            send = ip if inplace and (coll != "Reduce" or r == root) else spec(s, C, D, 1)
+            args = (send, spec(rb, C, D, 1)) + ((shmcoll.SUM, root) if coll == "Reduce" else ())
+            getattr(comm, coll)(*args)
+            if coll == "Reduce" and r != root or upto == 0:
+                want = rb[D:D + C] if inplace else []       # untouched
+            else:
+                want = sum(data(j, C).astype(np.int64) for j in range(upto)).astype(np.int32)
+            check(errs, where, rb, expect(rb, want))
+        elif coll == "Reduce_scatter_block":
+            total = sum(data(j, p * C).astype(np.int64) for j in range(p)).astype(np.int32)
+            if inplace:     # recvbuf holds all p blocks (count per block); the result lands at its start
+                rb = buffer(p * C, data(r, p * C))
+                comm.Reduce_scatter_block(ip, spec(rb, C, D, p))
+                check(errs, where, rb[D:D + C], total[r * C:(r + 1) * C])
+                check(errs, where + " outside", rb[:D], np.full(D, SENT, np.int32))
+            else:
+                s, rb = buffer(p * C, data(r, p * C)), buffer(C)
+                comm.Reduce_scatter_block(spec(s, C, D, p), spec(rb, C, D, 1))
+                check(errs, where, rb, expect(rb, total[r * C:(r + 1) * C]))
+        elif coll == "Reduce_scatter":
+            rc = [C + j % 2 for j in range(p)]
+            n, at = sum(rc), sum(rc[:r])
+            total = sum(data(j, n).astype(np.int64) for j in range(p)).astype(np.int32)
+            if inplace:
+                rb = buffer(n, data(r, n))
+                comm.Reduce_scatter(ip, spec(rb, n, D, 1), rc)
+                check(errs, where, rb[D:D + rc[r]], total[at:at + rc[r]])
+            else:
+                for counts in (rc, None):       # None: each rank's recvbuf count, gathered
+                    s, rb = buffer(n, data(r, n)), buffer(rc[r])
+                    comm.Reduce_scatter(spec(s, n, D, 1), spec(rb, rc[r], D, 1), counts)
+                    check(errs, where + f" recvcounts={counts}", rb, expect(rb, total[at:at + rc[r]]))
+    return errs
+
+
+def _v_job(comm, coll, inplace):
+    p, r, errs = comm.size, comm.rank, []
+    ip = shmcoll.IN_PLACE
+    for form, vspec in VFORMS.items():
+        where = f"{coll} {form}{' IN_PLACE' if inplace else ''} rank {r}"
+        big = np.full(vcounts(p)[2] + 3, SENT, np.int32)
+        spec, (counts, displs) = vspec(big, p)
+        spec = list(spec)
+        c = counts[r]
+        s = buffer(c, data(r, c))
+        send = [s, (c, D), "i"]
+        if coll == "Allgatherv":
+            if inplace:
+                big[displs[r]:displs[r] + c] = data(r, c)
+            comm.Allgatherv(ip if inplace else send, spec)
+            want = np.full(len(big), SENT, np.int32)
+            for j in range(p):
+                want[displs[j]:displs[j] + counts[j]] = data(j, counts[j])
+            check(errs, where, big, want)
+        elif coll == "Gatherv":
+            root = p - 1
+            if inplace and r == root:
+                big[displs[r]:displs[r] + c] = data(r, c)
+            comm.Gatherv(ip if inplace and r == root else send, spec, root)
+            want = np.full(len(big), SENT, np.int32)
+            for j in range(p if r == root else 0):
+                want[displs[j]:displs[j] + counts[j]] = data(j, counts[j])
+            check(errs, where, big, want)
+        elif coll == "Scatterv":
+            root = 0
+            if r == root:
+                big[:] = data(root, len(big))
+            rb = buffer(c)
+            comm.Scatterv(spec, ip if inplace and r == root else [rb, (c, D), "i"], root)
+            piece = data(root, len(big))[displs[r]:displs[r] + c]
+            check(errs, where, rb, expect(rb, [] if inplace and r == root else piece))
+    return errs
+
+
+def _job(comm, coll, inplace):
+    return (_v_job if coll.endswith("v") else _simple_job)(comm, coll, inplace)
+
+
+COLLS = ["Bcast", "Alltoall", "Allgather", "Gather", "Scatter", "Allgatherv", "Gatherv", "Scatterv", "Allreduce",
+         "Reduce", "Reduce_scatter_block", "Reduce_scatter", "Scan", "Exscan"]
+
+
+@pytest.mark.parametrize("p", [2, 3])
+@pytest.mark.parametrize("inplace", [False, True], ids=["", "in_place"])
+@pytest.mark.parametrize("coll", COLLS)
+def test_every_spec_form(coll, inplace, p):
+    if inplace and coll == "Bcast":
+        pytest.skip("Bcast has no IN_PLACE")
+    got = run_ranks(_job, p, coll, inplace, timeout=60)
+    assert got == [[]] * p, "\n".join(e for g in got for e in g)
+
+
+def test_alltoall_count_is_per_block_as_in_the_issue():
+    """The issue's case: [s, 4, "B"] at 2 ranks moves 4 bytes per rank."""
+    def job(comm):
+        s = (np.arange(8) + 10 * comm.rank).astype(np.uint8)
+        r = np.full(8, 255, np.uint8)
+        comm.Alltoall([s, 4, "B"], [r, 4, "B"])
+        return r
+    got = run_ranks(job, 2)
+    for me in range(2):
+        want = np.concatenate([(np.arange(8) + 10 * j).astype(np.uint8)[me * 4:me * 4 + 4] for j in range(2)])
+        assert np.array_equal(got[me], want), (me, got[me])
+
+
+# -- forms mpi4py refuses: a clear error on every rank ------------------------------
+def _refused(comm, case):
+    p = comm.size
+    a, b = np.zeros(4 * p, np.int32), np.zeros(4 * p, np.int32)
+    calls = {
+        "five_items": lambda: comm.Allreduce([a, 1, 0, "i", None], b),
+        "negative_count": lambda: comm.Bcast([a, -1, "i"]),
+        "negative_displ": lambda: comm.Bcast([a, 1, -1, "i"]),
+        "count_past_buffer": lambda: comm.Alltoall([a, 5, "i"], [b, 5, "i"]),
+        "displ_past_buffer": lambda: comm.Bcast([a, (0, 4 * p + 1), "i"]),
+        "no_split": lambda: comm.Alltoall([a[:4 * p - 1], "i"], [b[:4 * p - 1], "i"]),
+        "not_a_datatype": lambda: comm.Bcast([a, 2, 3.5]),
+        "count_not_int": lambda: comm.Bcast([a, 2.0, "i"]),
+        "dtypes_differ": lambda: comm.Allreduce([a, 2, "i"], [b, 2, "f"]),
+        "counts_differ": lambda: comm.Allreduce([a, 2, "i"], [b, 3, "i"]),
+        "vcounts_past_buffer": lambda: comm.Allgatherv(a[:1], [b, [1] * (p - 1) + [4 * p], "i"]),
+        "vcounts_length": lambda: comm.Allgatherv(a[:1], [b, [1] * (p + 1), "i"]),
+        "in_place_reduce_scatter_no_counts": lambda: comm.Reduce_scatter(shmcoll.IN_PLACE, b),
+    }
+    try:
+        calls[case]()
+    except Exception as e:
+        return type(e).__name__, str(e)
+    return None
+
+
+REFUSED = {
+    "five_items": ("ValueError", ["2 to 4 items"]),
+    "negative_count": ("ValueError", ["negative count"]),
+    "negative_displ": ("ValueError", ["negative displacement"]),
+    "count_past_buffer": ("ValueError", ["per rank", "bytes"]),
+    "displ_past_buffer": ("ValueError", ["displacement", "past"]),
+    "no_split": ("ValueError", ["split", "blocks"]),
+    "not_a_datatype": ("TypeError", ["datatype"]),
+    "count_not_int": ("TypeError", ["count", "integer"]),
+    "dtypes_differ": ("TypeError", ["dtype"]),
+    "counts_differ": ("ValueError", ["recvbuf"]),
+    "vcounts_past_buffer": ("ValueError", ["past the buffer"]),
+    "vcounts_length": ("ValueError", ["one per rank"]),
+    "in_place_reduce_scatter_no_counts": ("ValueError", ["IN_PLACE", "recvcounts"]),
+}
+
+
+@pytest.mark.parametrize("p", [2, 3])
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_refused_forms_raise_on_every_rank(case, p):
+    got = run_ranks(_refused, p, case, timeout=30)
+    etype, words = REFUSED[case]
+    for r, g in enumerate(got):
+        assert g is not None and g[0] == etype and all(w in g[1] for w in words), (r, got)
