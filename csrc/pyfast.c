@@ -240,7 +240,8 @@ static PyObject *vspec(PyObject *v, int n, int64_t *vec)
     if (!PyList_Check(v) && !PyTuple_Check(v)) return NULL;
     Py_ssize_t k = PySequence_Fast_GET_SIZE(v);
     PyObject **it = PySequence_Fast_ITEMS(v);
-    if (k < 2 || k > 4 || !ints(it[1], n, vec)) return NULL;
+    /* a tuple where the counts go may be mpi4py's (counts, displs): the Python path reads it */
+    if (k < 2 || k > 4 || (k < 4 && PyTuple_Check(it[1])) || !ints(it[1], n, vec)) return NULL;
     int displs = k == 4 || (k == 3 && (PyList_Check(it[2]) || PyTuple_Check(it[2])));
     PyObject *dtype = k == 4 ? it[3] : k == 3 && !displs ? it[2] : NULL;
     if (dtype && (Py_TYPE(it[0]) != ndarray || dtype != ((np_array *)it[0])->descr)) return NULL;

@@ -233,6 +233,25 @@ def test_alltoall_count_is_per_block_as_in_the_issue():
         assert np.array_equal(got[me], want), (me, got[me])
 
 
+
+def test_tuple_counts_are_counts_and_displacements_after_a_list_call():
+    """[buf, (c, s), dtype] is mpi4py's (one count, one stride), never the
+    counts [c, s]: after a call with the list [c, s] installed a program
+    keyed by those counts, the tuple call runs its own (the C entry
+    took the tuple as counts and ran the list's program on rank 0)."""
+    def job(comm):
+        dt = np.dtype(np.int32)
+        first = np.full(7, -1, np.int32)
+        comm.Allgatherv(data(comm.rank, 3 + comm.rank), [first, [3, 4], dt])
+        second = np.full(7, -1, np.int32)
+        comm.Allgatherv(data(comm.rank, 3), [second, (3, 4), dt])
+        return first, second
+    for first, second in run_ranks(job, 2):
+        assert np.array_equal(first, np.concatenate([data(0, 3), data(1, 4)]))
+        want = np.full(7, -1, np.int32)
+        want[0:3], want[4:7] = data(0, 3), data(1, 3)
+        assert np.array_equal(second, want), second
+
 # -- forms mpi4py refuses: a clear error on every rank ------------------------------
 def _refused(comm, case):
     p = comm.size
