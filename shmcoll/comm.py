@@ -18,7 +18,7 @@ import functools
 
 import numpy as np
 
-from . import buffers, isa, objects, ops, spec
+from . import buffers, isa, listing, objects, ops, spec
 from .args import Args, apart
 from ._core import ffi, lib
 from .buffers import IN_PLACE
@@ -150,6 +150,11 @@ class Comm:
         the single-copy program's)."""
         name, call, _ = self._resolve(op, nbytes, root, algorithm, dtype)
         return select.plan(op, name, call)
+
+    def program(self, op, nbytes=0, root=0, algorithm=None, dtype=None, rank=None):
+        """The listing of the programs this communicator compiles for op (as
+        schedule() plans it): every rank's, or rank's alone."""
+        return listing.of_comm(self, op, nbytes, root, algorithm, dtype, rank)
 
     def twins(self):
         """Calls that the automatic choice runs as twins (single copy, or

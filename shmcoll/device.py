@@ -29,7 +29,8 @@ ABORT_REASONS = {1: "raised an exception", 2: "died", 3: "passed bad or mismatch
                  7: "could not read or write a peer's memory (single copy)",
                  8: "found that the ranks' calls differ"}
 TWIN_ALG = isa.TWIN_ALG      # the signature's algorithm field of a twin (the automatic choice, single copy or staged)
-FIELDS = {1: "collective", 2: "root", 3: "byte count", 4: "dtype", 5: "op", 6: "algorithm"}
+#: A signature field's id (as C reports a mismatch) -> the name messages give it.
+FIELDS = {i: {"bytes": "byte count"}.get(name, name) for name, i in isa.SIG_ID.items()}
 
 
 @dataclass

@@ -146,13 +146,13 @@ def _ran_and_listed(comm, nbytes):
     assert (buf == np.arange(nbytes, dtype=np.uint8)).all()
     (prog,) = comm._dev._programs.values()
     ran = [listing.instruction(prog[isa.HEAD + i * isa.INSN:isa.HEAD + (i + 1) * isa.INSN]) for i in range(prog[0])]
-    text = listing.of_comm(comm, "bcast", nbytes, algorithm="limited", rank=comm.rank)
+    text = comm.program("bcast", nbytes, algorithm="limited", rank=comm.rank)
     listed = [line.split(None, 1)[1] for line in text.splitlines() if line.startswith("   ")]
     return ran, listed
 
 
 def test_a_communicators_listing_is_what_it_runs():
-    """listing.of_comm (Comm.program) lists the very instructions the
+    """Comm.program (listing.of_comm) lists the very instructions the
     rank's program runs."""
     from conftest import run_ranks
     for ran, listed in run_ranks(_ran_and_listed, 3, 5000, timeout=120):
