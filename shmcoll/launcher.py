@@ -198,7 +198,7 @@ def _forked_exit(exc=None):
         os._exit(int(code) & 0xff)
 
 
-def _rank_process(job, rank, fn, args, out, closing, parent, mask):
+def _rank_process(job, rank, fn, args, out, closing, parent, mask, gate):
     """The whole life of a forked rank.  It never returns (into launch's
     caller), whatever is raised where: it ends in os._exit."""
     global _rank_pid
@@ -214,14 +214,14 @@ def _rank_process(job, rank, fn, args, out, closing, parent, mask):
             except OSError:
                 pass                        # CPUs this host lacks (a virtual topology): run unpinned
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-            code = _rank_main(job, rank, fn, args, out, parent)
+            code = _rank_main(job, rank, fn, args, out, parent, gate)
         finally:
             _block_signals()
     finally:
         os._exit(code)
 
 
-def _rank_main(job, rank, fn, args, out, parent):
+def _rank_main(job, rank, fn, args, out, parent, gate):
     """Run fn as rank `rank` and write (ok, result or exception, traceback)
     to out; the exit status.  A process fn forked that leaves fn ends in
     _forked_exit.  The result is written with the asynchronous signals
@@ -231,6 +231,7 @@ def _rank_main(job, rank, fn, args, out, parent):
     try:
         dev = job.device.for_rank(rank)
         _register(dev, parent)
+        _wait_gate(gate)
         _world = Comm(dev)
         value = fn(_world, *args)
         if not _is_rank():
@@ -253,6 +254,18 @@ def _rank_main(job, rank, fn, args, out, parent):
     sys.stdout.flush()
     sys.stderr.flush()
     return code
+
+
+def _wait_gate(fd):
+    """Block until the launcher has started every rank (it closes the gate
+    pipe's write end): ranks that went on into init's first collective
+    would wait, and their waits take CPU time from the starting of the
+    rest, which makes start-up quadratic in the ranks on few CPUs."""
+    try:
+        while os.read(fd, 1):
+            pass
+    finally:
+        os.close(fd)
 
 
 def _pickled(rank, payload):
@@ -286,6 +299,7 @@ def launch(fn, nprocs, args=(), *, bind="core", map="compact", topology=None, ti
     job = Job(nprocs, bind, map, topology, options)
     parent, procs = os.getpid(), {}
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    gate, gate_w = os.pipe()
     try:
         for rank in range(nprocs):
             r, w = os.pipe()
@@ -299,13 +313,19 @@ def launch(fn, nprocs, args=(), *, bind="core", map="compact", topology=None, ti
                 os.close(w)
                 raise
             if pid == 0:
-                _rank_process(job, rank, fn, args, w, [r] + [fd for _, fd in procs.values()], parent, mask)
+                _rank_process(job, rank, fn, args, w, [r, gate_w] + [fd for _, fd in procs.values()], parent, mask,
+                              gate)
             procs[pid] = (rank, r)
             os.close(w)
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        os.close(gate_w)
+        gate_w = -1
         return _collect(job, procs, timeout)
     finally:
         try:
+            os.close(gate)
+            if gate_w >= 0:
+                os.close(gate_w)
             for pid in procs:
                 _kill(pid)
             job.close()
