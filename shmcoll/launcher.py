@@ -22,6 +22,7 @@ import threading
 import time
 import traceback
 
+from . import forkrun
 from .comm import Comm
 from .device import MAX_RANKS, Device, make_plan
 from .errors import MismatchError, PeerAborted, PeerDied, PeerFailure, RemoteTraceback, ShmcollError
@@ -503,33 +504,50 @@ def init():
     return _world
 
 
-def run(nprocs, cmd, *, bind="core", map="compact", topology=None, timeout=None, options=None, grace=3.0):
+def run(nprocs, cmd, *, bind="core", map="compact", topology=None, timeout=None, options=None, grace=3.0,
+        fork=False):
     """mpiexec: run cmd on every rank; return the first failing rank's exit
-    status (128 + signal for a signal), 0 if all succeed, 124 on timeout."""
+    status (128 + signal for a signal), 0 if all succeed, 124 on timeout.
+    fork: Python commands (script.py, -m, -c) run in ranks forked from this
+    process (forkrun), which must then hold no other threads or foreign
+    state: the CLI's choice."""
     nprocs, timeout = _check_nprocs(nprocs), _check_timeout(timeout)
     job = Job(nprocs, bind, map, topology, options)
-    if cmd and (cmd[0] in ("-m", "-c") or cmd[0].endswith(".py")):
+    fork = fork and forkrun.is_python(cmd)
+    if not fork and forkrun.is_python(cmd):
         cmd = [sys.executable] + list(cmd)
     parent, procs, forwarders = os.getpid(), [], []
-    first, plan_fd = None, -1
+    first, plan_fd, gate, gate_w = None, -1, -1, -1
     sel = selectors.DefaultSelector()   # not select(): pidfds may be past FD_SETSIZE
     try:
         plan_fd = _plan_fd(job.plan)
         env = dict(os.environ, SHMCOLL_SIZE=str(nprocs), SHMCOLL_FD=str(job.device.segment.fd),
                    SHMCOLL_PLAN_FD=str(plan_fd), SHMCOLL_LAUNCHER_PID=str(parent))
+        if fork:
+            gate, gate_w = os.pipe()    # the ranks start once all are forked (see _wait_gate)
         for rank in range(nprocs):
             def prep(rank=rank):
                 _die_with_parent(parent)
                 _pin(job, rank)
-            procs.append(subprocess.Popen(cmd, env=dict(env, SHMCOLL_RANK=str(rank)), stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, pass_fds=(job.device.segment.fd, plan_fd),
-                                          preexec_fn=prep))
-            for src, dst in ((procs[-1].stdout, sys.stdout), (procs[-1].stderr, sys.stderr)):
+            if fork:
+                closing = [gate_w] + [f.fileno() for p in procs for f in (p.stdout, p.stderr)]
+                procs.append(forkrun.start(list(cmd), dict(env, SHMCOLL_RANK=str(rank)), prep, gate, closing))
+            else:
+                procs.append(subprocess.Popen(cmd, env=dict(env, SHMCOLL_RANK=str(rank)), stdout=subprocess.PIPE,
+                                              stderr=subprocess.PIPE, pass_fds=(job.device.segment.fd, plan_fd),
+                                              preexec_fn=prep))
+        # forwarders only now: a fork while one held sys.stdout's lock would
+        # leave the lock held in the child
+        for p in procs:
+            for src, dst in ((p.stdout, sys.stdout), (p.stderr, sys.stderr)):
                 forwarders.append(threading.Thread(target=_forward, args=(src, dst), daemon=True))
                 forwarders[-1].start()
         job.device.segment.close_fd()
         os.close(plan_fd)
         plan_fd = -1
+        if fork:
+            os.close(gate_w)
+            gate_w = -1
         for rank, p in enumerate(procs):
             fd = os.pidfd_open(p.pid)
             try:
@@ -565,8 +583,9 @@ def run(nprocs, cmd, *, bind="core", map="compact", topology=None, timeout=None,
             sel.unregister(key.fd)
             os.close(key.fd)
         sel.close()
-        if plan_fd >= 0:
-            os.close(plan_fd)
+        for fd in (plan_fd, gate, gate_w):
+            if fd >= 0:
+                os.close(fd)
         for p in procs:
             if p.poll() is None:
                 p.kill()
