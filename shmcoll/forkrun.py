@@ -108,6 +108,10 @@ def _main(cmd, env):
             sys.path[0] = ""
             main = sys.modules["__main__"] = types.ModuleType("__main__")
             exec(compile(cmd[1], "<string>", "exec"), main.__dict__)
+        elif not os.path.isfile(cmd[0]):
+            print(f"{sys.executable}: can't open file {os.path.abspath(cmd[0])!r}: [Errno 2] No such file or directory",
+                  file=sys.stderr)
+            return _finish(2, False)
         else:
             sys.argv = list(cmd)
             sys.path[0] = os.path.dirname(os.path.abspath(cmd[0]))

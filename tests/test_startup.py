@@ -82,3 +82,27 @@ def test_run_many_ranks():
                        text=True, timeout=280, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
     assert p.returncode == 0, p.stderr[-3000:]
     assert sorted(p.stdout.split("\n")[:-1]) == sorted(f"{r} ok" for r in range(n))
+
+
+@pytest.mark.parametrize("how", ["script", "-m", "-c"])
+def test_run_forked_ranks_see_what_python_would_give_them(how, tmp_path):
+    """The ranks `shmcoll run` forks see the argv, sys.path[0] and __name__
+    that `python CMD` gives, here compared with what python itself gives."""
+    body = "import os, sys; print(repr((sys.argv, sys.path[0], __name__)))\n"
+    (tmp_path / "probe_mod.py").write_text(body)
+    cmd = {"script": [str(tmp_path / "probe_mod.py"), "a", "b"], "-m": ["-m", "probe_mod", "a"],
+           "-c": ["-c", body, "a"]}[how]
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    want = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
+    got = subprocess.run(cli("run", "-n", "2", "--timeout", "60", "--", *cmd), capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path, env=env)
+    assert want.returncode == 0 and got.returncode == 0, (want.stderr, got.stderr)
+    assert got.stdout.splitlines() == want.stdout.splitlines() * 2
+
+
+@pytest.mark.parametrize("code,status", [("raise SystemExit(3)", 3), ("raise SystemExit('bye')", 1),
+                                         ("raise ValueError('x')", 1), ("raise KeyboardInterrupt", 130)])
+def test_run_forked_ranks_exit_as_python_would(code, status):
+    p = subprocess.run(cli("run", "-n", "2", "--timeout", "60", "--", "-c", code), capture_output=True, text=True,
+                       timeout=120, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert p.returncode == status, p.stderr[-3000:]
