@@ -21,7 +21,7 @@ def _run(argv):
         _check_timeout(a.timeout)
     except (TypeError, ValueError) as e:
         ap.error(str(e))
-    return run(a.n, cmd, bind=a.bind, map=a.map, topology=a.topology, timeout=a.timeout)
+    return run(a.n, cmd, bind=a.bind, map=a.map, topology=a.topology, timeout=a.timeout, fork=True)
 
 
 def _topo(argv):

@@ -75,14 +75,17 @@ class Comm:
     def _probe_cma(self):
         """Single copies need every rank able to read every other: each
         tries its right neighbour once all have registered, and all learn
-        every verdict, so every rank plans the same schedules."""
+        every verdict, so every rank plans the same schedules.  Flat
+        algorithms: every rank compiles each whole schedule, so at start-up,
+        with hundreds of ranks, a schedule of n^2 moves or n rounds costs
+        far more than waiting on rank 0."""
         self._c.cma = 0
         if self.size == 1:
             return
-        self.Barrier("all_to_all")
-        verdict = np.full(self.size, lib.sc_probe_cma(self._c), np.uint8)
-        every = np.empty_like(verdict)
-        self.Alltoall(verdict, every, "pairwise")
+        self.Barrier("padded")
+        every = np.empty(self.size, np.uint8)
+        self.Gather(np.full(1, lib.sc_probe_cma(self._c), np.uint8), every, 0, "flat")
+        self.Bcast(every, 0, "original")
         self._c.cma = int(every.all())
         self._dev.clear_programs()
 

@@ -22,6 +22,7 @@ import threading
 import time
 import traceback
 
+from . import forkrun
 from .comm import Comm
 from .device import MAX_RANKS, Device, make_plan
 from .errors import MismatchError, PeerAborted, PeerDied, PeerFailure, RemoteTraceback, ShmcollError
@@ -36,7 +37,12 @@ BINDS = ("core", "socket", "numa", "none")
 # slow its collectives down.
 GRACE_S = 5.0     # after a rank fails, how long the others may take to finish
 PIPE_CHUNK = 1 << 16
+# Blocked while a rank writes its result; the synchronous ones are not
+# asynchronous, and SIGKILL and SIGSTOP cannot be blocked.
+_ASYNC = signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE,
+                                   signal.SIGILL, signal.SIGTRAP, signal.SIGSYS, signal.SIGABRT}
 _world = None
+_rank_pid = None      # the pid of this process's rank: a process forked inside it has another
 
 
 def _check_nprocs(nprocs):
@@ -155,29 +161,135 @@ def _pin(job, rank):
         os.sched_setaffinity(0, job.plan.slots[rank].cpus)
 
 
-def _rank_main(job, rank, fn, args, out, parent):
+def _block_signals():
+    """Block the asynchronous signals and run the Python handlers already
+    pending, dropping what they raise: from here on no signal raises in
+    this process.  pthread_sigmask sets the mask before it runs pending
+    handlers, and a handler that raises leaves the rest pending, so each
+    try runs at least one of them."""
+    for _ in range(signal.NSIG):
+        try:
+            signal.pthread_sigmask(signal.SIG_BLOCK, _ASYNC)
+            return
+        except BaseException:
+            pass
+
+
+def _is_rank():
+    """Whether this process is the job's rank, not a process forked inside it."""
+    return os.getpid() == _rank_pid
+
+
+def _forked_exit(exc=None):
+    """End a process forked inside a rank that returned (exc None) or raised
+    out of the rank's code as Python ends a script, touching nothing of the
+    job: no result, no abort, no Free.  Never returns."""
+    code = 0
+    try:
+        if isinstance(exc, SystemExit):
+            code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+            if code and not isinstance(exc.code, int):
+                print(exc.code, file=sys.stderr)
+        elif exc is not None:
+            code = 1
+            traceback.print_exception(type(exc), exc, exc.__traceback__)
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(int(code) & 0xff)
+
+
+def _rank_process(job, rank, fn, args, out, closing, parent, mask, gate):
+    """The whole life of a forked rank.  It never returns (into launch's
+    caller), whatever is raised where: it ends in os._exit."""
+    global _rank_pid
+    code = 1
+    try:
+        try:
+            _rank_pid = os.getpid()
+            for fd in closing:
+                os.close(fd)
+            _die_with_parent(parent)
+            try:
+                _pin(job, rank)
+            except OSError:
+                pass                        # CPUs this host lacks (a virtual topology): run unpinned
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            code = _rank_main(job, rank, fn, args, out, parent, gate)
+        finally:
+            _block_signals()
+    finally:
+        os._exit(code)
+
+
+def _rank_main(job, rank, fn, args, out, parent, gate):
+    """Run fn as rank `rank` and write (ok, result or exception, traceback)
+    to out; the exit status.  A process fn forked that leaves fn ends in
+    _forked_exit.  The result is written with the asynchronous signals
+    blocked, so a Ctrl-C cannot cut it short."""
     global _world
     code, dev = 0, None
     try:
         dev = job.device.for_rank(rank)
         _register(dev, parent)
+        _wait_gate(gate)
         _world = Comm(dev)
-        payload = (True, fn(_world, *args), None)
+        value = fn(_world, *args)
+        if not _is_rank():
+            _forked_exit()
+        payload = (True, value, None)
         _world.Free()     # a clean exit, not a death, for peers still finishing
     except BaseException as e:
+        if not _is_rank():
+            _forked_exit(e)
         if dev is not None:
             dev.abort(rank, 1)
         payload, code = (False, e, traceback.format_exc()), 1
-    try:
-        data = pickle.dumps(payload)
-    except Exception as e:
-        data = pickle.dumps((False, RuntimeError(f"rank {rank}: result not picklable: {e!r}"), None))
-        code = 1
+    _block_signals()
+    ok, data = _pickled(rank, payload)
+    if data is None:
+        return 1
+    code = code or int(not ok)
     with os.fdopen(out, "wb") as f:
         f.write(data)
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)
+    return code
+
+
+def _wait_gate(fd):
+    """Block until the launcher has started every rank (it closes the gate
+    pipe's write end): ranks that went on into init's first collective
+    would wait, and their waits take CPU time from the starting of the
+    rest, which makes start-up quadratic in the ranks on few CPUs."""
+    try:
+        while os.read(fd, 1):
+            pass
+    finally:
+        os.close(fd)
+
+
+def _pickled(rank, payload):
+    """(ok, bytes): payload pickled (ok), or else the exception that stopped
+    it (which may be a KeyboardInterrupt or SystemExit raised by a
+    __reduce__), or else a RuntimeError naming it; bytes None if not even
+    that pickles."""
+    ok, value, tb = payload
+    try:
+        return True, pickle.dumps(payload)
+    except BaseException as e:
+        why, tb = e, traceback.format_exc()
+    if ok and isinstance(why, Exception):
+        why = RuntimeError(f"rank {rank}: result not picklable: {why!r}")
+    elif not ok:
+        why = RuntimeError(f"rank {rank}: its exception {value!r} is not picklable ({why!r}); "
+                           f"its traceback:\n{payload[2]}")
+    for failure in (why, RuntimeError(f"rank {rank}: {why!r}")):
+        try:
+            return False, pickle.dumps((False, failure, tb))
+        except BaseException:
+            pass
+    return False, None
 
 
 def launch(fn, nprocs, args=(), *, bind="core", map="compact", topology=None, timeout=None, options=None):
@@ -187,26 +299,39 @@ def launch(fn, nprocs, args=(), *, bind="core", map="compact", topology=None, ti
     nprocs, timeout = _check_nprocs(nprocs), _check_timeout(timeout)
     job = Job(nprocs, bind, map, topology, options)
     parent, procs = os.getpid(), {}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    gate, gate_w = os.pipe()
     try:
         for rank in range(nprocs):
             r, w = os.pipe()
-            pid = os.fork()
+            # blocked across fork: a signal then would raise in the child
+            # before it is inside _rank_process (the child unblocks them there)
+            signal.pthread_sigmask(signal.SIG_BLOCK, _ASYNC)
+            try:
+                pid = os.fork()
+            except BaseException:
+                os.close(r)
+                os.close(w)
+                raise
             if pid == 0:
-                try:
-                    os.close(r)
-                    for fd in procs.values():
-                        os.close(fd[1])
-                    _die_with_parent(parent)
-                    _pin(job, rank)
-                finally:
-                    _rank_main(job, rank, fn, args, w, parent)
-            os.close(w)
+                _rank_process(job, rank, fn, args, w, [r, gate_w] + [fd for _, fd in procs.values()], parent, mask,
+                              gate)
             procs[pid] = (rank, r)
+            os.close(w)
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        os.close(gate_w)
+        gate_w = -1
         return _collect(job, procs, timeout)
     finally:
-        for pid in procs:
-            _kill(pid)
-        job.close()
+        try:
+            os.close(gate)
+            if gate_w >= 0:
+                os.close(gate_w)
+            for pid in procs:
+                _kill(pid)
+            job.close()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def _kill(pid):
@@ -252,6 +377,8 @@ def _collect(job, procs, timeout):
                     running = sorted(r for p, r in (k.data for k in sel.get_map().values()) if p is not None)
                     raise TimeoutError(f"shmcoll.launch: ranks {running} still running after {timeout} s; killed")
                 for key, _ in sel.select(left):
+                    if key.fd not in sel.get_map():
+                        continue            # a result pipe _drain closed in this round
                     pid, rank = key.data
                     if pid is None:
                         chunk = os.read(key.fd, PIPE_CHUNK)
@@ -264,6 +391,7 @@ def _collect(job, procs, timeout):
                     sel.unregister(key.fd)
                     os.close(key.fd)
                     _, st = os.waitpid(pid, 0)
+                    _drain(sel, procs[pid][1], data[rank])
                     del procs[pid]
                     status[rank] = st
                     _ended(job, rank, os.WIFSIGNALED(st), st)
@@ -274,6 +402,21 @@ def _collect(job, procs, timeout):
                 sel.unregister(key.fd)
                 os.close(key.fd)
     return _results(n, data, status, killed)
+
+
+def _drain(sel, fd, data):
+    """Read what an ended rank left in its result pipe, and stop watching it.
+    Not up to EOF: a process the rank forked may hold the pipe open."""
+    if fd not in sel.get_map():
+        return
+    os.set_blocking(fd, False)
+    try:
+        while chunk := os.read(fd, PIPE_CHUNK):
+            data += chunk
+    except BlockingIOError:
+        pass
+    sel.unregister(fd)
+    os.close(fd)
 
 
 def _results(n, data, status, killed):
@@ -316,7 +459,10 @@ def _results(n, data, status, killed):
 def _leave(comm, dev):
     """At exit: Free.  Its failure (calls of this rank's that its peers
     never made) becomes the exit status, which Python does not make of
-    what an atexit handler raises."""
+    what an atexit handler raises.  A process forked inside the rank
+    inherits this handler, and its exit is not the rank's."""
+    if not _is_rank():
+        return
     try:
         comm.Free()
     except ShmcollError:
@@ -330,7 +476,7 @@ def _leave(comm, dev):
 def init():
     """The world communicator of this process: the job's when started by
     `shmcoll run`, else a one-rank world (like an MPI singleton)."""
-    global _world
+    global _world, _rank_pid
     if _world is not None:
         return _world
     plan_fd = os.environ.get("SHMCOLL_PLAN_FD")
@@ -346,44 +492,62 @@ def init():
         dev = job.device.for_rank(0)
         tracer = os.getpid()
     _register(dev, tracer)
-    _world = Comm(dev)
+    _world, _rank_pid = Comm(dev), os.getpid()
     atexit.register(_leave, _world, dev)
     hook = sys.excepthook
 
     def abort_then_report(*exc):
-        dev.abort(dev.rank, 1)
+        if _is_rank():
+            dev.abort(dev.rank, 1)
         hook(*exc)
     sys.excepthook = abort_then_report
     return _world
 
 
-def run(nprocs, cmd, *, bind="core", map="compact", topology=None, timeout=None, options=None, grace=3.0):
+def run(nprocs, cmd, *, bind="core", map="compact", topology=None, timeout=None, options=None, grace=3.0,
+        fork=False):
     """mpiexec: run cmd on every rank; return the first failing rank's exit
-    status (128 + signal for a signal), 0 if all succeed, 124 on timeout."""
+    status (128 + signal for a signal), 0 if all succeed, 124 on timeout.
+    fork: Python commands (script.py, -m, -c) run in ranks forked from this
+    process (forkrun), which must then hold no other threads or foreign
+    state: the CLI's choice."""
     nprocs, timeout = _check_nprocs(nprocs), _check_timeout(timeout)
     job = Job(nprocs, bind, map, topology, options)
-    if cmd and (cmd[0] in ("-m", "-c") or cmd[0].endswith(".py")):
+    fork = fork and forkrun.is_python(cmd)
+    if not fork and forkrun.is_python(cmd):
         cmd = [sys.executable] + list(cmd)
     parent, procs, forwarders = os.getpid(), [], []
-    first, plan_fd = None, -1
+    first, plan_fd, gate, gate_w = None, -1, -1, -1
     sel = selectors.DefaultSelector()   # not select(): pidfds may be past FD_SETSIZE
     try:
         plan_fd = _plan_fd(job.plan)
         env = dict(os.environ, SHMCOLL_SIZE=str(nprocs), SHMCOLL_FD=str(job.device.segment.fd),
                    SHMCOLL_PLAN_FD=str(plan_fd), SHMCOLL_LAUNCHER_PID=str(parent))
+        if fork:
+            gate, gate_w = os.pipe()    # the ranks start once all are forked (see _wait_gate)
         for rank in range(nprocs):
             def prep(rank=rank):
                 _die_with_parent(parent)
                 _pin(job, rank)
-            procs.append(subprocess.Popen(cmd, env=dict(env, SHMCOLL_RANK=str(rank)), stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, pass_fds=(job.device.segment.fd, plan_fd),
-                                          preexec_fn=prep))
-            for src, dst in ((procs[-1].stdout, sys.stdout), (procs[-1].stderr, sys.stderr)):
+            if fork:
+                closing = [gate_w] + [f.fileno() for p in procs for f in (p.stdout, p.stderr)]
+                procs.append(forkrun.start(list(cmd), dict(env, SHMCOLL_RANK=str(rank)), prep, gate, closing))
+            else:
+                procs.append(subprocess.Popen(cmd, env=dict(env, SHMCOLL_RANK=str(rank)), stdout=subprocess.PIPE,
+                                              stderr=subprocess.PIPE, pass_fds=(job.device.segment.fd, plan_fd),
+                                              preexec_fn=prep))
+        # forwarders only now: a fork while one held sys.stdout's lock would
+        # leave the lock held in the child
+        for p in procs:
+            for src, dst in ((p.stdout, sys.stdout), (p.stderr, sys.stderr)):
                 forwarders.append(threading.Thread(target=_forward, args=(src, dst), daemon=True))
                 forwarders[-1].start()
         job.device.segment.close_fd()
         os.close(plan_fd)
         plan_fd = -1
+        if fork:
+            os.close(gate_w)
+            gate_w = -1
         for rank, p in enumerate(procs):
             fd = os.pidfd_open(p.pid)
             try:
@@ -419,8 +583,9 @@ def run(nprocs, cmd, *, bind="core", map="compact", topology=None, timeout=None,
             sel.unregister(key.fd)
             os.close(key.fd)
         sel.close()
-        if plan_fd >= 0:
-            os.close(plan_fd)
+        for fd in (plan_fd, gate, gate_w):
+            if fd >= 0:
+                os.close(fd)
         for p in procs:
             if p.poll() is None:
                 p.kill()
