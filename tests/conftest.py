@@ -69,10 +69,23 @@ def own_cpus(monkeypatch):
                                                for s in real(self, *a, **k)])
 
 
+def taking_turns(monkeypatch):
+    """Pin every rank to one CPU of this host, however many it has: the
+    ranks take turns, so they check each other in a star around rank 0,
+    where one rank at a time can find a mismatch (ranks on CPUs of their
+    own check in a ring, where two may find it together)."""
+    import dataclasses
+    from shmcoll.topology import Topology
+    cpu, real = min(os.sched_getaffinity(0)), Topology.placement
+    monkeypatch.setattr(Topology, "placement", lambda self, *a, **k: [dataclasses.replace(s, cpus=frozenset({cpu}))
+                                                                     for s in real(self, *a, **k)])
+
+
 def graph_bind(graph, monkeypatch):
     """The bind that gives the check graph asked for ('star': ranks taking
-    turns on this host's CPUs; 'ring': own_cpus, unpinned)."""
+    turns on one CPU of this host; 'ring': own_cpus, unpinned)."""
     if graph == "star":
+        taking_turns(monkeypatch)
         return "core"
     own_cpus(monkeypatch)
     return "none"

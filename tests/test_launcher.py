@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import shmcoll
-from conftest import RANKS_DIR, ROOT, SMALL, cli, expected_affinity, run_ranks, shared_array
+from conftest import RANKS_DIR, ROOT, SMALL, cli, expected_affinity, run_ranks, shared_array, taking_turns
 
 DETECT_S = 2.0
 
@@ -860,18 +860,6 @@ def _raises_tagged_or_finds_and_dies(comm, case):
             raise
 
 
-def _taking_turns(monkeypatch):
-    """Pin every rank to one CPU of this host, however many it has: the ranks
-    take turns, so they check each other in a star around rank 0 and one
-    rank at a time can find a mismatch (ranks running at once on CPUs of
-    their own check in a ring, where two may find it together)."""
-    import dataclasses
-    from shmcoll.topology import Topology
-    cpu, real = min(os.sched_getaffinity(0)), Topology.placement
-    monkeypatch.setattr(Topology, "placement", lambda self, *a, **k: [dataclasses.replace(s, cpus=frozenset({cpu}))
-                                                                     for s in real(self, *a, **k)])
-
-
 def test_launch_ranks_only_mismatch_echoes_as_echoes(monkeypatch):
     """From the review of the finder-first ranking: a user's exception with
     an attribute named found_by was taken for an echo, and launch() raised
@@ -879,7 +867,7 @@ def test_launch_ranks_only_mismatch_echoes_as_echoes(monkeypatch):
     reporting left only 'rank 2 exited with status 3 without a result',
     where the echoes still say what differed.  One finder, so that an echo
     is left: the ranks take turns on one CPU."""
-    _taking_turns(monkeypatch)
+    taking_turns(monkeypatch)
     with pytest.raises(_Tagged, match="rank 1's own error"):
         shmcoll.launch(_raises_tagged_or_finds_and_dies, 3, ("tagged",), timeout=60)
     with pytest.raises(shmcoll.MismatchError, match=r"rank 2 has bcast.*found by rank \d, seen on rank"):
