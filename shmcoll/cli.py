@@ -108,10 +108,19 @@ def _bench(argv):
 COMMANDS = {"run": _run, "topo": _topo, "bench": _bench, "options": _options, "alcd": _alcd, "program": _program}
 
 
+HELP = {"run": "run a program on N pinned ranks, like mpiexec", "topo": "the node's sockets, cores, NUMA nodes, caches",
+        "bench": "latency of every collective and algorithm, beside MPI", "options": "every tunable and its source",
+        "alcd": "each Allgather algorithm's communication distance", "program": "each rank's compiled program"}
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    usage = f"usage: shmcoll {{{','.join(COMMANDS)}}} ...  (shmcoll COMMAND --help for its options)"
+    if argv[:1] in (["-h"], ["--help"]):
+        print(usage + "\n\n" + "\n".join(f"  {c:8} {HELP[c]}" for c in COMMANDS))
+        return 0
     if not argv or argv[0] not in COMMANDS:
-        print(f"usage: shmcoll {{{','.join(COMMANDS)}}} ...", file=sys.stderr)
+        print(usage, file=sys.stderr)
         return 2
     return COMMANDS[argv[0]](argv[1:]) or 0
 

@@ -355,6 +355,15 @@ def test_run_usage_errors():
     assert p.returncode == 2
 
 
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_lists_every_command(flag):
+    """`shmcoll --help` is help, not a usage error: status 0 and a line per command."""
+    from shmcoll.cli import COMMANDS
+    p = subprocess.run(cli(flag), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert {line.split()[0] for line in p.stdout.splitlines() if line.startswith("  ")} == set(COMMANDS)
+
+
 def start_hanging(tmp_path, n=3, extra=()):
     env = dict(os.environ, SHMCOLL_TEST_DIR=str(tmp_path))
     log = open(tmp_path / "launcher.log", "w")
