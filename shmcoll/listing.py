@@ -102,7 +102,7 @@ def rank_listing(rank, prog):
     posts and waits on and the acks it gives and waits for."""
     prog = np.asarray(prog, np.int64)
     h = {f.name: isa.get(f, prog) for f in isa.HEADER}
-    sig = {f.name: isa.get(f, [h["sig0"], h["sig1"]]) for f in isa.SIG}
+    sig = _signature({f.name: isa.get(f, [h["sig0"], h["sig1"]]) for f in isa.SIG})
     lines = [f"rank {rank}: {h['insns']} instructions, signature "
              + " ".join(f"{k}={v}" for k, v in sig.items())
              + f", scratch {h['scratch']} B, checks mask {h['checks']:#x}"
@@ -113,6 +113,20 @@ def rank_listing(rank, prog):
     lines += [f"  posts events {_ranges(posts)}; waits on events {_per_rank(waits)}",
               f"  acks {_ranges(acks)}; waits for acks (debts included) {_per_rank(waitacks)}"]
     return "\n".join(lines)
+
+
+def _signature(sig):
+    """The signature's fields in words, as mismatch messages name them
+    (0: no dtype, no op)."""
+    from . import words
+    from .coll import select
+    op = select.OPS.get(sig["collective"])
+    if op is not None:
+        alg, names = sig["algorithm"] & ~isa.TWIN_ALG, select.NAMES[op]
+        sig = dict(sig, collective=op, algorithm=(names[alg] if alg < len(names) else alg)
+                   + "+twin" * bool(sig["algorithm"] & isa.TWIN_ALG))
+    return dict(sig, dtype=words.dtype_name(sig["dtype"]) if sig["dtype"] else "-",
+                op=words.field("", 5, sig["op"], 0) if sig["op"] else "-")
 
 
 def _events(prog):

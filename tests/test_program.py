@@ -157,3 +157,14 @@ def test_a_communicators_listing_is_what_it_runs():
     from conftest import run_ranks
     for ran, listed in run_ranks(_ran_and_listed, 3, 5000, timeout=120):
         assert ran and ran == listed
+
+
+def test_docs_show_the_golden_listings_and_every_opcode():
+    """docs/programs.md shows the 4-rank limited Bcast and 3-rank ring
+    Allgather listings as the printer gives them, and a row per opcode."""
+    with open(os.path.join(os.path.dirname(GOLDEN), "..", "docs", "programs.md")) as f:
+        doc = f.read()
+    for name in ("bcast_limited_4", "allgather_ring_3"):
+        with open(os.path.join(GOLDEN, name + ".txt")) as f:
+            assert "```\n" + f.read() + "```" in doc, f"docs/programs.md lacks the current {name} listing"
+    assert {o.name for o in isa.OPS} <= {row.split("`")[1] for row in doc.splitlines() if row.startswith("| `")}
