@@ -62,21 +62,18 @@ class Args:
         return sptr, sbytes, rptr, rbytes, sitem
 
     def allgather(self, sendbuf, recvbuf):
-        recvbuf = spec.simple(recvbuf, "recvbuf", True, self.size)
-        sendbuf = spec.simple(sendbuf, "sendbuf", False)
-        if sendbuf is IN_PLACE:
-            sendbuf = self.own_block("Allgather", recvbuf, self.rank)
-        sptr, sbytes, sitem = buffers.view(sendbuf, "sendbuf", writable=False)
-        rptr, rbytes, ritem = buffers.view(recvbuf, "recvbuf", writable=True)
-        self.blocks("recvbuf", rbytes, sbytes)
-        self.distinct(sptr, sbytes, rptr, rbytes, max(sitem, ritem))
-        return sptr, sbytes, rptr, rbytes, buffers.dtype_of(sendbuf)
+        return self._collected("Allgather", sendbuf, spec.simple(recvbuf, "recvbuf", True, self.size), self.rank)
 
     def gather(self, sendbuf, recvbuf, root):
         recvbuf = spec.simple(spec.root_only(recvbuf, self.rank, root), "recvbuf", True, self.size)
+        return self._collected("Gather", sendbuf, recvbuf, root)
+
+    def _collected(self, what, sendbuf, recvbuf, root):
+        """Gather's arguments, and Allgather's: every rank a root of its
+        own recvbuf (root = this rank)."""
         sendbuf = spec.simple(sendbuf, "sendbuf", False)
         if sendbuf is IN_PLACE:
-            sendbuf = self.own_block("Gather", recvbuf, root)
+            sendbuf = self.own_block(what, recvbuf, root)
         sptr, sbytes, sitem = buffers.view(sendbuf, "sendbuf", writable=False)
         rptr, rbytes, ritem = self.optional(recvbuf, "recvbuf", root, True)
         if self.rank == root:
