@@ -126,6 +126,8 @@ def _derive(p, nranks, topo, slots):
 
 def fingerprint(counts, displs):
     """A v-variant's key word: csrc/pyfast.c's sc_fingerprint, the one definition."""
+    if len(counts) != len(displs):      # the C function reads as many displacements as counts
+        raise ValueError(f"{len(counts)} counts but {len(displs)} displacements")
     return lib.sc_fingerprint(ffi.new("int64_t[]", list(counts) + list(displs)), len(counts))
 
 

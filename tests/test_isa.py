@@ -97,3 +97,10 @@ def test_a_reduce_word_is_its_kernel_through_the_table():
                 assert (v["index64"], v["item"], v["index_at"]) == (1, dt.itemsize, dt.fields["i"][1])
             else:
                 assert v["type"] == k.fields["type"] and not v["item"]
+
+
+def test_fingerprint_of_unequal_counts_and_displacements_raises():
+    """sc_fingerprint reads 2 n words: displacements fewer than counts
+    would make it read past the array (it hashed whatever lay there)."""
+    with pytest.raises(ValueError, match="displacements"):
+        device.fingerprint([1, 2, 3], [0])
