@@ -293,7 +293,7 @@ class _Compiler:
     # -- one step ----------------------------------------------------------
     def slot(self, w, j):
         """Operand of writer w's inline slot j: j and the writer's width."""
-        return j | self.width[w] << 8
+        return isa.pack(isa.SLOT, {"j": j, "width": self.width[w]})[0]
 
     def step(self, st, protocols):
         p, par = self.p, self.params

@@ -127,6 +127,8 @@ def _derive(p, nranks, topo, slots):
 
 def fingerprint(counts, displs):
     """A v-variant's key word: csrc/pyfast.c's sc_fingerprint, the one definition."""
+    if len(counts) != len(displs):      # the C function reads as many displacements as counts
+        raise ValueError(f"{len(counts)} counts but {len(displs)} displacements")
     return lib.sc_fingerprint(ffi.new("int64_t[]", list(counts) + list(displs)), len(counts))
 
 
@@ -287,8 +289,9 @@ class Device:
         return prog
 
     def _twin(self, here, prog, other, nbytes):
-        prog[1] |= TWIN_ALG << 8          # in the signature: a rank running this program alone raises
-        other[1] = prog[1]
+        sig0, alg = lib.SC_H_SIG0, next(f for f in isa.SIG if f.name == "algorithm")
+        prog[sig0] |= isa.put(alg, TWIN_ALG)      # in the signature: a rank running this program alone raises
+        other[sig0] = prog[sig0]
         t = np.zeros(lib.SC_TW_WORDS, np.int64)
         t[lib.SC_TW_PROG:lib.SC_TW_PROG + 2] = prog.ctypes.data, other.ctypes.data
         prog[7] = other[7] = t.ctypes.data

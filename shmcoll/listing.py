@@ -184,12 +184,18 @@ def program(op, nranks, nbytes, root=0, algorithm=None, *, rank=None, topology=N
     either).  algorithm None: the automatic choice (of a twin, the
     single-copy program)."""
     from .coll import select
-    from .device import make_plan
+    from .device import MAX_RANKS, make_plan
     from .sched import Call
     from .topology import topology as _topology
     select.algorithms(op)
+    if isinstance(nranks, bool) or not isinstance(nranks, int) or not 1 <= nranks <= MAX_RANKS:
+        raise ValueError(f"nprocs must be an int between 1 and {MAX_RANKS}, not {nranks!r}")
     if rank is not None and not (isinstance(rank, int) and 0 <= rank < nranks):
         raise ValueError(f"rank must be in 0 .. {nranks - 1}, not {rank!r}")
+    if not (isinstance(root, int) and 0 <= root < nranks):
+        raise ValueError(f"root must be in 0 .. {nranks - 1}, not {root!r}")
+    if not (isinstance(nbytes, (int, np.integer)) and nbytes >= 0):
+        raise ValueError(f"nbytes must be a whole number of bytes, 0 or more, not {nbytes!r}")
     topo = topology if hasattr(topology, "placement") else _topology(topology)
     slots = topo.placement(nranks, "core", "compact")
     if topo.spec:

@@ -10,6 +10,7 @@ import operator
 
 import numpy as np
 
+from . import isa
 from ._core import lib
 
 _INT = "SUM PROD MIN MAX LAND LOR LXOR BAND BOR BXOR".split()
@@ -114,16 +115,17 @@ BF16 = _bfloat16()
 
 class Kernel:
     """What the C executor needs to fold one (op, dtype): the REDUCE word's
-    high bits (csrc/core.h), the element size, and whether it accumulates
-    in float32."""
+    kernel fields (shmcoll/isa.py), the element size, and whether it
+    accumulates in float32.  loc: a MINLOC/MAXLOC pair's fields (index64,
+    item, index_at)."""
 
-    def __init__(self, op, type_code, item, loc=0):
-        self.base = op << 8 | type_code << 16 | loc
+    def __init__(self, op, type_code, item, loc=None):
+        self.fields = {"kop": op, "type": type_code, **(loc or {})}
         self.item, self.half, self.loc = item, type_code in _HALF, bool(loc)
 
     def word(self, form, streamed=False):
-        """streamed: d by non-temporal stores (not for MINLOC/MAXLOC pairs)."""
-        return lib.SC_OP_REDUCE | self.base | form << 24 | int(streamed and not self.loc) << 29
+        """Word 0 of a REDUCE; streamed: d by non-temporal stores (not for MINLOC/MAXLOC pairs)."""
+        return isa.encode("REDUCE", form=form, streamed=int(streamed and not self.loc), **self.fields)[0]
 
 
 def kernel(op, dt):
@@ -152,14 +154,14 @@ def _type(dt):
 
 
 def _loc_layout(op, dt):
-    """(value type, item bytes, index layout bits) of a (value, index) pair."""
+    """(value type, item bytes, the REDUCE word's pair fields) of a (value, index) pair."""
     names = dt.names or ()
     if len(names) == 2:
         v, i = (dt.fields[n] for n in names)
         vt = lib.SC_T_LD if v[0].kind == "f" and v[0].itemsize > 8 else _LOC_VALUES.get(f"{v[0].kind}{v[0].itemsize}")
         if vt and v[1] == 0 and i[0].kind == "i" and i[0].itemsize in (4, 8) and v[0].isnative and i[0].isnative \
                 and v[0].itemsize <= i[1] and i[1] + i[0].itemsize <= dt.itemsize < 256:
-            return vt, dt.itemsize, (i[0].itemsize == 8) << 28 | dt.itemsize << 32 | i[1] << 40
+            return vt, dt.itemsize, {"index64": int(i[0].itemsize == 8), "item": dt.itemsize, "index_at": i[1]}
     raise TypeError(f"{op.name} takes (value, index) pairs: a structured dtype of an int16/32/64 or float value "
                     f"then an int32/int64 index, not {dt}")
 

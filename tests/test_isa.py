@@ -78,3 +78,29 @@ def test_fingerprint_is_fnv1a_of_counts_then_displacements():
         return h - (1 << 64) if h >> 63 else h
     for counts, displs in [([1, 2, 3], [0, 1, 3]), ([0], [0]), ([1 << 40, 5], [7, 1 << 41])]:
         assert device.fingerprint(counts, displs) == fnv(counts + displs)
+
+
+def test_a_reduce_word_is_its_kernel_through_the_table():
+    """ops.Kernel builds a REDUCE's word 0 through isa's fields, so the
+    printer and exec.c read back the op, type, form and pair layout it
+    was made for (numpy's own field offsets for a pair)."""
+    import numpy as np
+    from shmcoll import ops
+    pair = np.dtype([("v", "f4"), ("pad", "i4"), ("i", "i8")])[["v", "i"]]
+    for op, dt in ((ops.SUM, np.dtype("f8")), (ops.BXOR, np.dtype("u2")), (ops.MINLOC, pair)):
+        k = ops.kernel(op, dt)
+        for form in (lib.SC_F_SAME, lib.SC_F_NARROW):
+            got, v = isa.decode((k.word(form, True),) + (0,) * 7)
+            assert got.name == "REDUCE" and (v["kop"], v["form"]) == (op.code, form)
+            assert v["streamed"] == (op is not ops.MINLOC)
+            if op is ops.MINLOC:
+                assert (v["index64"], v["item"], v["index_at"]) == (1, dt.itemsize, dt.fields["i"][1])
+            else:
+                assert v["type"] == k.fields["type"] and not v["item"]
+
+
+def test_fingerprint_of_unequal_counts_and_displacements_raises():
+    """sc_fingerprint reads 2 n words: displacements fewer than counts
+    would make it read past the array (it hashed whatever lay there)."""
+    with pytest.raises(ValueError, match="displacements"):
+        device.fingerprint([1, 2, 3], [0])

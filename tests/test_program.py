@@ -138,6 +138,24 @@ def test_cli_sizes_and_rank():
     assert bad.returncode == 2 and "not a size" in bad.stderr
 
 
+
+@pytest.mark.parametrize("kw", [{"root": 4}, {"root": -1}, {"nbytes": -5}, {"nbytes": 1.5}, {"nbytes": "1M"}])
+def test_bad_root_or_size_is_named(kw):
+    """A root outside the ranks or a byte count that is not a whole
+    non-negative number is refused by name (it planned a schedule from
+    rank -1, or one of -5 bytes, or failed deep in the planner)."""
+    args = {"nbytes": 64, **kw}
+    with pytest.raises(ValueError, match="root" if "root" in kw else "nbytes"):
+        shmcoll.program("bcast", 4, **args)
+
+
+def test_cli_bad_root_is_a_usage_error():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHMCOLL_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    bad = subprocess.run([sys.executable, "-m", "shmcoll", "program", "bcast", "-n", "4", "--bytes", "64", "--root", "4"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert bad.returncode == 2 and "root must be in 0 .. 3" in bad.stderr, bad.stderr
+
 def _ran_and_listed(comm, nbytes):
     """This rank's listing by its communicator, and the instructions of the
     program its Bcast of nbytes ran, decoded alike."""
