@@ -3,8 +3,6 @@ through the instruction set's one table (shmcoll/isa.py), so a new
 opcode or field prints without a change here.  A wait bug (a rank that
 waits for an event nobody posts, or posts one too few) shows in the
 summary of the events each rank posts and waits on."""
-import dataclasses
-
 import numpy as np
 
 from . import isa
@@ -184,28 +182,14 @@ def program(op, nranks, nbytes, root=0, algorithm=None, *, rank=None, topology=N
     either).  algorithm None: the automatic choice (of a twin, the
     single-copy program)."""
     from .coll import select
-    from .device import MAX_RANKS, make_plan
-    from .sched import Call
-    from .topology import topology as _topology
-    select.algorithms(op)
-    if isinstance(nranks, bool) or not isinstance(nranks, int) or not 1 <= nranks <= MAX_RANKS:
-        raise ValueError(f"nprocs must be an int between 1 and {MAX_RANKS}, not {nranks!r}")
-    if rank is not None and not (isinstance(rank, int) and 0 <= rank < nranks):
+    from .planning import planned
+    if rank is not None and (isinstance(rank, bool) or not (isinstance(rank, int) and 0 <= rank < nranks)):
         raise ValueError(f"rank must be in 0 .. {nranks - 1}, not {rank!r}")
-    if not (isinstance(root, int) and 0 <= root < nranks):
-        raise ValueError(f"root must be in 0 .. {nranks - 1}, not {root!r}")
-    if not (isinstance(nbytes, (int, np.integer)) and nbytes >= 0):
-        raise ValueError(f"nbytes must be a whole number of bytes, 0 or more, not {nbytes!r}")
-    topo = topology if hasattr(topology, "placement") else _topology(topology)
-    slots = topo.placement(nranks, "core", "compact")
-    if topo.spec:
-        slots = [dataclasses.replace(s, cpus=frozenset({s.core})) for s in slots]
-    plan = make_plan(nranks, topo, slots, options)
     if op in select.REDUCTIONS and dtype is None:
         dtype = np.float64
-    call = select.typed(op, Call(nranks, nbytes, root, plan.params, plan.slots, len(topo.nodes), cma), dtype)
-    sched = select.plan(op, select.pick(op, call, algorithm, select.forced(op, plan.params)), call)
-    return _compiled(op, sched, plan.params, dtype, rank)
+    sched, params = planned(op, algorithm, nranks, nbytes, root, topology=topology, options=options, cma=cma,
+                            dtype=dtype, own_cpus=True)
+    return _compiled(op, sched, params, dtype, rank)
 
 
 def of_comm(comm, op, nbytes=0, root=0, algorithm=None, dtype=None, rank=None):
@@ -224,7 +208,7 @@ def _compiled(op, sched, params, dtype, rank):
     from . import buffers, ops
     from .coll import select
     from .compile import compile_schedule
-    code = 0 if dtype is None else buffers.dtype_code(np.dtype(dtype))
+    code = buffers.dtype_code(np.dtype(dtype)) if dtype is not None and select.dtyped(op) else 0
     sig = isa.signature(select.TABLE[op][0], select.IDS[op][sched.algorithm], sched.root, sched.nbytes, code,
                         ops.SUM.code if op in select.REDUCTIONS else 0)
     return listing(compile_schedule(sched, params, sig), sched, rank)

@@ -186,3 +186,22 @@ def test_docs_show_the_golden_listings_and_every_opcode():
         with open(os.path.join(GOLDEN, name + ".txt")) as f:
             assert "```\n" + f.read() + "```" in doc, f"docs/programs.md lacks the current {name} listing"
     assert {o.name for o in isa.OPS} <= {row.split("`")[1] for row in doc.splitlines() if row.startswith("| `")}
+
+
+@pytest.mark.parametrize("op,held", [("bcast", False), ("alltoall", False), ("allgather", True),
+                                     ("gatherv", True), ("allreduce", True)])
+def test_signature_holds_a_dtype_where_calls_do(op, held):
+    """The listing's signature holds the dtype where a real call's does
+    (a row typed by an argument, or without a fast entry), not for Bcast
+    or Alltoall, whose calls move bytes."""
+    text = shmcoll.program(op, 2, 64, dtype=np.float32, topology="1x2", options=FIXED, rank=0)
+    assert ("dtype=float32" if held else "dtype=-") in text.splitlines()[[l.startswith("rank 0") for l in
+                                                                          text.splitlines()].index(True)]
+
+
+def test_schedule_refuses_a_root_or_size_out_of_range():
+    """shmcoll.schedule takes program's path, with its checks."""
+    with pytest.raises(ValueError, match="root must be in 0 .. 3"):
+        shmcoll.schedule("bcast", None, 4, 64, root=-1)
+    with pytest.raises(ValueError, match="nbytes must be a whole number"):
+        shmcoll.schedule("bcast", None, 4, -5)

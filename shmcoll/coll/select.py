@@ -60,6 +60,14 @@ def typed(op, call, dtype):
     return call.typed(dtype) if op in REDUCTIONS else call
 
 
+def dtyped(op):
+    """Whether op's signature holds the datatype: a row whose roles start
+    with an argument's index, and the rows without a fast entry (their
+    Python path passes it)."""
+    roles = TABLE[op][3]
+    return not roles or roles[0].isdigit()
+
+
 def algorithms(op):
     """Algorithm names of collective op."""
     try:
