@@ -165,7 +165,8 @@ class Comm:
         of {collective, bytes (as adapt counts them), us (rank 0's
         estimates of each: single copy, staged), runs (calls this rank ran
         each)}, one per program this rank keeps (a root's apart)."""
-        return [{"collective": select.OPS[k[0] & 0xff], "bytes": n, "us": tuple(e / 1000 for e in est),
+        coll = (1 << isa.KEY_OP_SHIFT) - 1         # the key's collective, below a reduction's op
+        return [{"collective": select.OPS[k[0] & coll], "bytes": n, "us": tuple(e / 1000 for e in est),
                  "runs": runs} for k, (n, est, runs) in self._dev.twins().items()]
 
     def traffic(self):
@@ -521,7 +522,7 @@ class Comm:
         other = self._dev.deregister(self._broken is None and not rc)
         self._break(ShmcollError(f"rank {self.rank} freed this communicator"))
         if rc:
-            op = select.OPS.get(self._c.prev[0] & 0xff)
+            op = select.OPS.get(isa.get(isa.SIG_FIELD["collective"], self._c.prev))
             what = select.method(op) if op else "Free"
             raise self._dev.failure(rc, what, functools.partial(field, what))
         if other is not None:

@@ -91,6 +91,7 @@ SETS = {"RING": 0, "STRIPE": 1, "SLOT": 2}
 SIG = [Field("collective", 0, 0, 8), Field("root", 0, 32, 32, "signed"), Field("bytes", 1),
        Field("dtype", 0, 16, 8), Field("op", 0, 24, 8), Field("algorithm", 0, 8, 8)]
 SIG_ID = {f.name: i + 1 for i, f in enumerate(SIG)}
+SIG_FIELD = {f.name: f for f in SIG}
 TWIN_ALG = 0x80         # in the algorithm field: a twin (the automatic choice, single copy or staged)
 
 #: The fast entries' program cache key (csrc/pyfast.c builds it from the
