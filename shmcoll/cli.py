@@ -10,6 +10,10 @@ def _run(argv):
     ap.add_argument("--map", default="compact", choices=["compact", "scatter"])
     ap.add_argument("--topology", default=None, help="virtual topology SxC[xN], e.g. 2x4")
     ap.add_argument("--timeout", type=float, default=None)
+    ap.add_argument("--exec", action="store_true", dest="fresh",
+                    help="start each Python rank as a fresh interpreter, as mpiexec does, instead of forking it "
+                         "from this launcher (which has imported numpy and shmcoll): slower to start, for a "
+                         "script that must act before numpy is imported (e.g. set OMP_NUM_THREADS)")
     ap.add_argument("cmd", nargs=argparse.REMAINDER, help="-- script.py | -m module | -c code | program")
     a = ap.parse_args(argv)
     cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
@@ -21,7 +25,7 @@ def _run(argv):
         _check_timeout(a.timeout)
     except (TypeError, ValueError) as e:
         ap.error(str(e))
-    return run(a.n, cmd, bind=a.bind, map=a.map, topology=a.topology, timeout=a.timeout, fork=True)
+    return run(a.n, cmd, bind=a.bind, map=a.map, topology=a.topology, timeout=a.timeout, fork=not a.fresh)
 
 
 def _topo(argv):

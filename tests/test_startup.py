@@ -106,3 +106,16 @@ def test_run_forked_ranks_exit_as_python_would(code, status):
     p = subprocess.run(cli("run", "-n", "2", "--timeout", "60", "--", "-c", code), capture_output=True, text=True,
                        timeout=120, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
     assert p.returncode == status, p.stderr[-3000:]
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+def test_run_exec_starts_fresh_interpreters(fresh):
+    """`shmcoll run --exec` starts each rank as `python CMD` would, with
+    nothing imported before the script (numpy's thread pools not yet made:
+    OMP_NUM_THREADS set by the script still counts); by default the ranks
+    are forked from the launcher, which has imported numpy."""
+    code = "import sys; print('numpy' in sys.modules)"
+    p = subprocess.run(cli("run", "-n", "2", "--timeout", "60", *(["--exec"] if fresh else []), "--", "-c", code),
+                       capture_output=True, text=True, timeout=120, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.split() == [str(not fresh)] * 2
