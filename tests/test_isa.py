@@ -13,8 +13,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_header_in_the_tree_is_the_tables():
-    """csrc/isa.h is generated (csrc/build.py); a hand edit or a table
-    change without a rebuild shows here."""
+    """csrc/isa.h is generated at build time (csrc/build.py; not in git):
+    a hand edit, or a table change without a rebuild, shows here."""
     with open(os.path.join(ROOT, "csrc", "isa.h")) as f:
         assert f.read() == isa.header(), "csrc/isa.h is stale: rebuild (python3 setup.py build_ext --inplace)"
 
