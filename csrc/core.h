@@ -154,10 +154,6 @@ struct sc_comm {
         sc_hooks_t hooks;
         int64_t gil_ns;          /* let the GIL go once a wait lasted this (SC_GIL_NS: the rank has one thread, else 0) */
     };
-    struct {                 /* the fast entries' program cache (pyfast.c) */
-        sc_entry_t cache[SC_CACHE];
-        sc_entry_t *last;        /* the entry the last fast call found (pyfast.c lookup) */
-    };
     struct {                 /* rank 0's twins (twins.c) */
         /* twin_first..twin_last, if twin_due, the twin calls not yet
          * known to be past every rank; the twin calls whose ranks' times
@@ -176,6 +172,10 @@ struct sc_comm {
         uint64_t err_call;       /* ... and the oldest call it may be in: the job is aborted from there */
         int64_t err_a;
         int64_t err_b;
+    };
+    struct {                 /* the fast entries' program cache (pyfast.c) */
+        sc_entry_t cache[SC_CACHE];
+        sc_entry_t *last;        /* the entry the last fast call found (pyfast.c lookup) */
     };
 };
 
