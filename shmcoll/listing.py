@@ -181,12 +181,10 @@ def program(op, nranks, nbytes, root=0, algorithm=None, *, rank=None, topology=N
     cma_bytes in options for one that does not depend on its caches
     either).  algorithm None: the automatic choice (of a twin, the
     single-copy program)."""
-    from .coll import select
     from .planning import planned
     if rank is not None and (isinstance(rank, bool) or not (isinstance(rank, int) and 0 <= rank < nranks)):
         raise ValueError(f"rank must be in 0 .. {nranks - 1}, not {rank!r}")
-    if op in select.REDUCTIONS and dtype is None:
-        dtype = np.float64
+    dtype = _dtype(op, dtype)
     sched, params = planned(op, algorithm, nranks, nbytes, root, topology=topology, options=options, cma=cma,
                             dtype=dtype, own_cpus=True)
     return _compiled(op, sched, params, dtype, rank)
@@ -196,10 +194,14 @@ def of_comm(comm, op, nbytes=0, root=0, algorithm=None, dtype=None, rank=None):
     """The listing of what communicator comm runs for op (its plan, its
     forced algorithms; as comm.schedule plans it), every rank's program
     or rank's alone (Comm.program)."""
-    from .coll import select
-    if op in select.REDUCTIONS and dtype is None:
-        dtype = np.float64
+    dtype = _dtype(op, dtype)
     return _compiled(op, comm.schedule(op, nbytes, root, algorithm, dtype), comm.plan.params, dtype, rank)
+
+
+def _dtype(op, dtype):
+    """The dtype a listing plans op for: a reduction's default is float64."""
+    from .coll import select
+    return np.float64 if dtype is None and op in select.REDUCTIONS else dtype
 
 
 def _compiled(op, sched, params, dtype, rank):
