@@ -200,9 +200,9 @@ def _touches(st, r):
 
 
 class _Compiler:
-    def __init__(self, sched, params):
+    def __init__(self, sched, params, only=None):
         p = self.p = sched.nranks
-        self.sched, self.params = sched, params
+        self.sched, self.params, self.only = sched, params, only
         self.prog = [[] for _ in range(p)]
         self.event = [0] * p          # last event each writer posted
         self.acks = [0] * p           # acks each reader gave
@@ -212,6 +212,7 @@ class _Compiler:
         inline = params.get("inline_bytes", lib.SC_INLINE)
         self.protos = [_protocols(st, slots, inline) for st in sched.steps]
         self.width = [1 << max(u - 1, 0).bit_length() for u in slots]
+        self.slots = {}               # (j, width) -> a slot operand
         self.pending = [[] for _ in range(p)]   # written, not yet posted
         self.rings = {}
         self.stripe = _Ring(params["stripe_bytes"], params["stripe_bytes"] // params["stripe_slots"])
@@ -260,8 +261,11 @@ class _Compiler:
         return max(per)
 
     def emit(self, rank, op, **operands):
-        """Append instruction op (isa.OPS) with its operands by name to rank's program."""
-        self.prog[rank].append(isa.encode(op, **operands))
+        """Append instruction op (isa.OPS) with its operands by name to
+        rank's program (when it is one compiled: every rank's bookkeeping,
+        events and acks, runs either way)."""
+        if self.only is None or rank == self.only:
+            self.prog[rank].append(isa.encode(op, **operands))
 
     def drain(self, w, s):
         if (w, s) not in self.drained:
@@ -293,7 +297,10 @@ class _Compiler:
     # -- one step ----------------------------------------------------------
     def slot(self, w, j):
         """Operand of writer w's inline slot j: j and the writer's width."""
-        return isa.pack(isa.SLOT, {"j": j, "width": self.width[w]})[0]
+        key = (j, self.width[w])
+        if key not in self.slots:
+            self.slots[key] = isa.pack(isa.SLOT, {"j": j, "width": key[1]})[0]
+        return self.slots[key]
 
     def step(self, st, protocols):
         p, par = self.p, self.params
@@ -687,13 +694,16 @@ class _Compiler:
             return
         kern = self.sched.kernel
         items = n // kern.item
+        if kern.half:
+            self.acc = max(self.acc, 4 * items)
+        if self.only is not None and r != self.only:
+            return
         if not kern.half:
             self.reduce(r, kern.word(lib.SC_F_SAME, nt and len(srcs) == 2), dst, srcs[0], srcs[1], items)
             for i, s in enumerate(srcs[2:], 3):
                 self.reduce(r, kern.word(lib.SC_F_INTO, nt and i == len(srcs)), dst, dst, s, items)
             return
         acc = (space(BUF["tmp"]), self.acc_at)
-        self.acc = max(self.acc, 4 * items)
         self.reduce(r, kern.word(lib.SC_F_WIDEN), acc, srcs[0], srcs[1], items)
         for s in srcs[2:]:
             self.reduce(r, kern.word(lib.SC_F_ACC), acc, acc, s, items)
@@ -701,15 +711,20 @@ class _Compiler:
 
     def reduce(self, r, word, dst, a, b, items):
         """A REDUCE: word 0 is the kernel's (ops.Kernel.word: opcode and kernel fields), operands by name."""
-        ins = isa.encode("REDUCE", dst=dst[0], doff=dst[1], a=a[0], aoff=a[1], b=b[0], boff=b[1], items=items)
-        self.prog[r].append((word,) + ins[1:])
+        if self.only is None or r == self.only:
+            ins = isa.encode("REDUCE", dst=dst[0], doff=dst[1], a=a[0], aoff=a[1], b=b[0], boff=b[1], items=items)
+            self.prog[r].append((word,) + ins[1:])
 
     def finish(self, sig, tmp):
-        """Each rank's program: header, then instructions (see core.h)."""
+        """Each rank's program: header, then instructions (see core.h);
+        None for the ranks not compiled."""
         out = []
         for r in range(self.p):
             self.settle(r)
         for w in range(self.p):
+            if self.only is not None and w != self.only:
+                out.append(None)
+                continue
             for r, a in sorted(self.direct_owed[w].items()):
                 if self.acked_by[w].get(r, 0) < a:
                     self.emit(w, "WAITACK", who=r, count=a)
@@ -745,9 +760,10 @@ def checks(w, p, star):
     return list(dict.fromkeys(r for r in ((w - 1) % p, (w + 1) % p) if r != w))
 
 
-def compile_schedule(sched, params, sig):
-    """Every rank's program for sched; sig = the call's signature words."""
-    c = _Compiler(sched, params)
+def compile_schedule(sched, params, sig, only=None):
+    """Every rank's program for sched, or rank only's alone (the others
+    None); sig = the call's signature words."""
+    c = _Compiler(sched, params, only)
     for st, protocols in zip(sched.steps, c.protos):
         c.step(st, protocols)
     return c.finish(sig, sched.tmp)

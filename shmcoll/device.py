@@ -268,10 +268,11 @@ class Device:
         if prog is None:
             sched = make()
             sig = isa.signature(coll, alg, sched.root, sched.nbytes if sigbytes is None else sigbytes, dtype, op)
-            progs = compile_schedule(sched, self.plan.params, sig)
+            # twins: every rank compares all ranks' programs, so that all make the same twins
+            progs = compile_schedule(sched, self.plan.params, sig, None if alt else self.rank)
             prog = progs[self.rank]
             other = None
-            if alt:     # every rank's programs compared: all ranks make the same twins
+            if alt:
                 others = compile_schedule(alt[1](), self.plan.params, sig)
                 if not all(map(np.array_equal, progs, others)):
                     other = others[self.rank]

@@ -10,6 +10,7 @@ the same load, shift and mask as a literal), compile.py encodes with
 encode(), and shmcoll/listing.py prints any program through the same
 fields.  Plain Python, importable without the C core (build.py loads it
 by path)."""
+import functools
 from collections import namedtuple
 
 INSN, HEAD = 8, 8
@@ -166,6 +167,7 @@ def decode(words):
     return op, {f.name: get(f, words) for f in op.fields}
 
 
+@functools.lru_cache(maxsize=4096)
 def space(kind, rank=0, index=0):
     """A space operand: kind (SPACES) of rank, with index."""
     return pack(SPACE, {"kind": kind, "rank": rank, "index": index})[0]

@@ -95,3 +95,35 @@ def test_placing_a_chunk_reads_only_the_chunks_it_overwrites():
         assert waits == ({0: i - n // 2} if i >= n // 2 else {})
         chunk["acks"][0] = i
     assert _Counted.reads <= 2 * n
+
+
+def _every_schedule():
+    """(op, algorithm, nranks, nbytes, topology) over every algorithm of
+    every collective, odd and even rank counts, sizes from empty to staged."""
+    from shmcoll.coll import select
+    for op in select.TABLE:
+        for alg in select.algorithms(op):
+            for p, nbytes, topo in ((3, 0, None), (4, 24, None), (5, 40 << 10, "2x3"), (7, 1 << 20, None)):
+                yield op, alg, p, nbytes, topo
+
+
+@pytest.mark.parametrize("case", list(_every_schedule()), ids=lambda c: f"{c[0]}-{c[1]}-{c[2]}-{c[3]}")
+def test_one_rank_compiled_alone_is_its_program_among_all(case):
+    """A rank compiles its own program only (device.program, the first
+    call at 256 ranks): the instructions of the whole compile's."""
+    import numpy as np
+
+    from shmcoll.coll import select
+    from shmcoll.compile import compile_schedule
+    from shmcoll.planning import planned
+    op, alg, p, nbytes, topo = case
+    dtype = "float64" if op in select.REDUCTIONS else None
+    try:
+        sched, params = planned(op, alg, p, nbytes, topology=topo, own_cpus=True, dtype=dtype)
+    except ValueError:
+        pytest.skip(f"{alg} does not plan {p} ranks, {nbytes} bytes")
+    whole = compile_schedule(sched, params, (1, 2))
+    for r in range(p):
+        alone = compile_schedule(sched, params, (1, 2), only=r)
+        assert np.array_equal(alone[r], whole[r])
+        assert all(a is None for i, a in enumerate(alone) if i != r)

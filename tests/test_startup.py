@@ -3,8 +3,9 @@ run collectives and leave /dev/shm clean (the autouse fixture checks).
 Not a timing assertion: the timeouts only keep a regression from stalling
 the suite (start-up was quadratic to cubic in the ranks before).  The
 collectives are named: the automatic choice for ranks taking turns on
-CPUs (all_to_all Barrier, all_at_once Allreduce) has n^2 moves, which
-every rank compiles, too slow at 256 ranks on 2 CPUs for the suite."""
+CPUs (all_to_all Barrier, all_at_once Allreduce) has n^2 moves, whose
+events and acks every rank's compile follows (to emit its own program),
+too slow at 256 ranks on 2 CPUs for the suite."""
 import os
 import subprocess
 import sys
