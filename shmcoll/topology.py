@@ -216,15 +216,21 @@ def _read(path: str, default: str | None = None) -> str | None:
 
 
 def read_sysfs(root: str = "/sys") -> Topology:
-    """Parse a live or recorded /sys tree; only online CPUs count.  Missing
-    topology/node/cache files degrade to one socket / one node / no caches
-    (containers and VMs often hide parts of /sys)."""
+    """Parse a live or recorded /sys tree; only online CPUs count, and on
+    the live tree only those this process may run on (taskset, a cgroup's
+    cpuset), as mpiexec's binding does: a rank bound to a core outside
+    them could not run there.  Missing topology/node/cache files degrade
+    to one socket / one node / no caches (containers and VMs often hide
+    parts of /sys)."""
     cpu_dir = os.path.join(root, "devices/system/cpu")
     online_txt = _read(os.path.join(cpu_dir, "online"))
     if online_txt is not None:
         online = _parse_list(online_txt)
     else:
         online = tuple(sorted(int(d[3:]) for d in os.listdir(cpu_dir) if re.fullmatch(r"cpu\d+", d)))
+    live = os.path.realpath(root) == "/sys"
+    if live:
+        online = tuple(c for c in online if c in os.sched_getaffinity(0)) or online
     on = set(online)
 
     groups: dict[tuple, list[int]] = {}   # (package id, core id, siblings) -> cpus
@@ -255,7 +261,6 @@ def read_sysfs(root: str = "/sys") -> Topology:
         nodes.append(NumaNode(nid, tuple(c for c in _parse_list(_read(f"{d}/cpulist", "")) if c in on),
                               int(m[1]) * _KIB if m else 0, dist))
     if not nodes:
-        live = os.path.realpath(root) == "/sys"
         nodes = [NumaNode(0, online, psutil.virtual_memory().total if live else 0, (10,))]
 
     sockets = sorted({pkg for pkg, _, _ in groups})

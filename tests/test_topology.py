@@ -1,6 +1,8 @@
 """Tests for shmcoll.topology: live /sys, recorded fixtures, virtual specs, placement."""
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import psutil
@@ -45,12 +47,11 @@ def _partition(groups, universe):
 def test_live_matches_os():
     t = T.read_sysfs()
     cpus = sorted(t.cpu_map)
-    assert t.spec is None and t.ncpus == os.cpu_count() == len(cpus)
+    assert t.spec is None and set(cpus) == os.sched_getaffinity(0)
     assert t.cpu_map == {c: c for c in cpus}
     physical = psutil.cpu_count(logical=False)
-    if physical is not None:
+    if physical is not None and len(cpus) == os.cpu_count():
         assert t.ncores == physical
-    assert os.sched_getaffinity(0) <= set(cpus)
     assert _partition([c.cpus for c in t.cores], cpus)
     assert _partition([n.cpus for n in t.nodes], cpus)
     assert [c.index for c in t.cores] == list(range(t.ncores))
@@ -339,3 +340,15 @@ def test_env_selects_virtual(monkeypatch, pinned):
 def test_topology_cached_per_key(pinned):
     a = T.topology("2x4", sysfs=S2N4)
     assert a is T.topology("2x4", sysfs=S2N4) and a is not T.topology("2x4x4", sysfs=S2N4)
+
+
+def test_live_topology_keeps_to_the_cpus_this_process_may_use():
+    """Under taskset or a cgroup's cpuset only the allowed CPUs are cores
+    (as mpiexec binds): here one CPU, so 3 ranks bound by core all run on
+    it, where before rank 1 was bound to a CPU it may not use."""
+    code = ("import os, importlib; T = importlib.import_module('shmcoll.topology'); "
+            "cpu = min(os.sched_getaffinity(0)); os.sched_setaffinity(0, {cpu}); t = T.read_sysfs(); print(cpu, sorted(t.cpu_map), t.ncores, "
+            "[sorted(s.cpus) for s in t.placement(3, 'core')])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
+    cpu = int(out.split()[0])
+    assert out.split(" ", 1)[1].strip() == f"[{cpu}] 1 [[{cpu}], [{cpu}], [{cpu}]]"
