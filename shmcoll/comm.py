@@ -20,12 +20,15 @@ import numpy as np
 
 from . import buffers, isa, listing, objects, ops, spec
 from .args import Args, apart
+from .comms import Communicators
 from ._core import ffi, lib
 from .buffers import IN_PLACE
 from .coll import select
 from .device import fingerprint, learn_dtype
 from .errors import MismatchError, PeerFailure, ShmcollError
+from .nonblocking import Nonblocking
 from .ops import BUILTINS, SUM
+from .p2p import PointToPoint
 from .sched import Call
 from .words import COUNTS_HASH, INPLACE_OP, field
 
@@ -52,7 +55,11 @@ def _addr(ptr):
     return 0 if ptr is None else buffers.address(ptr)
 
 
-class Comm:
+class Comm(PointToPoint, Communicators, Nonblocking):
+    """A communicator: the collectives here, point-to-point (p2p.py),
+    new communicators (comms.py), nonblocking and persistent collectives
+    (nonblocking.py)."""
+
     def __init__(self, device):
         self._dev = device
         self._c = device.c
@@ -76,9 +83,9 @@ class Comm:
         """Single copies need every rank able to read every other: each
         tries its right neighbour once all have registered, and all learn
         every verdict, so every rank plans the same schedules.  Flat
-        algorithms: every rank compiles each whole schedule, so at start-up,
-        with hundreds of ranks, a schedule of n^2 moves or n rounds costs
-        far more than waiting on rank 0."""
+        algorithms: every rank's compile follows each whole schedule's
+        events, so at start-up, with hundreds of ranks, a schedule of n^2
+        moves or n rounds costs far more than waiting on rank 0."""
         self._c.cma = 0
         if self.size == 1:
             return

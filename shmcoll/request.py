@@ -1,0 +1,369 @@
+"""Requests and Status, with mpi4py's interface: one handle for whatever
+completes later (a nonblocking point-to-point or collective call, a
+persistent one once started).
+
+Progress needs no thread: every Wait and Test, and every blocking call
+that waits, calls progress(), which advances the pending work of every
+engine registered here (point-to-point, nonblocking collectives), so a
+request completes even while its owner waits on another.  An engine's
+poll must be safe from any thread (it takes its own lock)."""
+import os
+
+PROC_NULL = -1          # MPICH's values: a program that prints them sees what it would under MPICH
+ANY_SOURCE = -2
+ANY_TAG = -1
+UNDEFINED = -32766
+SUCCESS = 0
+
+_engines = []
+
+
+def register(poll):
+    """poll() -> None advances one engine's pending work without blocking."""
+    if poll not in _engines:
+        _engines.append(poll)
+
+
+def unregister(poll):
+    if poll in _engines:
+        _engines.remove(poll)
+
+
+def progress():
+    for poll in list(_engines):
+        poll()
+
+
+def _itemsize(datatype):
+    """Bytes of one item of datatype: an MPI datatype (Get_size), a numpy
+    dtype or its name; None counts bytes."""
+    if datatype is None:
+        return 1
+    if hasattr(datatype, "Get_size"):
+        return datatype.Get_size()
+    import numpy as np
+    return np.dtype(datatype).itemsize
+
+
+class Status:
+    """What a completed receive (or probe) found: source, tag, error and
+    the message's size in bytes; count and elements per datatype."""
+
+    def __init__(self, status=None):
+        self.source, self.tag, self.error, self.nbytes, self.cancelled = ANY_SOURCE, ANY_TAG, SUCCESS, 0, False
+        if status is not None:
+            self._set(status)
+
+    def _set(self, other):
+        self.source, self.tag, self.error = other.source, other.tag, other.error
+        self.nbytes, self.cancelled = other.nbytes, other.cancelled
+
+    def _found(self, source, tag, nbytes, error=SUCCESS):
+        self.source, self.tag, self.nbytes, self.error, self.cancelled = source, tag, nbytes, error, False
+
+    def Get_source(self):
+        return self.source
+
+    def Set_source(self, source):
+        self.source = source
+
+    def Get_tag(self):
+        return self.tag
+
+    def Set_tag(self, tag):
+        self.tag = tag
+
+    def Get_error(self):
+        return self.error
+
+    def Set_error(self, error):
+        self.error = error
+
+    def Get_count(self, datatype=None):
+        """Items of datatype in the message (default bytes); UNDEFINED when
+        the bytes are not a whole number of them."""
+        size = _itemsize(datatype)
+        if size == 0:
+            return 0 if self.nbytes == 0 else UNDEFINED
+        return self.nbytes // size if self.nbytes % size == 0 else UNDEFINED
+
+    Get_elements = Get_count    # contiguous datatypes only: elements are items
+
+    def Set_elements(self, datatype, count):
+        self.nbytes = count * _itemsize(datatype)
+
+    def Is_cancelled(self):
+        return self.cancelled
+
+    def Set_cancelled(self, flag):
+        self.cancelled = bool(flag)
+
+    @property
+    def count(self):
+        return self.nbytes
+
+    def __eq__(self, other):
+        return isinstance(other, Status) and (self.source, self.tag, self.error, self.nbytes, self.cancelled) == \
+            (other.source, other.tag, other.error, other.nbytes, other.cancelled)
+
+    def __repr__(self):
+        return f"<Status source={self.source} tag={self.tag} bytes={self.nbytes} error={self.error}>"
+
+
+def _fill(status, got):
+    if status is not None and got is not None:
+        status._set(got)
+
+
+class Request:
+    """A pending operation.  Subclasses implement _test() -> bool (advance
+    without blocking; True once complete, self._status and self._result
+    set) and may override _wait() (block until complete, raising what the
+    operation raised) and _cancel().  A completed request becomes
+    inactive: further Waits return at once with an empty status, as in
+    MPI."""
+
+    def __init__(self):
+        self._active = True
+        self._status = Status()
+        self._result = None
+
+    # -- what subclasses provide ---------------------------------------------
+    def _test(self):
+        raise NotImplementedError
+
+    def _wait(self):
+        spins = 0
+        while not self._test():
+            progress()
+            spins += 1
+            if spins > 64:          # others' turn on the CPU while ours has nothing to do
+                os.sched_yield()
+
+    def _cancel(self):
+        """Cancel if still possible; the status then reads cancelled."""
+
+    # -- mpi4py's interface -------------------------------------------------------
+    def _complete(self):
+        """Deactivate and hand back (status, result)."""
+        self._active = False
+        st, res = self._status, self._result
+        self._status, self._result = Status(), None
+        return st, res
+
+    def Wait(self, status=None):
+        if self._active:
+            self._wait()
+            _fill(status, self._complete()[0])
+        else:
+            _fill(status, Status())
+        return True
+
+    def Test(self, status=None):
+        if not self._active:
+            _fill(status, Status())
+            return True
+        progress()
+        if not self._test():
+            return False
+        _fill(status, self._complete()[0])
+        return True
+
+    def Get_status(self, status=None):
+        """Whether it has completed, without completing it."""
+        if not self._active:
+            _fill(status, Status())
+            return True
+        progress()
+        done = self._test()
+        if done:
+            _fill(status, self._status)
+        return done
+
+    def Cancel(self):
+        if self._active:
+            self._cancel()
+
+    def Free(self):
+        """Drop the handle; the operation still completes (MPI_Request_free)."""
+        self._active = False
+
+    def wait(self, status=None):
+        """Wait and return the received object (None for a send)."""
+        if not self._active:
+            _fill(status, Status())
+            return None
+        self._wait()
+        st, res = self._complete()
+        _fill(status, st)
+        return res
+
+    def test(self, status=None):
+        """(done, object or None)."""
+        if not self._active:
+            _fill(status, Status())
+            return True, None
+        progress()
+        if not self._test():
+            return False, None
+        st, res = self._complete()
+        _fill(status, st)
+        return True, res
+
+    def __bool__(self):
+        return self._active
+
+    # -- on many ---------------------------------------------------------------
+    @staticmethod
+    def Waitall(requests, statuses=None):
+        for i, r in enumerate(requests):
+            st = Status()
+            r.Wait(st)
+            if statuses is not None:
+                _store(statuses, i, st)
+        return True
+
+    @staticmethod
+    def waitall(requests, statuses=None):
+        out = []
+        for i, r in enumerate(requests):
+            st = Status()
+            out.append(r.wait(st))
+            if statuses is not None:
+                _store(statuses, i, st)
+        return out
+
+    @staticmethod
+    def Testall(requests, statuses=None):
+        if not all(r.Get_status() for r in requests):
+            return False
+        return Request.Waitall(requests, statuses)
+
+    @staticmethod
+    def testall(requests, statuses=None):
+        if not all(r.Get_status() for r in requests):
+            return False, None
+        return True, Request.waitall(requests, statuses)
+
+    @staticmethod
+    def Waitany(requests, status=None):
+        """Index of one completed request (UNDEFINED if none is active)."""
+        spins = 0
+        while True:
+            i, done = Request.Testany(requests, status)
+            if done:
+                return i
+            spins += 1
+            if spins > 64:
+                os.sched_yield()
+
+    @staticmethod
+    def Testany(requests, status=None):
+        """(index, True) once one completes; (UNDEFINED, True) if none is active."""
+        active = [i for i, r in enumerate(requests) if r._active]
+        if not active:
+            _fill(status, Status())
+            return UNDEFINED, True
+        progress()
+        for i in active:
+            if requests[i]._test():
+                _fill(status, requests[i]._complete()[0])
+                return i, True
+        return UNDEFINED, False
+
+    @staticmethod
+    def waitany(requests, status=None):
+        """(index, object) of one completed request."""
+        spins = 0
+        while True:
+            active = [j for j, r in enumerate(requests) if r._active]
+            if not active:
+                _fill(status, Status())
+                return UNDEFINED, None
+            progress()
+            for j in active:
+                if requests[j]._test():
+                    st, res = requests[j]._complete()
+                    _fill(status, st)
+                    return j, res
+            spins += 1
+            if spins > 64:
+                os.sched_yield()
+
+    @staticmethod
+    def Waitsome(requests, statuses=None):
+        """Indices of the requests that completed (at least one), or None if none is active."""
+        spins = 0
+        while True:
+            got = Request.Testsome(requests, statuses)
+            if got is None or got:
+                return got
+            spins += 1
+            if spins > 64:
+                os.sched_yield()
+
+    @staticmethod
+    def Testsome(requests, statuses=None):
+        active = [i for i, r in enumerate(requests) if r._active]
+        if not active:
+            return None
+        progress()
+        done = [i for i in active if requests[i]._test()]
+        for i in done:
+            st = requests[i]._complete()[0]
+            if statuses is not None:
+                _store(statuses, i, st)
+        return done
+
+    @staticmethod
+    def Cancel_all(requests):
+        for r in requests:
+            r.Cancel()
+
+
+def _store(statuses, i, st):
+    if i < len(statuses):
+        if isinstance(statuses[i], Status):
+            statuses[i]._set(st)
+        else:
+            statuses[i] = st
+    else:
+        statuses.append(st)
+
+
+class Prequest(Request):
+    """A persistent request: made inactive, started again and again
+    (Start), each start complete at its Wait.  Subclasses implement
+    _start()."""
+
+    def __init__(self):
+        super().__init__()
+        self._active = False
+
+    def _start(self):
+        raise NotImplementedError
+
+    def Start(self):
+        if self._active:
+            raise RuntimeError("Start of a persistent request that is still active: Wait for it first")
+        self._start()
+        self._active = True
+
+    @staticmethod
+    def Startall(requests):
+        for r in requests:
+            r.Start()
+
+
+class _Null(Request):
+    """REQUEST_NULL: never active."""
+
+    def __init__(self):
+        super().__init__()
+        self._active = False
+
+    def _test(self):
+        return True
+
+
+REQUEST_NULL = _Null()
