@@ -58,3 +58,35 @@ class RemoteTraceback(Exception):
 
     def __str__(self):
         return self.args[0]
+
+
+# MPI's error classes, MPICH's numbers (MPI.ERR_* and Exception.Get_error_class)
+ERR_CLASSES = {"SUCCESS": 0, "ERR_BUFFER": 1, "ERR_COUNT": 2, "ERR_TYPE": 3, "ERR_TAG": 4, "ERR_COMM": 5,
+               "ERR_RANK": 6, "ERR_ROOT": 7, "ERR_GROUP": 8, "ERR_OP": 9, "ERR_TOPOLOGY": 10, "ERR_DIMS": 11,
+               "ERR_ARG": 12, "ERR_UNKNOWN": 13, "ERR_TRUNCATE": 14, "ERR_OTHER": 15, "ERR_INTERN": 16,
+               "ERR_IN_STATUS": 17, "ERR_PENDING": 18, "ERR_REQUEST": 19, "ERR_NOT_SUPPORTED": 51}
+globals().update(ERR_CLASSES)
+
+
+class MPIError(ShmcollError):
+    """An error with an MPI error class (MPI.Exception): a receive shorter
+    than its message (ERR_TRUNCATE), a rank, tag or request out of range."""
+
+    def __init__(self, error_class, message=""):
+        super().__init__(message or _CLASS_NAMES.get(error_class, f"error class {error_class}"))
+        self.error_class = error_class
+
+    def Get_error_class(self):
+        return self.error_class
+
+    def Get_error_code(self):
+        return self.error_class
+
+    def Get_error_string(self):
+        return str(self)
+
+    def __reduce__(self):
+        return type(self), (self.error_class, str(self))
+
+
+_CLASS_NAMES = {v: k for k, v in ERR_CLASSES.items()}
