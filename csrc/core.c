@@ -40,6 +40,10 @@ int64_t sc_layout(sc_comm_t *c)
     o += c->stripe_bytes;
     c->off_slot_data = o = up(o, PAGE);                          /* inline payloads */
     o += p * SC_SLOTS * SC_SLOT_BYTES;
+    c->off_p2p = o = up(o, PAGE);                                /* point-to-point: lines, then rings */
+    o += sc_p2p_lines(p);
+    c->off_p2p_ring = o = up(o, PAGE);
+    o += p * p * c->p2p_ring_bytes;
     c->total = up(o, PAGE);
     return c->total;
 }
@@ -359,9 +363,9 @@ int64_t sc_now_ns(void)
  * time, peer liveness every liveness_ns.  `who` is the rank we wait on:
  * only its clean exit is an error for us (others may have left
  * legitimately); any crash anywhere is. */
-static int health(sc_comm_t *c, int who, int64_t t, int64_t *next_live, int *gone_rank)
+static int health(sc_comm_t *c, int who, int any, int64_t t, int64_t *next_live, int *gone_rank)
 {
-    if (aborted(c)) return SC_EABORT;
+    if (aborted_at(c, any ? c->call + (1ULL << 62) : c->call)) return SC_EABORT;
     if (t < *next_live) return SC_OK;
     *next_live = t + c->liveness_ns;
     for (int r = 0; r < c->size; r++) {
@@ -448,7 +452,7 @@ static int wait_slow(sc_comm_t *c, const sc_wait_t *w)
         }
         int64_t t = sc_now_ns();
         if (t - t0 >= c->gil_ns || t - t0 >= w->spin_ns + c->yield_ns) let_go(c);   /* long, or about to sleep */
-        int r = -1, rc = health(c, w->who, t, &next_live, &r);
+        int r = -1, rc = health(c, w->who, w->anyabort, t, &next_live, &r);
         if (!rc && !w->nocheck && t >= next_check) {
             next_check = t + CHECK_NS;
             if (sc_check_line(c, w->who)) rc = SC_EMISMATCH;

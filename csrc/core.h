@@ -32,6 +32,8 @@ enum { SC_TW_PROG = 0, SC_TW_LAST = 2, SC_TW_PREV = 4, SC_TW_RUNS = 6, SC_TW_CUR
 #define SC_EINTR -8      /* a signal handler raised (KeyboardInterrupt) while waiting */
 #define SC_ECMA -9       /* process_vm_readv (err_a 0) or _writev (1) with err_rank failed with errno err_b */
 #define SC_EKERNEL -10  /* no reduction kernel for a program's op and type (a planning bug): the job is aborted */
+#define SC_ETRUNCATE -11 /* a receive buffer shorter than its message (point-to-point) */
+#define SC_EAGAIN -12    /* a point-to-point send found no room in its ring yet */
 #define SC_FALLBACK -100 /* fast entry declined: take the checked Python path */
 
 /* The instruction set (opcodes, operand fields, flags, spaces, debt sets,
@@ -67,6 +69,7 @@ typedef struct { int64_t key[SC_KEY]; const int64_t *prog; } sc_entry_t;
 
 typedef struct sc_peers sc_peers_t;
 typedef struct sc_comm sc_comm_t;
+typedef struct sc_p2p sc_p2p_t;   /* a rank's private point-to-point state (csrc/p2p.c) */
 
 /* The one way up from the engine's waits into the Python layer
  * (csrc/core.c wait_slow calls it; csrc/pyfast.c sets it for the length
@@ -173,6 +176,14 @@ struct sc_comm {
         int64_t err_a;
         int64_t err_b;
     };
+    struct {                 /* point-to-point (csrc/p2p.c): set by Python before sc_layout, then laid out */
+        int64_t p2p_ring_bytes;  /* each ordered pair's ring */
+        int64_t p2p_eager_bytes; /* messages up to this go inline in the ring, larger by rendezvous */
+        int64_t p2p_queue_bytes; /* unexpected messages a receiver keeps before it stops draining a ring */
+        int64_t off_p2p;         /* doorbells, then each pair's head and tail lines */
+        int64_t off_p2p_ring;
+        sc_p2p_t *p2p;
+    };
     struct {                 /* the fast entries' program cache (pyfast.c) */
         sc_entry_t cache[SC_CACHE];
         sc_entry_t *last;        /* the entry the last fast call found (pyfast.c lookup) */
@@ -217,3 +228,8 @@ typedef struct {
     char roles[16];
 } sc_info_t;
 void *sc_py_entry(int i);
+
+int64_t sc_p2p_lines(int64_t p);
+int sc_p2p_init(sc_comm_t *c);
+void sc_p2p_free(sc_comm_t *c);
+void *sc_py_p2p(int i);

@@ -57,6 +57,9 @@ static int poll_signals(sc_comm_t *c)
 }
 
 static void *release_gil(void) { return PyEval_SaveThread(); }
+/* The same hooks for point-to-point's waits (p2p.c). */
+void *sc_py_release(void) { return release_gil(); }
+int sc_py_poll(sc_comm_t *c) { return poll_signals(c); }
 
 /* A wait lets the GIL go once it has lasted gil_ns, or before it sleeps.
  * With no other thread in the interpreter, that is after SC_GIL_NS: a

@@ -144,6 +144,7 @@ typedef struct {
     uint64_t call, event;
     int who;
     int nocheck;                  /* the check round compares records itself */
+    int anyabort;                 /* any abort fails it, whatever call it counts from (point-to-point is in none) */
     int64_t spin_ns;
 } sc_wait_t;
 

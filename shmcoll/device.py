@@ -24,6 +24,8 @@ from .topology import oversubscribed
 PAGE = 4096
 MAX_RANKS = 1024
 MIN_CHAN = 2 * PAGE
+P2P_MIN = 1024              # a point-to-point ring's least bytes (a few headers and eager messages)
+P2P_BUDGET = 16 << 20       # the n^2 rings' bytes by default, each 4-64 KiB
 ABORT_REASONS = {1: "raised an exception", 2: "died", 3: "passed bad or mismatched arguments", 4: "exited",
                  5: "timed out waiting for a peer", 6: "was interrupted (KeyboardInterrupt)",
                  7: "could not read or write a peer's memory (single copy)",
@@ -54,7 +56,8 @@ def make_plan(nranks, topo, slots, options=None):
         raise ValueError(f"call_base must be in 0 .. 2**64 - 1, not {p['call_base']}")
     if not 0 <= float(p["timeout"]) < 1e9:
         raise ValueError(f"timeout must be a number of seconds in [0, 1e9) (0: never), not {p['timeout']}")
-    for name, low in (("chunk_bytes", 64), ("tile_bytes", 64), ("stripe_slots", 1), ("bcast_k", 1),
+    for name, low in (("p2p_ring_bytes", P2P_MIN), ("p2p_eager_bytes", 0), ("p2p_queue_bytes", 0),
+                      ("chunk_bytes", 64), ("tile_bytes", 64), ("stripe_slots", 1), ("bcast_k", 1),
                       ("nt_bytes", 0), ("cma_bytes", 0), ("adapt", 0), ("reduce_block_bytes", 1)):
         if p[name] is not None and not low <= int(p[name]) < 1 << 50:
             raise ValueError(f"{name} must be at least {low}, not {p[name]}")
@@ -65,11 +68,20 @@ def make_plan(nranks, topo, slots, options=None):
         raise ValueError(f"huge_slot_bytes must be 0 (off) or a power of two from 64 KiB to 2 MiB, not {slot}")
     if not 0 <= int(p["inline_bytes"]) <= lib.SC_INLINE:
         raise ValueError(f"inline_bytes must be in 0 .. {lib.SC_INLINE}, not {p['inline_bytes']}")
+    if p["p2p_ring_bytes"] is None:
+        fit = P2P_BUDGET // (nranks * nranks)
+        p["p2p_ring_bytes"] = max(4096, min(64 << 10, 1 << max(fit.bit_length() - 1, 0)))
+    _p2p(p, res)
     p["chunk_opt"], p["tile_opt"], p["cma_opt"], p["nt_opt"] = (p["chunk_bytes"], p["tile_bytes"], p["cma_bytes"],
                                                           p["nt_bytes"])
     _derive(p, nranks, topo, slots)
     plan = Plan(nranks, p, list(slots), topo)
     plan.size = Device.layout(plan)
+    # a default ring shrinks first, to its least, where the segment would not fit
+    while res["p2p_ring_bytes"][1] == "default" and plan.size > p["shm_bytes"] and p["p2p_ring_bytes"] > P2P_MIN:
+        p["p2p_ring_bytes"] //= 2
+        _p2p(p, res)
+        plan.size = Device.layout(plan)
     asked = p["chan_bytes"]
     # only a default channel size shrinks: one the user asked for fails as asked
     while res["chan_bytes"][1] == "default" and plan.size > p["shm_bytes"] and p["chan_bytes"] > MIN_CHAN:
@@ -83,6 +95,16 @@ def make_plan(nranks, topo, slots, options=None):
               f"{p['chan_bytes'] >> 10} KiB per rank so {nranks} ranks fit ({plan.size >> 20} MiB)",
               file=sys.stderr)
     return plan
+
+
+def _p2p(p, res):
+    """Point-to-point sizes: a ring per ordered pair, the eager limit a quarter of it (16 KiB at most)."""
+    ring = p["p2p_ring_bytes"] = _round(int(p["p2p_ring_bytes"]), 64)
+    if res["p2p_eager_bytes"][1] == "default":
+        p["p2p_eager_bytes"] = min(ring // 4, 16 << 10)
+    if not 0 <= int(p["p2p_eager_bytes"]) <= ring - 64:      # a header, and a pad's, beside it
+        raise ValueError(f"p2p_eager_bytes must be in 0 .. p2p_ring_bytes - 64 ({ring - 64}), not "
+                         f"{p['p2p_eager_bytes']}")
 
 
 def _derive(p, nranks, topo, slots):
@@ -152,6 +174,16 @@ learn_dtype = _new_cfunction(int(ffi.cast("uintptr_t", lib.sc_py_entry(2))), Non
 _huge_arrays = _new_cfunction(int(ffi.cast("uintptr_t", lib.sc_py_entry(3))), None, None)
 
 
+#: point-to-point's C entries (csrc/p2p.c): send, sent, recv, probe, mrecv, bell, idle
+P2P = {}
+for _i in range(16):
+    _d = lib.sc_py_p2p(_i)
+    if _d == ffi.NULL:
+        break
+    _f = _new_cfunction(int(ffi.cast("uintptr_t", _d)), None, None)
+    P2P[_f.__name__] = _f
+
+
 def huge_arrays(min_bytes, slot_bytes=0):
     """From now on, numpy arrays of min_bytes (one threshold per process)
     and more that this thread makes are mapped 2 MiB-aligned, and from
@@ -179,7 +211,8 @@ def huge_arrays(min_bytes, slot_bytes=0):
 FIELDS_C = {"chan_bytes": "chan_bytes", "stripe_bytes": "stripe_bytes", "stripe_slots": "stripe_slots",
             "check": "check", "spin_now_ns": "spin_ns", "spin_far_ns": "spin_far_ns", "yield_ns": "yield_ns",
             "sleep_ns": "sleep_ns", "liveness_ns": "liveness_ns", "timeout_ns": "timeout_ns",
-            "call_base": "call_base"}
+            "call_base": "call_base", "p2p_ring_bytes": "p2p_ring_bytes", "p2p_eager_bytes": "p2p_eager_bytes",
+            "p2p_queue_bytes": "p2p_queue_bytes"}
 
 
 class Device:
@@ -196,6 +229,8 @@ class Device:
             self.c.traffic = ffi.cast("int64_t *", self.traffic.ctypes.data)
         if lib.sc_attach(self.c, ffi.cast("char *", self._base)) != 0:
             raise RuntimeError("shared segment does not hold a shmcoll communicator of this size")
+        if lib.sc_p2p_init(self.c) != 0:
+            raise MemoryError("point-to-point state")
 
     @staticmethod
     def _context(plan, rank):
@@ -373,6 +408,7 @@ class Device:
     def close(self):
         """Unmap (the creator's or a rank's view, and the peers' arenas); the name is long gone."""
         lib.sc_peers_close(self.c)
+        lib.sc_p2p_free(self.c)
         ffi.release(self._base)
         self.segment.mmap.close()
         self.segment.close_fd()

@@ -1,7 +1,471 @@
-"""Point-to-point (Send/Recv and their nonblocking, synchronous, probing
-and object forms) on a communicator: a mixin of Comm.  The protocols live
-in the device layer (csrc/p2p.c)."""
+"""Point-to-point (Send/Recv and their nonblocking, synchronous, persistent,
+probing and object forms) on a communicator: a mixin of Comm, with
+mpi4py's signatures.  The protocols live in the device layer (csrc/p2p.c,
+docs/p2p.md): a blocking call is one C call that waits there.
+
+Nonblocking calls that cannot finish at once are kept here, in call order:
+sends waiting for room in their ring (per destination, so later sends to
+it queue behind them), and posted receives (matched in the order they were
+posted, so a blocking receive made while some are posted queues behind
+them too).  request.register'ed poll advances them from every Wait and
+Test; one lock per communicator guards them, never held across a wait."""
+import pickle
+import threading
+import weakref
+
+import numpy as np
+
+from . import request, spec
+from ._core import lib
+from .device import P2P
+from .errors import ERR_RANK, ERR_REQUEST, ERR_TAG, ERR_TRUNCATE, MPIError
+from .request import ANY_SOURCE, ANY_TAG, PROC_NULL, Prequest, Request, Status
+
+TAG_UB = (1 << 29) - 1        # MPICH's: tags 0 .. TAG_UB
+_send, _sent, _recv, _probe, _mrecv, _bell, _idle = (P2P[k] for k in ("send", "sent", "recv", "probe", "mrecv",
+                                                                      "bell", "idle"))
+_live = weakref.WeakSet()      # communicators with point-to-point state
+
+
+def _poll():
+    for comm in list(_live):
+        comm._p2p_poll()
+
+
+request.register(_poll)
+
+
+def _buffer(buf, name, writable):
+    """A contiguous buffer C reads or writes: buf itself, or a spec's or a
+    Fortran-ordered array's items as a C-ordered array over its memory."""
+    if isinstance(buf, (list, tuple)):
+        return spec.simple(buf, name, writable)
+    if isinstance(buf, np.ndarray) and not buf.flags.c_contiguous and buf.flags.f_contiguous:
+        return buf.T
+    return buf
+
+
+class _P2P:
+    """A communicator's pending nonblocking point-to-point."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.sends = {}        # dest -> [SendRequest, ...] not yet in the ring, in call order
+        self.recvs = []        # posted RecvRequests, in posting order
 
 
 class PointToPoint:
     """Comm's point-to-point methods."""
+
+    # -- checks and failures ------------------------------------------------------
+    @property
+    def _pp(self):
+        pp = self.__dict__.get("_p2p_state")
+        if pp is None:
+            pp = self.__dict__.setdefault("_p2p_state", _P2P())
+            _live.add(self)
+        return pp
+
+    @property
+    def _ctx(self):
+        return self._dev.addr
+
+    def _dest(self, dest, what):
+        if not isinstance(dest, (int, np.integer)) or not (0 <= dest < self.size or dest == PROC_NULL):
+            self._bad(MPIError(ERR_RANK, f"{what}: invalid rank {dest!r} (communicator of {self.size})"))
+        return int(dest)
+
+    def _source(self, source, what):
+        if not isinstance(source, (int, np.integer)) or not (-2 <= source < self.size):
+            self._bad(MPIError(ERR_RANK, f"{what}: invalid source rank {source!r} (communicator of {self.size})"))
+        return int(source)
+
+    def _tag(self, tag, what, any_ok):
+        if not isinstance(tag, (int, np.integer)) or not (0 <= tag <= TAG_UB or (any_ok and tag == ANY_TAG)):
+            self._bad(MPIError(ERR_TAG, f"{what}: invalid tag {tag!r} (0 .. {TAG_UB}"
+                                        f"{', or ANY_TAG' if any_ok else ''})"))
+        return int(tag)
+
+    def _p2p_check(self, rc, what, got=None):
+        """rc from a C entry: itself when not an error, else raise (the job aborted)."""
+        if rc >= 0 or rc == lib.SC_EAGAIN:
+            return rc
+        if rc == lib.SC_ETRUNCATE:
+            self._bad(MPIError(ERR_TRUNCATE, f"{what}: message of {got[3]} bytes from rank {got[1]} (tag {got[2]}) "
+                                             f"truncated: the receive buffer is shorter"))
+        self._fail(rc, what)
+
+    def _p2p_poll(self):
+        """Advance what is pending: queued sends, then posted receives."""
+        pp = self.__dict__.get("_p2p_state")
+        if pp is None or not (pp.sends or pp.recvs) or self._broken is not None:
+            return
+        with pp.lock:
+            for dest in list(pp.sends):
+                q = pp.sends[dest]
+                while q and q[0]._push():
+                    q.pop(0)
+                if not q:
+                    del pp.sends[dest]
+            pp.recvs = [r for r in pp.recvs if not r._match()]
+
+    # -- blocking -------------------------------------------------------------------
+    def _send_blocking(self, buf, dest, tag, sync, what):
+        self._usable()
+        dest, tag = self._dest(dest, what), self._tag(tag, what, False)
+        if dest == PROC_NULL:
+            return
+        if self._pp.sends.get(dest):
+            return _SendRequest(self, buf, dest, tag, sync, what).Wait()
+        try:
+            rc = _send(self._ctx, dest, tag, buf, True, sync)
+        except (BufferError, TypeError, ValueError):
+            rc = _send(self._ctx, dest, tag, _buffer(buf, what, False), True, sync)
+        self._p2p_check(rc, what)
+
+    def Send(self, buf, dest, tag=0):
+        self._send_blocking(buf, dest, tag, False, "Send")
+
+    def Ssend(self, buf, dest, tag=0):
+        """Completes once a receive has taken the message."""
+        self._send_blocking(buf, dest, tag, True, "Ssend")
+
+    Bsend = Rsend = Send
+
+    def Recv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        self._usable()
+        source, tag = self._source(source, "Recv"), self._tag(tag, "Recv", True)
+        if source == PROC_NULL:
+            return _proc_null(status)
+        if self._pp.recvs:
+            return _RecvRequest(self, buf, source, tag, "Recv").Wait(status)
+        try:
+            got = _recv(self._ctx, source, tag, buf, True)
+        except (BufferError, TypeError, ValueError):
+            got = _recv(self._ctx, source, tag, _buffer(buf, "Recv", True), True)
+        self._p2p_check(got[0], "Recv", got)
+        if status is not None:
+            status._found(got[1], got[2], got[3])
+
+    def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE, recvtag=ANY_TAG, status=None):
+        req = self.Isend(sendbuf, dest, sendtag)
+        self.Recv(recvbuf, source, recvtag, status)
+        req.Wait()
+
+    def Sendrecv_replace(self, buf, dest, sendtag=0, source=ANY_SOURCE, recvtag=ANY_TAG, status=None):
+        b = _buffer(buf, "Sendrecv_replace", True)
+        self.Sendrecv(bytes(memoryview(b).cast("B")), dest, sendtag, b, source, recvtag, status)
+
+    # -- nonblocking and persistent ---------------------------------------------------
+    def Isend(self, buf, dest, tag=0):
+        return _SendRequest(self, buf, dest, tag, False, "Isend")
+
+    def Issend(self, buf, dest, tag=0):
+        return _SendRequest(self, buf, dest, tag, True, "Issend")
+
+    Ibsend = Irsend = Isend
+
+    def Irecv(self, buf=None, source=ANY_SOURCE, tag=ANY_TAG):
+        return _RecvRequest(self, buf, source, tag, "Irecv")
+
+    def Send_init(self, buf, dest, tag=0):
+        return _Persistent(lambda: self.Isend(buf, dest, tag))
+
+    def Ssend_init(self, buf, dest, tag=0):
+        return _Persistent(lambda: self.Issend(buf, dest, tag))
+
+    Bsend_init = Rsend_init = Send_init
+
+    def Recv_init(self, buf, source=ANY_SOURCE, tag=ANY_TAG):
+        return _Persistent(lambda: self.Irecv(buf, source, tag))
+
+    # -- probes ---------------------------------------------------------------------------
+    def _probe_c(self, source, tag, block, detach, what):
+        self._usable()
+        source, tag = self._source(source, what), self._tag(tag, what, True)
+        if source == PROC_NULL:
+            return None
+        self._p2p_poll()            # posted receives match before a probe sees their messages
+        got = _probe(self._ctx, source, tag, block, detach)
+        self._p2p_check(got[0], what)
+        return got
+
+    def Probe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        got = self._probe_c(source, tag, True, False, "Probe")
+        _found(status, got)
+        return True
+
+    def Iprobe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        got = self._probe_c(source, tag, False, False, "Iprobe")
+        if got is not None and got[0] == 1:
+            return False
+        _found(status, got)
+        return True
+
+    def Mprobe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        got = self._probe_c(source, tag, True, True, "Mprobe")
+        _found(status, got)
+        return MESSAGE_NO_PROC if got is None else Message(self, got)
+
+    def Improbe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        got = self._probe_c(source, tag, False, True, "Improbe")
+        if got is not None and got[0] == 1:
+            return None
+        _found(status, got)
+        return MESSAGE_NO_PROC if got is None else Message(self, got)
+
+    probe = Probe
+    iprobe = Iprobe
+    mprobe = Mprobe
+    improbe = Improbe
+
+    # -- objects (pickled) --------------------------------------------------------------------
+    def send(self, obj, dest, tag=0):
+        self.Send(_dumps(obj), dest, tag)
+
+    def ssend(self, obj, dest, tag=0):
+        self.Ssend(_dumps(obj), dest, tag)
+
+    bsend = send
+
+    def isend(self, obj, dest, tag=0):
+        return self.Isend(_dumps(obj), dest, tag)
+
+    def issend(self, obj, dest, tag=0):
+        return self.Issend(_dumps(obj), dest, tag)
+
+    def recv(self, buf=None, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        """The next object from source with tag (buf, mpi4py's preallocated buffer, is not needed)."""
+        return self.Mprobe(source, tag, status).recv()
+
+    def irecv(self, buf=None, source=ANY_SOURCE, tag=ANY_TAG):
+        return _RecvRequest(self, None, source, tag, "irecv", obj=True)
+
+    def sendrecv(self, sendobj, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE, recvtag=ANY_TAG, status=None):
+        req = self.isend(sendobj, dest, sendtag)
+        obj = self.recv(None, source, recvtag, status)
+        req.Wait()
+        return obj
+
+
+def _dumps(obj):
+    return pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
+
+
+def _proc_null(status):
+    if status is not None:
+        status._found(PROC_NULL, ANY_TAG, 0)
+
+
+def _found(status, got):
+    if status is None:
+        return
+    if got is None:
+        _proc_null(status)
+    else:
+        status._found(got[1], got[2], got[3])
+
+
+class _P2PRequest(Request):
+    """What both directions share: an efficient wait on this rank's doorbell."""
+    _who = -1
+
+    def _wait(self):
+        comm = self._comm
+        if len(request._engines) > 1:      # other engines' work may be what a peer needs first: spin over all
+            return super()._wait()
+        while True:
+            seen = _bell(comm._ctx)
+            if self._test():
+                return
+            comm._p2p_check(_idle(comm._ctx, seen, self._who), self._what)
+
+
+class _SendRequest(_P2PRequest):
+    def __init__(self, comm, buf, dest, tag, sync, what):
+        super().__init__()
+        comm._usable()
+        self._comm, self._what = comm, what
+        dest, tag = comm._dest(dest, what), comm._tag(tag, what, False)
+        self._dest, self._tag, self._sync, self._who = dest, tag, sync, dest
+        self._seq = 0              # a rendezvous in flight: its number
+        self._queued = False
+        if dest == PROC_NULL:
+            self._done = True
+            return
+        self._buf = _buffer(buf, what, False)      # held: a rendezvous reads it until complete
+        self._done = False
+        pp = comm._pp
+        with pp.lock:
+            if pp.sends.get(dest) or not self._push():
+                self._queued = True
+                pp.sends.setdefault(dest, []).append(self)
+
+    def _push(self):
+        """Put it in the ring if there is room (under the lock): True once there."""
+        rc = self._comm._p2p_check(_send(self._comm._ctx, self._dest, self._tag, self._buf, False, self._sync),
+                                   self._what)
+        if rc == lib.SC_EAGAIN:
+            return False
+        self._queued = False
+        if rc == 0:
+            self._done = True
+        else:
+            self._seq = rc
+        return True
+
+    def _test(self):
+        if not self._done:
+            if self._queued:
+                self._comm._p2p_poll()
+            if self._seq and self._comm._p2p_check(_sent(self._comm._ctx, self._dest, self._seq, False),
+                                                   self._what):
+                self._done = True
+        if self._done:
+            self._buf = None
+            self._status = Status()
+        return self._done
+
+
+class _RecvRequest(_P2PRequest):
+    def __init__(self, comm, buf, source, tag, what, obj=False):
+        super().__init__()
+        comm._usable()
+        self._comm, self._what, self._obj = comm, what, obj
+        self._source, self._tag = comm._source(source, what), comm._tag(tag, what, True)
+        self._who = self._source if self._source >= 0 else -1
+        self._got = None
+        self._cancelled = False
+        if self._source == PROC_NULL:
+            self._got = (0, PROC_NULL, ANY_TAG, 0)
+            return
+        self._buf = None if obj else _buffer(buf, what, True)
+        pp = comm._pp
+        with pp.lock:
+            if pp.recvs or not self._match():
+                pp.recvs.append(self)
+
+    def _match(self):
+        """Try to take its message (under the lock): True once matched."""
+        comm = self._comm
+        if self._obj:
+            got = _probe(comm._ctx, self._source, self._tag, False, True)
+            if got[0] == 1:
+                return False
+            comm._p2p_check(got[0], self._what)
+            data = bytearray(got[3])
+            got = _mrecv(comm._ctx, got[4], data)
+            comm._p2p_check(got[0], self._what, got)
+            self._result = pickle.loads(data)
+        else:
+            got = _recv(comm._ctx, self._source, self._tag, self._buf, False)
+            if got[0] == 1:
+                return False
+            comm._p2p_check(got[0], self._what, got)
+        self._got = got
+        return True
+
+    def _test(self):
+        if self._got is None and not self._cancelled:
+            self._comm._p2p_poll()
+        if self._cancelled:
+            self._status = Status()
+            self._status._found(ANY_SOURCE, ANY_TAG, 0)
+            self._status.cancelled = True
+            return True
+        if self._got is None:
+            return False
+        self._status = Status()
+        self._status._found(*self._got[1:4])
+        self._buf = None
+        return True
+
+    def _cancel(self):
+        pp = self._comm._pp
+        with pp.lock:
+            if self in pp.recvs:
+                pp.recvs.remove(self)
+                self._cancelled = True
+
+
+class _Persistent(Prequest):
+    """Send_init/Recv_init: each Start makes the nonblocking call anew."""
+
+    def __init__(self, start):
+        super().__init__()
+        self._make, self._req = start, None
+
+    def _start(self):
+        self._req = self._make()
+
+    def _test(self):
+        if not self._req._test():
+            return False
+        self._status, self._result = self._req._status, self._req._result
+        return True
+
+    def _wait(self):
+        self._req._wait()
+        self._status, self._result = self._req._status, self._req._result
+
+    def _cancel(self):
+        self._req._cancel()
+
+
+class Message:
+    """A message Mprobe took out of matching: only its Recv gets it."""
+
+    def __init__(self, comm, got):
+        self._comm, self._got = comm, got
+
+    def _take(self, buf, status):
+        """Receive into buf (None: drop); None for MESSAGE_NO_PROC."""
+        if self._got is None:
+            raise MPIError(ERR_REQUEST, "Message: a null message, or one already received")
+        if self._comm is None:
+            _proc_null(status)
+            return None
+        comm, got = self._comm, self._got
+        self._got = None
+        out = _mrecv(comm._ctx, got[4], buf)
+        comm._p2p_check(out[0], "Message.Recv", out)
+        if status is not None:
+            status._found(out[1], out[2], out[3])
+        return out
+
+    def Recv(self, buf, status=None):
+        self._take(None if self._comm is None else _buffer(buf, "Message.Recv", True), status)
+
+    def Irecv(self, buf):
+        st = Status()
+        self.Recv(buf, st)
+        return _Done(st)
+
+    def recv(self, status=None):
+        data = bytearray(self._got[3] if self._got is not None else 0)
+        if self._take(data, status) is None:
+            return None
+        return pickle.loads(data)
+
+    def irecv(self):
+        st = Status()
+        return _Done(st, self.recv(st))
+
+    def __bool__(self):
+        return self._got is not None
+
+
+class _Done(Request):
+    """A request complete when made (a matched message's receive)."""
+
+    def __init__(self, status, result=None):
+        super().__init__()
+        self._st, self._res = status, result
+
+    def _test(self):
+        self._status, self._result = self._st, self._res
+        return True
+
+
+MESSAGE_NULL = Message(None, None)
+MESSAGE_NO_PROC = Message(None, (0, PROC_NULL, ANY_TAG, 0, 0))

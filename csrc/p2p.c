@@ -1,0 +1,618 @@
+/* Point-to-point in the device layer (docs/p2p.md).
+ *
+ * Shared (the communicator's segment, sc_layout): per rank a doorbell
+ * line, bumped by whoever makes progress possible for that rank (a
+ * message sent to it, space freed or a rendezvous completed in a ring it
+ * writes); per ordered pair (s -> r) a single-producer single-consumer
+ * ring of p2p_ring_bytes, its head line (written by s) and tail line
+ * (written by r: tail, rendezvous completions).  Every blocking wait is a
+ * wait on this rank's doorbell through the engine's wait (core.c
+ * sc_wait_slow: spin, yield, futex sleep, liveness, stall timeout, signal
+ * polls).
+ *
+ * A message is a header then, eager, its payload inline; a rendezvous
+ * header carries the sender's buffer address and the receiver copies once
+ * from it (process_vm_readv), then stamps the sender's completion slot.
+ * Matching takes the receiver's unexpected queue first, then each
+ * source's ring in order, moving a message that does not match into the
+ * queue (private, bounded by p2p_queue_bytes; beyond it the ring is left
+ * as it is and its sender waits): per-pair FIFO gives MPI's
+ * non-overtaking order per (source, tag).
+ *
+ * Private state is shared by the rank's threads under one mutex, never
+ * held across a wait; each thread waits through a context of its own (a
+ * copy of the communicator's: its own hooks and error fields). */
+#include <Python.h>
+#include "sc_internal.h"
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+
+#define HDR 32
+#define PAD 3
+#define EAGER 1
+#define RNDV 2
+#define SYNC 4                    /* a rendezvous whatever its size: complete once matched (Ssend) */
+#define NDONE 8                   /* outstanding rendezvous per pair, one completion slot each */
+#define NSHADOW 64
+
+typedef struct { int32_t tag, kind; int64_t n; uint64_t seq, addr; } msg_t;
+_Static_assert(sizeof(msg_t) == HDR, "message header");
+typedef struct { _Atomic uint64_t bell; sc_wq_t wq; char pad[SC_LINE - 16]; } bell_t;
+typedef struct { _Atomic uint64_t head; _Atomic uint32_t want; char pad[SC_LINE - 12]; } head_t;
+typedef struct { _Atomic uint64_t tail; _Atomic uint64_t done[NDONE]; char pad[SC_LINE - 8 * (NDONE + 1)]; } tail_t;
+_Static_assert(sizeof(bell_t) == SC_LINE && sizeof(head_t) == SC_LINE && sizeof(tail_t) == SC_LINE, "p2p lines");
+
+/* A message taken out of its ring: unexpected, or matched by Mprobe. */
+typedef struct um {
+    struct um *next;
+    int32_t src, tag, kind;
+    int64_t n;
+    uint64_t seq, addr;
+    char data[];
+} um_t;
+
+struct sc_p2p {
+    pthread_mutex_t mu;
+    uint64_t id;
+    sc_comm_t *main;              /* the communicator's own context */
+    uint64_t *hd, *rseq, *tl;     /* per peer: our head in its ring, our rendezvous count to it, our tail in its ring */
+    int start;                    /* ANY_SOURCE scans from here, rotating */
+    um_t *q, **qend;
+    int64_t qbytes;
+    int nshadow;
+    struct { pthread_t t; sc_comm_t *c; } shadow[NSHADOW];
+};
+
+int64_t sc_p2p_lines(int64_t p) { return p * SC_LINE + 2 * p * p * SC_LINE; }
+static bell_t *bell_of(sc_comm_t *c, int r) { return (bell_t *)(c->base + c->off_p2p) + r; }
+static head_t *head_of(sc_comm_t *c, int s, int r) {
+    return (head_t *)(c->base + c->off_p2p + c->size * SC_LINE + (int64_t)(s * c->size + r) * 2 * SC_LINE);
+}
+static tail_t *tail_of(sc_comm_t *c, int s, int r) { return (tail_t *)(head_of(c, s, r) + 1); }
+static char *ring_of(sc_comm_t *c, int s, int r) {
+    return c->base + c->off_p2p_ring + (int64_t)(s * c->size + r) * c->p2p_ring_bytes;
+}
+static int64_t rec_bytes(int64_t payload) { return HDR + (payload + HDR - 1) / HDR * HDR; }
+
+static void ring_bell(sc_comm_t *c, int r)
+{
+    bell_t *b = bell_of(c, r);
+    atomic_fetch_add_explicit(&b->bell, 1, memory_order_release);
+    wake_sleepers(&b->wq);
+}
+
+int sc_p2p_init(sc_comm_t *c)
+{
+    static _Atomic uint64_t ids;
+    int p = c->size;
+    sc_p2p_t *s = calloc(1, sizeof *s);
+    if (!s || !(s->hd = calloc(3 * (size_t)p, sizeof(uint64_t)))) {
+        free(s);
+        return SC_ENOMEM;
+    }
+    s->rseq = s->hd + p;
+    s->tl = s->rseq + p;
+    s->qend = &s->q;
+    s->id = atomic_fetch_add(&ids, 1) + 1;
+    pthread_mutex_init(&s->mu, NULL);
+    s->main = c;
+    c->p2p = s;
+    return SC_OK;
+}
+
+void sc_p2p_free(sc_comm_t *c)
+{
+    sc_p2p_t *s = c->p2p;
+    if (!s) return;
+    c->p2p = NULL;
+    for (um_t *u = s->q, *next; u; u = next) next = u->next, free(u);
+    for (int i = 0; i < s->nshadow; i++) free(s->shadow[i].c);
+    free(s->hd);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+/* This thread's context over c (made on its first call). */
+static sc_comm_t *mine(sc_comm_t *c)
+{
+    static __thread sc_comm_t *last_c, *last_sh;
+    static __thread uint64_t last_id;
+    sc_p2p_t *s = c->p2p;
+    if (last_c == c && last_id == s->id) return last_sh;
+    pthread_t me = pthread_self();
+    sc_comm_t *sh = NULL;
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < s->nshadow && !sh; i++)
+        if (pthread_equal(s->shadow[i].t, me)) sh = s->shadow[i].c;
+    if (!sh && s->nshadow < NSHADOW && (sh = malloc(sizeof *sh))) {
+        memcpy(sh, c, sizeof *sh);
+        memset(&sh->hooks, 0, sizeof sh->hooks);
+        sh->gil_ns = 0, sh->busy = 0, sh->owe = 0, sh->peers = NULL, sh->traffic = NULL, sh->last = NULL;
+        s->shadow[s->nshadow].t = me;
+        s->shadow[s->nshadow++].c = sh;
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (!sh) return c;           /* more threads than shadows: they share the communicator's (no Ctrl-C polls) */
+    last_c = c, last_sh = sh, last_id = s->id;
+    return sh;
+}
+
+uint64_t sc_p2p_bell(sc_comm_t *c) { return atomic_load_explicit(&bell_of(c, c->rank)->bell, memory_order_acquire); }
+
+/* Wait until this rank's doorbell has moved past seen (who: the rank
+ * awaited, -1 any: only its clean exit is an error for us). */
+int sc_p2p_idle(sc_comm_t *sh, uint64_t seen, int who)
+{
+    bell_t *b = bell_of(sh, sh->rank);
+    sc_wait_t w = { .word = &b->bell, .wq = &b->wq, .call = seen + 1, .who = who, .nocheck = 1,
+                    .spin_ns = sh->spin_ns, .anyabort = 1 };
+    if (aborted_at(sh, sh->call + (1ULL << 62))) return SC_EABORT;
+    return wait_for(sh, &w);
+}
+
+/* -- sending ------------------------------------------------------------------ */
+
+/* Room for `need` bytes at our head in the ring to r (after a pad to its
+ * start if the record would wrap); on no room, ask r to ring our bell
+ * when it frees some. */
+static int room(sc_comm_t *c, int r, int64_t need, int64_t *pad)
+{
+    sc_p2p_t *s = c->p2p;
+    int64_t R = c->p2p_ring_bytes, off = (int64_t)(s->hd[r] % (uint64_t)R);
+    *pad = off + need > R ? R - off : 0;
+    head_t *h = head_of(c, c->rank, r);
+    tail_t *t = tail_of(c, c->rank, r);
+    for (int tries = 0; tries < 2; tries++) {
+        uint64_t tail = atomic_load_explicit(&t->tail, memory_order_acquire);
+        if ((int64_t)(s->hd[r] + *pad + need - tail) <= R) {
+            if (atomic_load_explicit(&h->want, memory_order_relaxed)) atomic_store_explicit(&h->want, 0, memory_order_relaxed);
+            return 1;
+        }
+        atomic_store_explicit(&h->want, 1, memory_order_relaxed);
+        atomic_thread_fence(memory_order_seq_cst);     /* pairs with the receiver's tail store, then want load */
+    }
+    return 0;
+}
+
+static void put(sc_comm_t *c, int r, int64_t pad, const msg_t *m, const char *buf, int64_t n)
+{
+    sc_p2p_t *s = c->p2p;
+    int64_t R = c->p2p_ring_bytes;
+    char *ring = ring_of(c, c->rank, r);
+    if (pad) {
+        msg_t p = { .kind = PAD, .n = pad };
+        memcpy(ring + s->hd[r] % (uint64_t)R, &p, HDR);
+        s->hd[r] += (uint64_t)pad;
+    }
+    char *at = ring + s->hd[r] % (uint64_t)R;
+    memcpy(at, m, HDR);
+    if (n) memcpy(at + HDR, buf, (size_t)n);
+    s->hd[r] += (uint64_t)rec_bytes(n);
+    atomic_store_explicit(&head_of(c, c->rank, r)->head, s->hd[r], memory_order_release);
+    ring_bell(c, r);
+}
+
+static int slot_free(sc_comm_t *c, int r, uint64_t seq)
+{
+    uint64_t prev = seq > NDONE ? seq - NDONE : 0;
+    return atomic_load_explicit(&tail_of(c, c->rank, r)->done[seq % NDONE], memory_order_acquire) == prev;
+}
+
+/* One try: SC_OK sent and complete (eager), a positive sequence number
+ * (a rendezvous to wait for with sc_p2p_sent), SC_EAGAIN no room now. */
+static int64_t try_send(sc_comm_t *c, int r, int tag, const char *buf, int64_t n, int sync)
+{
+    sc_p2p_t *s = c->p2p;
+    int64_t pad, rc = SC_EAGAIN;
+    pthread_mutex_lock(&s->mu);
+    if (!sync && n <= c->p2p_eager_bytes) {
+        if (room(c, r, rec_bytes(n), &pad)) {
+            msg_t m = { .tag = tag, .kind = EAGER, .n = n };
+            put(c, r, pad, &m, buf, n);
+            rc = SC_OK;
+        }
+    } else if (slot_free(c, r, s->rseq[r] + 1) && room(c, r, HDR, &pad)) {
+        msg_t m = { .tag = tag, .kind = RNDV, .n = n, .seq = ++s->rseq[r], .addr = (uintptr_t)buf };
+        put(c, r, pad, &m, NULL, 0);
+        rc = (int64_t)m.seq;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+/* Is rendezvous seq to r complete? */
+static int done(sc_comm_t *c, int r, uint64_t seq)
+{
+    return (int64_t)(atomic_load_explicit(&tail_of(c, c->rank, r)->done[seq % NDONE], memory_order_acquire) - seq) >= 0;
+}
+
+int sc_p2p_sent(sc_comm_t *c, int r, uint64_t seq, int block)
+{
+    sc_comm_t *sh = mine(c);
+    for (;;) {
+        uint64_t seen = sc_p2p_bell(c);
+        if (done(c, r, seq)) return 1;
+        if (!block) return 0;
+        int rc = sc_p2p_idle(sh, seen, r);
+        if (rc) return rc;
+    }
+}
+
+/* Send n bytes at buf to r.  block: wait for room and for a rendezvous'
+ * copy; else as try_send.  sync: a rendezvous whatever n (Ssend). */
+int64_t sc_p2p_send(sc_comm_t *c, int r, int tag, const char *buf, int64_t n, int block, int sync)
+{
+    sc_comm_t *sh = mine(c);
+    for (;;) {
+        uint64_t seen = sc_p2p_bell(c);
+        int64_t rc = try_send(c, r, tag, buf, n, sync);
+        if (rc != SC_EAGAIN || !block) {
+            if (rc <= 0 || !block) return rc;
+            int w = sc_p2p_sent(c, r, (uint64_t)rc, 1);
+            return w < 0 ? w : SC_OK;
+        }
+        int w = sc_p2p_idle(sh, seen, r);
+        if (w) return w;
+    }
+}
+
+/* -- receiving ---------------------------------------------------------------- */
+
+static int matches(int src, int tag, int s, int t) { return (src < 0 || src == s) && (tag < 0 || tag == t); }
+
+/* The receiver's tail in s's ring moved: publish it, and ring s's bell if it waits for room. */
+static void freed(sc_comm_t *c, int s)
+{
+    atomic_store_explicit(&tail_of(c, s, c->rank)->tail, c->p2p->tl[s], memory_order_release);
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(&head_of(c, s, c->rank)->want, memory_order_relaxed)) ring_bell(c, s);
+}
+
+/* The next message in s's ring past pads (its header in *m, where its
+ * payload is in *data), or 0 if the ring is empty. */
+static int peek(sc_comm_t *c, int s, msg_t *m, char **data)
+{
+    sc_p2p_t *p = c->p2p;
+    uint64_t R = (uint64_t)c->p2p_ring_bytes;
+    char *ring = ring_of(c, s, c->rank);
+    for (;;) {
+        uint64_t head = atomic_load_explicit(&head_of(c, s, c->rank)->head, memory_order_acquire);
+        if (head == p->tl[s]) return 0;
+        memcpy(m, ring + p->tl[s] % R, HDR);
+        if (m->kind != PAD) {
+            *data = ring + p->tl[s] % R + HDR;
+            return 1;
+        }
+        p->tl[s] += (uint64_t)m->n;
+    }
+}
+
+/* Take s's front message out of its ring into a queue entry (NULL: no memory). */
+static um_t *lift(sc_comm_t *c, int s, const msg_t *m, const char *data)
+{
+    int64_t n = m->kind == EAGER ? m->n : 0;
+    um_t *u = malloc(sizeof *u + (size_t)n);
+    if (!u) return NULL;
+    *u = (um_t){ .src = s, .tag = m->tag, .kind = m->kind, .n = m->n, .seq = m->seq, .addr = m->addr };
+    memcpy(u->data, data, (size_t)n);
+    c->p2p->tl[s] += (uint64_t)rec_bytes(n);
+    freed(c, s);
+    return u;
+}
+
+/* What matches (src, tag) first: a queue entry (*prev its link), else a
+ * ring's front message (its source returned, header in *m), moving what
+ * does not match into the queue.  -1: nothing yet. */
+static int find(sc_comm_t *c, int src, int tag, um_t ***prev, msg_t *m, char **data)
+{
+    sc_p2p_t *p = c->p2p;
+    *prev = NULL;
+    for (um_t **u = &p->q; *u; u = &(*u)->next)
+        if (matches(src, tag, (*u)->src, (*u)->tag)) {
+            *prev = u;
+            return (*u)->src;
+        }
+    int n = src < 0 ? c->size : 1;
+    for (int i = 0; i < n; i++) {
+        int s = src < 0 ? (p->start + i) % c->size : src;
+        while (peek(c, s, m, data)) {
+            if (matches(src, tag, s, m->tag)) {
+                if (src < 0) p->start = (s + 1) % c->size;
+                return s;
+            }
+            int64_t size = (m->kind == EAGER ? m->n : 0) + (int64_t)sizeof(um_t);
+            if (p->qbytes + size > c->p2p_queue_bytes) break;       /* full: this ring waits */
+            um_t *u = lift(c, s, m, *data);
+            if (!u) break;
+            p->qbytes += size;
+            *p->qend = u;
+            p->qend = &u->next;
+        }
+    }
+    return -1;
+}
+
+static void unlink_entry(sc_p2p_t *p, um_t **prev)
+{
+    um_t *u = *prev;
+    *prev = u->next;
+    if (p->qend == &u->next) p->qend = prev;
+    p->qbytes -= (u->kind == EAGER ? u->n : 0) + (int64_t)sizeof(um_t);
+}
+
+/* Deliver message (source s, header m, eager payload at data) into buf of
+ * cap bytes: SC_ETRUNCATE if it is longer (cap bytes delivered, the
+ * rendezvous completed all the same, so the sender never hangs). */
+static int deliver(sc_comm_t *c, int s, const msg_t *m, const char *data, char *buf, int64_t cap)
+{
+    int64_t k = m->n < cap ? m->n : cap;
+    int rc = SC_OK;
+    if (m->kind == EAGER) {
+        if (k) memcpy(buf, data, (size_t)k);
+    } else {
+        if (k && s == c->rank) memcpy(buf, (const char *)(uintptr_t)m->addr, (size_t)k);
+        else if (k) {
+            int err = sc_vm_move(rank_rec(c, s)->pid, buf, m->addr, k, NULL, NULL, 0);
+            if (err) rc = sc_fail(c, SC_ECMA, s, 0, err);
+        }
+        atomic_store_explicit(&tail_of(c, s, c->rank)->done[m->seq % NDONE], m->seq, memory_order_release);
+        ring_bell(c, s);
+    }
+    return rc ? rc : m->n > cap ? SC_ETRUNCATE : SC_OK;
+}
+
+/* One try at a receive of (src, tag) into buf: SC_OK (out: source, tag,
+ * bytes), 1 nothing matches yet, or an error. */
+static int try_recv(sc_comm_t *c, sc_comm_t *sh, int src, int tag, char *buf, int64_t cap, int64_t *out)
+{
+    sc_p2p_t *p = c->p2p;
+    um_t **prev;
+    msg_t m;
+    char *data;
+    pthread_mutex_lock(&p->mu);
+    int s = find(c, src, tag, &prev, &m, &data), rc = 1;
+    if (s >= 0) {
+        if (prev) {
+            um_t *u = *prev;
+            unlink_entry(p, prev);
+            m = (msg_t){ .tag = u->tag, .kind = u->kind, .n = u->n, .seq = u->seq, .addr = u->addr };
+            rc = deliver(sh, s, &m, u->data, buf, cap);
+            free(u);
+        } else {
+            rc = deliver(sh, s, &m, data, buf, cap);
+            if (m.kind == EAGER) {
+                p->tl[s] += (uint64_t)rec_bytes(m.n);
+            } else {
+                p->tl[s] += HDR;
+            }
+            freed(c, s);
+        }
+        out[0] = s, out[1] = m.tag, out[2] = m.n;
+    }
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
+int sc_p2p_recv(sc_comm_t *c, int src, int tag, char *buf, int64_t cap, int block, int64_t *out)
+{
+    sc_comm_t *sh = mine(c);
+    for (;;) {
+        uint64_t seen = sc_p2p_bell(c);
+        int rc = try_recv(c, sh, src, tag, buf, cap, out);
+        if (rc != 1 || !block) return rc;
+        if ((rc = sc_p2p_idle(sh, seen, src < 0 ? -1 : src))) return rc;
+    }
+}
+
+/* Probe (src, tag): out = source, tag, bytes; detach: the message leaves
+ * matching and *handle holds it for sc_p2p_mrecv (Mprobe).  SC_OK found,
+ * 1 not yet (non-blocking), or an error. */
+int sc_p2p_probe(sc_comm_t *c, int src, int tag, int block, int detach, int64_t *out, void **handle)
+{
+    sc_comm_t *sh = mine(c);
+    sc_p2p_t *p = c->p2p;
+    for (;;) {
+        uint64_t seen = sc_p2p_bell(c);
+        um_t **prev;
+        msg_t m;
+        char *data;
+        int rc = 1;
+        pthread_mutex_lock(&p->mu);
+        int s = find(c, src, tag, &prev, &m, &data);
+        if (s >= 0) {
+            um_t *u = prev ? *prev : NULL;
+            if (u) m = (msg_t){ .tag = u->tag, .n = u->n };
+            out[0] = s, out[1] = m.tag, out[2] = m.n;
+            rc = SC_OK;
+            if (detach) {
+                if (u) unlink_entry(p, prev);
+                else if (!(u = lift(c, s, &m, data))) rc = SC_ENOMEM;
+                *handle = u;
+            }
+        }
+        pthread_mutex_unlock(&p->mu);
+        if (rc != 1 || !block) return rc;
+        if ((rc = sc_p2p_idle(sh, seen, src < 0 ? -1 : src))) return rc;
+    }
+}
+
+/* Receive a message Mprobe detached (buf NULL: drop it, completing a rendezvous). */
+int sc_p2p_mrecv(sc_comm_t *c, void *handle, char *buf, int64_t cap, int64_t *out)
+{
+    um_t *u = handle;
+    msg_t m = { .tag = u->tag, .kind = u->kind, .n = u->n, .seq = u->seq, .addr = u->addr };
+    out[0] = u->src, out[1] = u->tag, out[2] = u->n;
+    sc_comm_t *sh = mine(c);
+    pthread_mutex_lock(&c->p2p->mu);
+    int rc = deliver(sh, u->src, &m, u->data, buf, buf ? cap : 0);
+    pthread_mutex_unlock(&c->p2p->mu);
+    free(u);
+    return buf ? rc : SC_OK;
+}
+
+/* -- Python entries (CPython builtins, as pyfast.c's: no cffi GIL round trip) -- */
+void *sc_py_release(void);               /* pyfast.c */
+int sc_py_poll(sc_comm_t *c);
+
+/* This thread's context, its waits letting the GIL go and polling signals. */
+static sc_comm_t *arm(sc_comm_t *c)
+{
+    sc_comm_t *sh = mine(c);
+    if (sh != c) sh->hooks.release = sc_py_release, sh->hooks.poll = sc_py_poll;
+    return sh;
+}
+
+/* Take the GIL back; a failure's fields go to the communicator's context,
+ * where Python's message reads them (device.failure). */
+static void resume(sc_comm_t *sh, int64_t rc)
+{
+    if (sh->hooks.saved) PyEval_RestoreThread(sh->hooks.saved);
+    memset(&sh->hooks, 0, sizeof sh->hooks);
+    if (rc < 0 && rc != SC_EAGAIN && rc != SC_ETRUNCATE && sh->p2p && sh->p2p->main != sh) {
+        sc_comm_t *m = sh->p2p->main;
+        m->err_rank = sh->err_rank, m->err_code = sh->err_code, m->err_when = sh->err_when;
+        m->err_call = sh->err_call, m->err_a = sh->err_a, m->err_b = sh->err_b;
+    }
+}
+
+/* rc back to Python: an int, or NULL if a signal handler raised. */
+static PyObject *result(sc_comm_t *sh, int64_t rc)
+{
+    resume(sh, rc);
+    if (rc == SC_EINTR && PyErr_Occurred()) return NULL;
+    return PyLong_FromLongLong(rc);
+}
+
+static int args(const char *what, Py_ssize_t n, Py_ssize_t want, PyObject *const *a, sc_comm_t **c)
+{
+    if (n != want) {
+        PyErr_Format(PyExc_TypeError, "%s takes %zd arguments", what, want);
+        return 0;
+    }
+    *c = PyLong_AsVoidPtr(a[0]);
+    if (!*c && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "no context");
+    return *c != NULL;
+}
+
+static int buffer(PyObject *v, Py_buffer *b, int writable)
+{
+    if (v == Py_None) {
+        memset(b, 0, sizeof *b);
+        return 1;
+    }
+    return !PyObject_GetBuffer(v, b, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0));
+}
+
+static void release(Py_buffer *b) { if (b->obj) PyBuffer_Release(b); }
+
+/* send(ctx, dest, tag, buf, block, sync) -> 0, a rendezvous' sequence number, or SC_E* */
+static PyObject *py_send(PyObject *m, PyObject *const *a, Py_ssize_t n)
+{
+    sc_comm_t *c;
+    Py_buffer b;
+    if (!args("send", n, 6, a, &c) || !buffer(a[3], &b, 0)) return NULL;
+    int dest = PyLong_AsLong(a[1]), tag = PyLong_AsLong(a[2]), block = PyObject_IsTrue(a[4]), sync = PyObject_IsTrue(a[5]);
+    if (PyErr_Occurred()) { release(&b); return NULL; }
+    sc_comm_t *sh = arm(c);
+    int64_t rc = sc_p2p_send(c, dest, tag, b.buf, b.len, block, sync);
+    PyObject *r = result(sh, rc);
+    release(&b);
+    return r;
+}
+
+/* sent(ctx, dest, seq, block) -> 1 complete, 0 not yet, or SC_E* */
+static PyObject *py_sent(PyObject *m, PyObject *const *a, Py_ssize_t n)
+{
+    sc_comm_t *c;
+    if (!args("sent", n, 4, a, &c)) return NULL;
+    int dest = PyLong_AsLong(a[1]), block = PyObject_IsTrue(a[3]);
+    uint64_t seq = PyLong_AsUnsignedLongLong(a[2]);
+    if (PyErr_Occurred()) return NULL;
+    sc_comm_t *sh = arm(c);
+    return result(sh, sc_p2p_sent(c, dest, seq, block));
+}
+
+static PyObject *status(sc_comm_t *sh, int rc, const int64_t *out, PyObject *extra)
+{
+    resume(sh, rc);
+    if (rc == SC_EINTR && PyErr_Occurred()) return NULL;
+    if (extra) return Py_BuildValue("(iLLLO)", rc, (long long)out[0], (long long)out[1], (long long)out[2], extra);
+    return Py_BuildValue("(iLLL)", rc, (long long)out[0], (long long)out[1], (long long)out[2]);
+}
+
+/* recv(ctx, source, tag, buf, block) -> (rc, source, tag, bytes); rc 1: nothing yet */
+static PyObject *py_recv(PyObject *m, PyObject *const *a, Py_ssize_t n)
+{
+    sc_comm_t *c;
+    Py_buffer b;
+    int64_t out[3] = { 0, 0, 0 };
+    if (!args("recv", n, 5, a, &c) || !buffer(a[3], &b, 1)) return NULL;
+    int src = PyLong_AsLong(a[1]), tag = PyLong_AsLong(a[2]), block = PyObject_IsTrue(a[4]);
+    if (PyErr_Occurred()) { release(&b); return NULL; }
+    sc_comm_t *sh = arm(c);
+    int rc = sc_p2p_recv(c, src, tag, b.buf, b.len, block, out);
+    PyObject *r = status(sh, rc, out, NULL);
+    release(&b);
+    return r;
+}
+
+/* probe(ctx, source, tag, block, detach) -> (rc, source, tag, bytes, handle) */
+static PyObject *py_probe(PyObject *m, PyObject *const *a, Py_ssize_t n)
+{
+    sc_comm_t *c;
+    int64_t out[3] = { 0, 0, 0 };
+    void *h = NULL;
+    if (!args("probe", n, 5, a, &c)) return NULL;
+    int src = PyLong_AsLong(a[1]), tag = PyLong_AsLong(a[2]), block = PyObject_IsTrue(a[3]), detach = PyObject_IsTrue(a[4]);
+    if (PyErr_Occurred()) return NULL;
+    sc_comm_t *sh = arm(c);
+    int rc = sc_p2p_probe(c, src, tag, block, detach, out, &h);
+    PyObject *hv = PyLong_FromVoidPtr(h), *r = hv ? status(sh, rc, out, hv) : (resume(sh, rc), NULL);
+    Py_XDECREF(hv);
+    return r;
+}
+
+/* mrecv(ctx, handle, buf or None) -> (rc, source, tag, bytes); None drops the message */
+static PyObject *py_mrecv(PyObject *m, PyObject *const *a, Py_ssize_t n)
+{
+    sc_comm_t *c;
+    Py_buffer b;
+    int64_t out[3] = { 0, 0, 0 };
+    if (!args("mrecv", n, 3, a, &c)) return NULL;
+    void *h = PyLong_AsVoidPtr(a[1]);
+    if (!h || !buffer(a[2], &b, 1)) return NULL;
+    sc_comm_t *sh = arm(c);
+    int rc = sc_p2p_mrecv(c, h, a[2] == Py_None ? NULL : b.buf, b.len, out);
+    PyObject *r = status(sh, rc, out, NULL);
+    release(&b);
+    return r;
+}
+
+/* bell(ctx) -> this rank's doorbell now; idle(ctx, seen, who) -> rc once it moved past seen */
+static PyObject *py_bell(PyObject *m, PyObject *const *a, Py_ssize_t n)
+{
+    sc_comm_t *c;
+    if (!args("bell", n, 1, a, &c)) return NULL;
+    return PyLong_FromUnsignedLongLong(sc_p2p_bell(c));
+}
+
+static PyObject *py_idle(PyObject *m, PyObject *const *a, Py_ssize_t n)
+{
+    sc_comm_t *c;
+    if (!args("idle", n, 3, a, &c)) return NULL;
+    uint64_t seen = PyLong_AsUnsignedLongLong(a[1]);
+    int who = PyLong_AsLong(a[2]);
+    if (PyErr_Occurred()) return NULL;
+    sc_comm_t *sh = arm(c);
+    return result(sh, sc_p2p_idle(sh, seen, who));
+}
+
+#define FAST(name, f) {name, (PyCFunction)(void (*)(void))f, METH_FASTCALL, NULL}
+static PyMethodDef defs[] = {
+    FAST("send", py_send), FAST("sent", py_sent), FAST("recv", py_recv), FAST("probe", py_probe),
+    FAST("mrecv", py_mrecv), FAST("bell", py_bell), FAST("idle", py_idle), {NULL, NULL, 0, NULL},
+};
+
+/* Method definition i (NULL past the last), for Python to bind with PyCFunction_NewEx. */
+void *sc_py_p2p(int i) { return i >= 0 && i < (int)(sizeof defs / sizeof defs[0]) - 1 ? &defs[i] : NULL; }
