@@ -115,7 +115,7 @@ class PointToPoint:
         dest, tag = self._dest(dest, what), self._tag(tag, what, False)
         if dest == PROC_NULL:
             return
-        if self._pp.sends.get(dest):
+        if self._pp.sends or self._pp.recvs:      # pending work of ours may be what the peer waits for
             return _SendRequest(self, buf, dest, tag, sync, what).Wait()
         try:
             rc = _send(self._ctx, dest, tag, buf, True, sync)
@@ -137,7 +137,7 @@ class PointToPoint:
         source, tag = self._source(source, "Recv"), self._tag(tag, "Recv", True)
         if source == PROC_NULL:
             return _proc_null(status)
-        if self._pp.recvs:
+        if self._pp.recvs or self._pp.sends:      # posted receives match first; pending sends need pushing
             return _RecvRequest(self, buf, source, tag, "Recv").Wait(status)
         try:
             got = _recv(self._ctx, source, tag, buf, True)
@@ -185,8 +185,14 @@ class PointToPoint:
         source, tag = self._source(source, what), self._tag(tag, what, True)
         if source == PROC_NULL:
             return None
-        self._p2p_poll()            # posted receives match before a probe sees their messages
-        got = _probe(self._ctx, source, tag, block, detach)
+        while True:
+            seen = _bell(self._ctx)
+            self._p2p_poll()        # posted receives match before a probe sees their messages
+            pending = self._pp.recvs or self._pp.sends
+            got = _probe(self._ctx, source, tag, block and not pending, detach)
+            if not (block and pending and got[0] == 1):
+                break
+            self._p2p_check(_idle(self._ctx, seen, source if source >= 0 else -1), what)
         self._p2p_check(got[0], what)
         return got
 
@@ -276,6 +282,7 @@ class _P2PRequest(Request):
             return super()._wait()
         while True:
             seen = _bell(comm._ctx)
+            comm._p2p_poll()       # a peer's rendezvous may wait on a receive of ours posted earlier
             if self._test():
                 return
             comm._p2p_check(_idle(comm._ctx, seen, self._who), self._what)

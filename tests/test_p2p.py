@@ -1,0 +1,289 @@
+"""Point-to-point (shmcoll/p2p.py over csrc/p2p.c): ping-pong at every
+protocol's edges against numpy, Sendrecv rings, ANY_SOURCE under
+contention, non-overtaking order across eager and rendezvous, probes,
+Cancel, truncation, bad ranks and tags, PROC_NULL, a peer killed while
+others wait.  Each rank's data is closed-form (rank, size, index), so the
+expected values are computed by numpy, never stored.  The rings are forced
+small (4 KiB, eager limit 1 KiB) so that ring wrap, pads, full rings and
+the rendezvous all run at small sizes."""
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import shmcoll
+from conftest import assert_killed_mid, run_ranks
+from shmcoll.errors import ERR_RANK, ERR_TAG, ERR_TRUNCATE, MPIError
+from shmcoll.p2p import MESSAGE_NO_PROC, TAG_UB
+from shmcoll.request import ANY_SOURCE, ANY_TAG, PROC_NULL, Prequest, Request, Status
+
+pytestmark = pytest.mark.timeout(180)
+
+RING, EAGER = 4096, 1024
+SMALL = {"p2p_ring_bytes": RING, "p2p_eager_bytes": EAGER}
+SIZES = [0, 1, EAGER - 1, EAGER, EAGER + 1, 3 * RING + 5, 1 << 20]
+DTYPES = [np.uint8, np.int32, np.float64, np.complex128]
+
+
+def data(src, dst, nbytes, dtype, salt=0):
+    n = nbytes // np.dtype(dtype).itemsize
+    return (np.arange(n) * 7 + src * 1000 + dst * 100 + salt).astype(dtype)
+
+
+def run(fn, n, *args, options=SMALL, **kw):
+    return run_ranks(fn, n, *args, options=options, **kw)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ping_pong(dtype):
+    def job(comm):
+        other = 1 - comm.rank
+        for nbytes in SIZES:
+            mine = data(comm.rank, other, nbytes, dtype)
+            got = np.empty_like(mine)
+            st = Status()
+            if comm.rank == 0:
+                comm.Send(mine, 1, tag=5)
+                comm.Recv(got, 1, 6, st)
+            else:
+                comm.Recv(got, 0, ANY_TAG, st)
+                comm.Send(mine, 0, tag=6)
+            assert np.array_equal(got, data(other, comm.rank, nbytes, dtype)), nbytes
+            assert (st.Get_source(), st.Get_tag(), st.Get_count(dtype)) == (other, 6 - comm.rank, mine.size)
+        return True
+    assert run(job, 2) == [True, True]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 6, 7, 8, 9])
+def test_sendrecv_ring(n):
+    def job(comm):
+        r, right, left = comm.rank, (comm.rank + 1) % n, (comm.rank - 1) % n
+        for nbytes in (8, EAGER + 8, 5 * RING):
+            got = np.empty(nbytes // 8)
+            comm.Sendrecv(data(r, right, nbytes, np.float64), right, 1, got, left, 1)
+            assert np.array_equal(got, data(left, r, nbytes, np.float64))
+            buf = data(r, right, nbytes, np.float64, salt=3)
+            comm.Sendrecv_replace(buf, right, 2, left, 2)
+            assert np.array_equal(buf, data(left, r, nbytes, np.float64, salt=3))
+        assert comm.sendrecv(("obj", r), right, source=left) == ("obj", left)
+        return True
+    assert all(run(job, n))
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
+def test_any_source_contention(n):
+    """Every rank sends many messages to 0 (sizes cycling through both
+    protocols); 0 receives them all with ANY_SOURCE: each source's arrive
+    in the order sent."""
+    count = 60
+
+    def job(comm):
+        sizes = [8, EAGER, EAGER + 8, 2 * RING]
+        if comm.rank:
+            for i in range(count):
+                comm.Send(data(comm.rank, 0, sizes[i % 4], np.int64, salt=i), 0, tag=i % 3)
+            return None
+        seen = {s: 0 for s in range(1, n)}
+        buf = np.empty(2 * RING // 8, np.int64)
+        st = Status()
+        for _ in range(count * (n - 1)):
+            comm.Recv(buf, ANY_SOURCE, ANY_TAG, st)
+            s, i = st.Get_source(), seen[st.Get_source()]
+            k = st.Get_count(np.int64)
+            assert st.Get_tag() == i % 3 and k * 8 == sizes[i % 4]
+            assert np.array_equal(buf[:k], data(s, 0, sizes[i % 4], np.int64, salt=i))
+            seen[s] += 1
+        return seen
+    assert run(job, n)[0] == {s: count for s in range(1, n)}
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_non_overtaking_mixed_tags(n):
+    """Rank 1 sends eager then rendezvous messages under two tags; rank 0
+    receives tag 2's first (tag 1's go to the unexpected queue), then tag
+    1's: each tag's in the order sent, the bytes exact."""
+    sizes = [16, 3 * RING, 8, EAGER + 1, 0, 2 * RING]
+
+    def job(comm):
+        if comm.rank == 1:
+            reqs = [comm.Isend(data(1, 0, s, np.uint8, salt=i), 0, tag=1 + i % 2) for i, s in enumerate(sizes)]
+            Request.Waitall(reqs)
+        elif comm.rank == 0:
+            for tag in (2, 1):
+                for i, s in enumerate(sizes):
+                    if 1 + i % 2 != tag:
+                        continue
+                    got = np.empty(s, np.uint8)
+                    comm.Recv(got, 1, tag)
+                    assert np.array_equal(got, data(1, 0, s, np.uint8, salt=i)), (tag, i)
+        return True
+    assert all(run(job, n))
+
+
+@pytest.mark.parametrize("nbytes", [0, 24, EAGER + 8, 3 * RING])
+def test_probe_and_mprobe(nbytes):
+    def job(comm):
+        if comm.rank == 1:
+            reqs = [comm.Isend(data(1, 0, nbytes, np.float64), 0, tag=7),
+                    comm.Isend(data(1, 0, nbytes, np.float64, salt=1), 0, tag=8), comm.isend({"k": nbytes}, 0, tag=9)]
+            Request.Waitall(reqs)     # rendezvous sends complete only as rank 0 receives them, in its order
+            return None
+        st = Status()
+        comm.Probe(1, 7, st)
+        assert (st.Get_source(), st.Get_tag(), st.Get_count(np.float64)) == (1, 7, nbytes // 8)
+        assert not comm.Iprobe(1, 11)
+        msg = comm.Mprobe(ANY_SOURCE, 8, st)
+        assert st.Get_count(np.float64) == nbytes // 8
+        got = np.empty(nbytes // 8)
+        comm.Recv(got, 1, 7)
+        assert np.array_equal(got, data(1, 0, nbytes, np.float64))
+        msg.Recv(got)
+        assert np.array_equal(got, data(1, 0, nbytes, np.float64, salt=1))
+        while (m := comm.Improbe(1, 9)) is None:
+            pass
+        return m.recv()
+    assert run(job, 2)[0] == {"k": nbytes}
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_nonblocking_and_persistent(n):
+    def job(comm):
+        r = comm.rank
+        right, left = (r + 1) % n, (r - 1) % n
+        for nbytes in (8, 3 * RING):
+            got = np.empty(nbytes // 8)
+            rr = comm.Irecv(got, left, 4)
+            sr = comm.Isend(data(r, right, nbytes, np.float64), right, 4)
+            st = Status()
+            Request.Waitall([sr, rr], [Status(), st])
+            assert np.array_equal(got, data(left, r, nbytes, np.float64))
+            assert st.Get_source() == left
+        got = np.empty(4)
+        send = comm.Send_init(data(r, right, 32, np.float64), right, 5)
+        recv = comm.Recv_init(got, left, 5)
+        for _ in range(3):
+            Prequest.Startall([recv, send])
+            Request.Waitall([send, recv])
+            assert np.array_equal(got, data(left, r, 32, np.float64))
+        req = comm.irecv(source=left, tag=6)
+        comm.isend([r] * 3, right, 6).wait()
+        assert req.wait() == [left] * 3
+        rr = comm.Irecv(np.empty(1), left, 7)
+        comm.Issend(np.full(1, r), right, 7).Wait()     # complete only once matched: by the Irecv above
+        st = Status()
+        rr.Wait(st)
+        return st.Get_source() == left
+    assert all(run(job, n))
+
+
+def test_cancel_pending_irecv():
+    def job(comm):
+        if comm.rank == 0:
+            req = comm.Irecv(np.empty(4), 1, 99)
+            req.Cancel()
+            st = Status()
+            req.Wait(st)
+            cancelled = st.Is_cancelled()
+            got = np.empty(4)
+            comm.Recv(got, 1, 98)           # the message a cancelled receive must not have taken
+            return cancelled, bool(np.array_equal(got, data(1, 0, 32, np.float64)))
+        comm.Send(data(1, 0, 32, np.float64), 0, 98)
+        return None
+    assert run(job, 2)[0] == (True, True)
+
+
+@pytest.mark.parametrize("nbytes", [64, 3 * RING])
+def test_truncation(nbytes):
+    """The receiver raises ERR_TRUNCATE; the sender does not hang: its next
+    wait raises as the job is aborted."""
+    def job(comm):
+        try:
+            if comm.rank == 1:
+                comm.Send(np.zeros(nbytes, np.uint8), 0)
+                comm.Recv(np.zeros(1), 0)
+                return "sender returned"
+            comm.Recv(np.zeros(nbytes // 2, np.uint8), 1)
+            return "receiver returned"
+        except MPIError as e:
+            return ("mpi", e.Get_error_class())
+        except shmcoll.PeerFailure:
+            return "peer"
+    assert run(job, 2, timeout=30) == [("mpi", ERR_TRUNCATE), "peer"]
+
+
+@pytest.mark.parametrize("call,cls", [(lambda c: c.Send(np.zeros(1), c.size), ERR_RANK),
+                                      (lambda c: c.Recv(np.zeros(1), -7), ERR_RANK),
+                                      (lambda c: c.Send(np.zeros(1), 0, -1), ERR_TAG),
+                                      (lambda c: c.Isend(np.zeros(1), 0, TAG_UB + 1), ERR_TAG),
+                                      (lambda c: c.Recv(np.zeros(1), 0, -5), ERR_TAG)])
+def test_bad_rank_or_tag(call, cls):
+    """Raised on the rank that made the call; the others, waiting, raise too."""
+    def job(comm):
+        try:
+            if comm.rank == 0:
+                call(comm)
+            else:
+                comm.Recv(np.zeros(1), 0)
+        except MPIError as e:
+            return ("mpi", e.Get_error_class())
+        except shmcoll.PeerFailure:
+            return "peer"
+    assert run(job, 3, timeout=30) == [("mpi", cls), "peer", "peer"]
+
+
+def test_proc_null():
+    def job(comm):
+        st = Status()
+        comm.Send(np.zeros(3), PROC_NULL)
+        comm.Recv(np.zeros(3), PROC_NULL, 5, st)
+        a = (st.Get_source(), st.Get_tag(), st.Get_count())
+        st2 = Status()
+        comm.Sendrecv(np.zeros(1), PROC_NULL, recvbuf=np.zeros(1), source=PROC_NULL, status=st2)
+        m = comm.Mprobe(PROC_NULL)
+        req = comm.Irecv(np.zeros(1), PROC_NULL)
+        return a, (st2.Get_source(), st2.Get_tag()), m is MESSAGE_NO_PROC, m.recv(), req.Test()
+    assert run(job, 2) == [((PROC_NULL, ANY_TAG, 0), (PROC_NULL, ANY_TAG), True, None, True)] * 2
+
+
+@pytest.mark.parametrize("wait", ["recv", "any_source", "wait", "rendezvous"])
+def test_peer_killed_while_waiting(wait):
+    n = 3
+
+    def waits(comm):
+        if wait == "recv":
+            comm.Recv(np.zeros(1), n - 1)
+        elif wait == "any_source":
+            comm.Recv(np.zeros(1), ANY_SOURCE)
+        elif wait == "wait":
+            comm.Irecv(np.zeros(1), n - 1).Wait()
+        else:
+            comm.Send(np.zeros(RING), n - 1)
+    assert_killed_mid(waits, n)
+
+
+def test_rendezvous_sender_waits_for_copy():
+    """A blocking rendezvous Send returns only once the receiver has copied:
+    the sender may then overwrite its buffer."""
+    def job(comm):
+        big = 3 * RING // 8
+        if comm.rank == 0:
+            a = data(0, 1, 3 * RING, np.float64)
+            comm.Send(a, 1)
+            a[:] = -1
+            comm.Send(a, 1)
+            return True
+        got = np.empty(big)
+        comm.Recv(got, 0)
+        ok = np.array_equal(got, data(0, 1, 3 * RING, np.float64))
+        comm.Recv(got, 0)
+        return ok and bool((got == -1).all())
+    assert run(job, 2) == [True, True]
+
+
+def test_default_sizes():
+    def job(comm):
+        p = comm.plan.params
+        return p["p2p_ring_bytes"], p["p2p_eager_bytes"]
+    assert run_ranks(job, 2)[0] == (64 << 10, 16 << 10)
