@@ -34,7 +34,8 @@ enum { SC_TW_PROG = 0, SC_TW_LAST = 2, SC_TW_PREV = 4, SC_TW_RUNS = 6, SC_TW_CUR
 #define SC_EKERNEL -10  /* no reduction kernel for a program's op and type (a planning bug): the job is aborted */
 #define SC_ETRUNCATE -11 /* a receive buffer shorter than its message (point-to-point) */
 #define SC_EAGAIN -12    /* a point-to-point send found no room in its ring yet */
-#define SC_FALLBACK -100 /* fast entry declined: take the checked Python path */
+#define SC_FALLBACK -100
+#define SC_TAG_UB 536870911  /* point-to-point tags 0 .. this (MPICH's) */ /* fast entry declined: take the checked Python path */
 
 /* The instruction set (opcodes, operand fields, flags, spaces, debt sets,
  * program header, signature, fast key): isa.h, generated from shmcoll/isa.py. */
@@ -183,6 +184,8 @@ struct sc_comm {
         int64_t off_p2p;         /* doorbells, then each pair's head and tail lines */
         int64_t off_p2p_ring;
         sc_p2p_t *p2p;
+        int32_t p2p_pending;     /* Python keeps nonblocking calls pending: the fast entries decline */
+        int32_t p2p_pad;
     };
     struct {                 /* the fast entries' program cache (pyfast.c) */
         sc_entry_t cache[SC_CACHE];

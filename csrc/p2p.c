@@ -608,10 +608,85 @@ static PyObject *py_idle(PyObject *m, PyObject *const *a, Py_ssize_t n)
     return result(sh, sc_p2p_idle(sh, seen, who));
 }
 
+/* -- the fast entries: Send and Recv of one communicator ---------------------------
+ * Bound per communicator as pyfast.c's collectives are: self = (context,
+ * the checked Python method, the error handler, argument names, Status,
+ * the status fields' names, 1 for Recv).  A plain contiguous buffer, an
+ * exact int rank and tag in range, no status or a Status, and nothing
+ * pending on the communicator: one C call; anything else goes to the
+ * Python method, failures to the handler (rc, (rc, source, tag, bytes)). */
+int sc_py_parse(PyObject *const *args, size_t nargsf, PyObject *kw, PyObject *names, PyObject **out);
+int sc_py_buffer(PyObject *v, int writable, Py_buffer *b);
+
+static PyObject *decline(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
+{
+    return PyObject_Vectorcall(PyTuple_GET_ITEM(self, 1), args, nargsf, kw);
+}
+
+/* An exact int in lo..hi into *v (absent: dflt). */
+static int int_in(PyObject *o, long dflt, long lo, long hi, long *v)
+{
+    if (!o) {
+        *v = dflt;
+        return 1;
+    }
+    if (!PyLong_CheckExact(o)) return 0;
+    int overflow;
+    *v = PyLong_AsLongAndOverflow(o, &overflow);
+    return !overflow && *v >= lo && *v <= hi;
+}
+
+static PyObject *fast(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
+{
+    sc_comm_t *c = PyLong_AsVoidPtr(PyTuple_GET_ITEM(self, 0));
+    int recv = PyTuple_GET_ITEM(self, 6) == Py_True;
+    PyObject *a[8] = { NULL }, *st = NULL;
+    long peer, tag;
+    Py_buffer b;
+    if (c->closed || c->p2p_pending || !sc_py_parse(args, nargsf, kw, PyTuple_GET_ITEM(self, 3), a) || !a[0])
+        return decline(self, args, nargsf, kw);
+    if (recv) {
+        st = a[3] && a[3] != Py_None ? a[3] : NULL;
+        if ((st && Py_TYPE(st) != (PyTypeObject *)PyTuple_GET_ITEM(self, 4))
+            || !int_in(a[1], -2, -2, c->size - 1, &peer) || peer == -1 || !int_in(a[2], -1, -1, SC_TAG_UB, &tag))
+            return decline(self, args, nargsf, kw);
+    } else if (!a[1] || !int_in(a[1], 0, 0, c->size - 1, &peer) || !int_in(a[2], 0, 0, SC_TAG_UB, &tag)) {
+        return decline(self, args, nargsf, kw);
+    }
+    if (!sc_py_buffer(a[0], recv, &b)) return decline(self, args, nargsf, kw);
+    sc_comm_t *sh = arm(c);
+    int64_t out[3] = { 0, 0, 0 }, rc;
+    if (recv) rc = sc_p2p_recv(c, (int)peer, (int)tag, b.buf, b.len, 1, out);
+    else rc = sc_p2p_send(c, (int)peer, (int)tag, b.buf, b.len, 1, 0);
+    resume(sh, rc);
+    if (b.obj) PyBuffer_Release(&b);
+    if (rc == SC_EINTR && PyErr_Occurred()) return NULL;
+    if (rc) {
+        PyObject *r = Py_BuildValue("(L(LLLL))", (long long)rc, (long long)rc, (long long)out[0], (long long)out[1],
+                                    (long long)out[2]);
+        PyObject *res = r ? PyObject_CallObject(PyTuple_GET_ITEM(self, 2), r) : NULL;
+        Py_XDECREF(r);
+        return res;
+    }
+    if (st) {
+        PyObject *names = PyTuple_GET_ITEM(self, 5), *v[5] = { PyLong_FromLongLong(out[0]), PyLong_FromLongLong(out[1]),
+                                                                PyLong_FromLongLong(out[2]), PyLong_FromLong(0),
+                                                                Py_NewRef(Py_False) };
+        int bad = 0;
+        for (int i = 0; i < 5; i++) {
+            bad = bad || !v[i] || PyObject_SetAttr(st, PyTuple_GET_ITEM(names, i), v[i]);
+            Py_XDECREF(v[i]);
+        }
+        if (bad) return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 #define FAST(name, f) {name, (PyCFunction)(void (*)(void))f, METH_FASTCALL, NULL}
 static PyMethodDef defs[] = {
     FAST("send", py_send), FAST("sent", py_sent), FAST("recv", py_recv), FAST("probe", py_probe),
-    FAST("mrecv", py_mrecv), FAST("bell", py_bell), FAST("idle", py_idle), {NULL, NULL, 0, NULL},
+    FAST("mrecv", py_mrecv), FAST("bell", py_bell), FAST("idle", py_idle),
+    {"entry", (PyCFunction)(void (*)(void))fast, METH_FASTCALL | METH_KEYWORDS, NULL}, {NULL, NULL, 0, NULL},
 };
 
 /* Method definition i (NULL past the last), for Python to bind with PyCFunction_NewEx. */

@@ -218,6 +218,33 @@ static int quick(PyObject *v, int writable, char **buf, Py_ssize_t *len, Py_ssiz
     return 1;
 }
 
+/* For point-to-point's entries (p2p.c): parse, and a plain contiguous
+ * buffer from numpy's fields (b->obj NULL) or a buffer request (release
+ * it); 0 if v is neither (no exception set). */
+int sc_py_parse(PyObject *const *args, size_t nargsf, PyObject *kw, PyObject *names, PyObject **out)
+{
+    return parse(args, nargsf, kw, names, out);
+}
+
+int sc_py_buffer(PyObject *v, int writable, Py_buffer *b)
+{
+    Py_ssize_t isz;
+    b->obj = NULL;
+    if (quick(v, writable, (char **)&b->buf, &b->len, &isz)) return 1;
+    if (PyObject_GetBuffer(v, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0))) {
+        PyErr_Clear();
+        b->obj = NULL;
+        return 0;
+    }
+    if (!plain(b)) {
+        PyBuffer_Release(b);
+        b->obj = NULL;
+        return 0;
+    }
+    learn(v, b);
+    return 1;
+}
+
 /* n non-negative exact ints of a list or tuple into out; 0 if not that. */
 static int ints(PyObject *seq, int n, int64_t *out)
 {

@@ -78,6 +78,7 @@ class Comm(PointToPoint, Communicators, Nonblocking):
             handler = functools.partial(self._failed, name)
             self.__dict__[name] = device.entry(method, handler, select.IDS[op], cid, roles,
                                                (argnames, OPCODES, IN_PLACE, SUM))
+        self._p2p_bind()
 
     def _probe_cma(self):
         """Single copies need every rank able to read every other: each

@@ -9,7 +9,9 @@ it queue behind them), and posted receives (matched in the order they were
 posted, so a blocking receive made while some are posted queues behind
 them too).  request.register'ed poll advances them from every Wait and
 Test; one lock per communicator guards them, never held across a wait."""
+import functools
 import pickle
+import sys
 import threading
 import weakref
 
@@ -17,11 +19,11 @@ import numpy as np
 
 from . import request, spec
 from ._core import lib
-from .device import P2P
+from .device import P2P, p2p_entry
 from .errors import ERR_RANK, ERR_REQUEST, ERR_TAG, ERR_TRUNCATE, MPIError
 from .request import ANY_SOURCE, ANY_TAG, PROC_NULL, Prequest, Request, Status
 
-TAG_UB = (1 << 29) - 1        # MPICH's: tags 0 .. TAG_UB
+TAG_UB = lib.SC_TAG_UB        # MPICH's: tags 0 .. TAG_UB
 _send, _sent, _recv, _probe, _mrecv, _bell, _idle = (P2P[k] for k in ("send", "sent", "recv", "probe", "mrecv",
                                                                       "bell", "idle"))
 _live = weakref.WeakSet()      # communicators with point-to-point state
@@ -54,8 +56,21 @@ class _P2P:
         self.recvs = []        # posted RecvRequests, in posting order
 
 
+_ENTRIES = (("Send", ("buf", "dest", "tag"), False), ("Recv", ("buf", "source", "tag", "status"), True))
+_STATUS_FIELDS = tuple(sys.intern(f) for f in ("source", "tag", "nbytes", "error", "cancelled"))
+
+
 class PointToPoint:
     """Comm's point-to-point methods."""
+
+    def _p2p_bind(self):
+        """Send and Recv of this instance: C entries for plain buffers (csrc/p2p.c fast()),
+        the methods below for anything else."""
+        for name, names, recv in _ENTRIES:
+            state = (self._dev.addr, getattr(type(self), name).__get__(self),
+                     functools.partial(self._p2p_failed, name), tuple(sys.intern(n) for n in names), Status,
+                     _STATUS_FIELDS, recv)
+            self.__dict__[name] = p2p_entry(state)
 
     # -- checks and failures ------------------------------------------------------
     @property
@@ -86,6 +101,16 @@ class PointToPoint:
                                         f"{', or ANY_TAG' if any_ok else ''})"))
         return int(tag)
 
+    def _p2p_pending(self):
+        """Tell the fast entries whether nonblocking calls are pending (then they decline)."""
+        pp = self._pp
+        self._c.p2p_pending = bool(pp.sends or pp.recvs)
+
+    def _p2p_failed(self, what, rc, got):
+        """A fast entry's failure: raise as the method would (the communicator broken first)."""
+        self._usable()
+        self._p2p_check(rc, what, got)
+
     def _p2p_check(self, rc, what, got=None):
         """rc from a C entry: itself when not an error, else raise (the job aborted)."""
         if rc >= 0 or rc == lib.SC_EAGAIN:
@@ -108,6 +133,7 @@ class PointToPoint:
                 if not q:
                     del pp.sends[dest]
             pp.recvs = [r for r in pp.recvs if not r._match()]
+            self._p2p_pending()
 
     # -- blocking -------------------------------------------------------------------
     def _send_blocking(self, buf, dest, tag, sync, what):
@@ -307,6 +333,7 @@ class _SendRequest(_P2PRequest):
             if pp.sends.get(dest) or not self._push():
                 self._queued = True
                 pp.sends.setdefault(dest, []).append(self)
+                comm._p2p_pending()
 
     def _push(self):
         """Put it in the ring if there is room (under the lock): True once there."""
@@ -351,6 +378,7 @@ class _RecvRequest(_P2PRequest):
         with pp.lock:
             if pp.recvs or not self._match():
                 pp.recvs.append(self)
+                comm._p2p_pending()
 
     def _match(self):
         """Try to take its message (under the lock): True once matched."""
@@ -393,6 +421,7 @@ class _RecvRequest(_P2PRequest):
             if self in pp.recvs:
                 pp.recvs.remove(self)
                 self._cancelled = True
+                self._comm._p2p_pending()
 
 
 class _Persistent(Prequest):

@@ -287,3 +287,99 @@ def test_default_sizes():
         p = comm.plan.params
         return p["p2p_ring_bytes"], p["p2p_eager_bytes"]
     assert run_ranks(job, 2)[0] == (64 << 10, 16 << 10)
+
+
+def test_fast_entries_and_specs():
+    """Send/Recv are C entries per communicator; specs, Fortran-ordered
+    arrays and bytes take the Python path with the same result."""
+    def job(comm):
+        bound = type(comm.__dict__["Send"]).__name__, type(comm.__dict__["Recv"]).__name__
+        if comm.rank == 0:
+            comm.Send([data(0, 1, 80, np.float64), "d"], 1, 1)
+            comm.Send([data(0, 1, 80, np.int32), 6, "i"], 1, 2)
+            comm.Send(np.asfortranarray(data(0, 1, 96, np.float64).reshape(3, 4)), 1, 3)
+            comm.Send(b"bytes", 1, 4)
+            return bound
+        a, b, f, c = np.empty(10), np.zeros(20, np.int32), np.empty((3, 4), order="F"), bytearray(5)
+        st = Status()
+        comm.Recv([a, 10, "d"], 0, 1)
+        comm.Recv([b, 6, 2, "i"], 0, 2, st)          # [buf, count, displ, type]: items 2..7
+        comm.Recv(f, 0, 3)
+        comm.Recv(c, 0, 4)
+        ok = [np.array_equal(a, data(0, 1, 80, np.float64)),
+              np.array_equal(b[2:8], data(0, 1, 80, np.int32)[:6]) and not b[:2].any() and not b[8:].any(),
+              np.array_equal(f, np.asfortranarray(data(0, 1, 96, np.float64).reshape(3, 4))),
+              bytes(c) == b"bytes", st.Get_count(np.int32) == 6]
+        return bound, ok
+    out = run(job, 2)
+    assert out[0] == ("builtin_function_or_method",) * 2
+    assert out[1][1] == [True] * 5
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_two_threads(n):
+    """Two threads of every rank exchange with their neighbours on the same
+    communicator, under distinct tags, concurrently."""
+    import threading
+
+    def job(comm):
+        r, right, left = comm.rank, (comm.rank + 1) % n, (comm.rank - 1) % n
+        errors = []
+
+        def worker(tag):
+            try:
+                for i in range(50):
+                    nbytes = (8, EAGER + 8, 2 * RING)[i % 3]
+                    got = np.empty(nbytes // 8)
+                    req = comm.Isend(data(r, right, nbytes, np.float64, salt=tag * 100 + i), right, tag)
+                    comm.Recv(got, left, tag)
+                    req.Wait()
+                    assert np.array_equal(got, data(left, r, nbytes, np.float64, salt=tag * 100 + i))
+            except BaseException as e:
+                errors.append(e)
+        ts = [threading.Thread(target=worker, args=(t,)) for t in (1, 2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        if errors:
+            raise errors[0]
+        return True
+    assert all(run(job, n))
+
+
+def test_unexpected_queue_bound():
+    """With no room for unexpected messages, the receiver leaves them in
+    their ring (the sender waits) and still receives every one in order."""
+    count = 40
+
+    def job(comm):
+        if comm.rank == 1:
+            for i in range(count):
+                comm.Send(data(1, 0, 64, np.uint8, salt=i), 0, tag=i % 2)
+            return True
+        got = np.empty(64, np.uint8)
+        for i in range(count):
+            comm.Recv(got, 1, i % 2)
+            assert np.array_equal(got, data(1, 0, 64, np.uint8, salt=i))
+        return True
+    assert run(job, 2, options={**SMALL, "p2p_queue_bytes": 0}) == [True, True]
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_objects(n):
+    def job(comm):
+        r = comm.rank
+        if r:
+            comm.send({"from": r, "a": list(range(r))}, 0, tag=5)
+            comm.ssend(("sync", r), 0, tag=100)
+            return None
+        got = {}
+        st = Status()
+        for _ in range(n - 1):
+            obj = comm.recv(source=ANY_SOURCE, tag=5, status=st)
+            got[st.Get_source()] = obj == {"from": st.Get_source(), "a": list(range(st.Get_source()))}
+        reqs = [comm.irecv(source=s, tag=100) for s in range(1, n)]
+        return got, [q.wait() for q in reqs]
+    out = run(job, n)[0]
+    assert out == ({s: True for s in range(1, n)}, [("sync", s) for s in range(1, n)])
