@@ -379,6 +379,15 @@ static int health(sc_comm_t *c, int who, int any, int64_t t, int64_t *next_live,
     return SC_OK;
 }
 
+/* The same checks at once, for a caller whose waits are too short to
+ * reach a liveness check (a timed wait, until): SC_EABORT or SC_EDEAD. */
+int sc_health(sc_comm_t *c, int who)
+{
+    int64_t next = 0;
+    int r = -1, rc = health(c, who, 1, sc_now_ns(), &next, &r);
+    return rc == SC_EABORT || !rc ? rc : sc_fail(c, SC_EDEAD, r, rc, 0);
+}
+
 static void futex_wait(_Atomic uint32_t *word, uint32_t expect, int64_t ns)
 {
     struct timespec ts = { ns / 1000000000LL, ns % 1000000000LL };
@@ -465,6 +474,7 @@ static int wait_slow(sc_comm_t *c, const sc_wait_t *w)
             }
             return rc == SC_EABORT ? rc : sc_fail(c, SC_EDEAD, r, rc, 0);
         }
+        if (w->until && t >= w->until) return SC_OK;
         if (c->hooks.poll && t >= next_poll) {
             next_poll = t + POLL_NS;
             if (c->hooks.poll(c)) return sc_fail(c, SC_EINTR, c->rank, 0, 0);

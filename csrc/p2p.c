@@ -141,15 +141,29 @@ static sc_comm_t *mine(sc_comm_t *c)
 uint64_t sc_p2p_bell(sc_comm_t *c) { return atomic_load_explicit(&bell_of(c, c->rank)->bell, memory_order_acquire); }
 
 /* Wait until this rank's doorbell has moved past seen (who: the rank
- * awaited, -1 any: only its clean exit is an error for us). */
-int sc_p2p_idle(sc_comm_t *sh, uint64_t seen, int who)
+ * awaited, -1 any: only its clean exit is an error for us); for at most
+ * for_ns if nonzero (a caller that must also advance other engines'
+ * work), checking peers at once when it last did a liveness period ago. */
+static int idle_for(sc_comm_t *sh, uint64_t seen, int who, int64_t for_ns)
 {
+    static __thread int64_t checked;
     bell_t *b = bell_of(sh, sh->rank);
     sc_wait_t w = { .word = &b->bell, .wq = &b->wq, .call = seen + 1, .who = who, .nocheck = 1,
                     .spin_ns = sh->spin_ns, .anyabort = 1 };
     if (aborted_at(sh, sh->call + (1ULL << 62))) return SC_EABORT;
+    if (for_ns) {
+        int64_t t = sc_now_ns();
+        if (t - checked >= sh->liveness_ns) {
+            checked = t;
+            int rc = sc_health(sh, who);
+            if (rc) return rc;
+        }
+        w.until = t + for_ns;
+    }
     return wait_for(sh, &w);
 }
+
+int sc_p2p_idle(sc_comm_t *sh, uint64_t seen, int who) { return idle_for(sh, seen, who, 0); }
 
 /* -- sending ------------------------------------------------------------------ */
 
@@ -589,7 +603,8 @@ static PyObject *py_mrecv(PyObject *m, PyObject *const *a, Py_ssize_t n)
     return r;
 }
 
-/* bell(ctx) -> this rank's doorbell now; idle(ctx, seen, who) -> rc once it moved past seen */
+/* bell(ctx) -> this rank's doorbell now; idle(ctx, seen, who, for_ns) -> rc once it moved past seen,
+ * or for_ns (nonzero) passed */
 static PyObject *py_bell(PyObject *m, PyObject *const *a, Py_ssize_t n)
 {
     sc_comm_t *c;
@@ -600,12 +615,13 @@ static PyObject *py_bell(PyObject *m, PyObject *const *a, Py_ssize_t n)
 static PyObject *py_idle(PyObject *m, PyObject *const *a, Py_ssize_t n)
 {
     sc_comm_t *c;
-    if (!args("idle", n, 3, a, &c)) return NULL;
+    if (!args("idle", n, 4, a, &c)) return NULL;
     uint64_t seen = PyLong_AsUnsignedLongLong(a[1]);
     int who = PyLong_AsLong(a[2]);
+    int64_t for_ns = PyLong_AsLongLong(a[3]);
     if (PyErr_Occurred()) return NULL;
     sc_comm_t *sh = arm(c);
-    return result(sh, sc_p2p_idle(sh, seen, who));
+    return result(sh, idle_for(sh, seen, who, for_ns));
 }
 
 /* -- the fast entries: Send and Recv of one communicator ---------------------------

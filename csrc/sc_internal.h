@@ -145,6 +145,7 @@ typedef struct {
     int who;
     int nocheck;                  /* the check round compares records itself */
     int anyabort;                 /* any abort fails it, whatever call it counts from (point-to-point is in none) */
+    int64_t until;                /* nonzero: it returns SC_OK at this time (sc_now_ns) reached or not */
     int64_t spin_ns;
 } sc_wait_t;
 
@@ -159,6 +160,7 @@ static inline int reached(const sc_wait_t *w) {
 }
 
 int sc_wait_slow(sc_comm_t *c, const sc_wait_t *w);
+int sc_health(sc_comm_t *c, int who);
 
 /* Wait for line l (written by who) to reach (call, ev). */
 static inline int sc_wait_line(sc_comm_t *c, sc_line_t *l, int who, uint64_t call, uint64_t ev, int64_t spin,

@@ -26,11 +26,12 @@ from .request import ANY_SOURCE, ANY_TAG, PROC_NULL, Prequest, Request, Status
 TAG_UB = lib.SC_TAG_UB        # MPICH's: tags 0 .. TAG_UB
 _send, _sent, _recv, _probe, _mrecv, _bell, _idle = (P2P[k] for k in ("send", "sent", "recv", "probe", "mrecv",
                                                                       "bell", "idle"))
-_live = weakref.WeakSet()      # communicators with point-to-point state
+_live = weakref.WeakValueDictionary()      # id -> communicator with point-to-point state
+SHARED_NS = 200_000           # a wait that must also advance other engines' work looks at them this often
 
 
 def _poll():
-    for comm in list(_live):
+    for comm in list(_live.values()):
         comm._p2p_poll()
 
 
@@ -78,7 +79,7 @@ class PointToPoint:
         pp = self.__dict__.get("_p2p_state")
         if pp is None:
             pp = self.__dict__.setdefault("_p2p_state", _P2P())
-            _live.add(self)
+            _live[id(self)] = self
         return pp
 
     @property
@@ -218,7 +219,7 @@ class PointToPoint:
             got = _probe(self._ctx, source, tag, block and not pending, detach)
             if not (block and pending and got[0] == 1):
                 break
-            self._p2p_check(_idle(self._ctx, seen, source if source >= 0 else -1), what)
+            self._p2p_check(_idle(self._ctx, seen, source if source >= 0 else -1, 0), what)
         self._p2p_check(got[0], what)
         return got
 
@@ -304,14 +305,16 @@ class _P2PRequest(Request):
 
     def _wait(self):
         comm = self._comm
-        if len(request._engines) > 1:      # other engines' work may be what a peer needs first: spin over all
-            return super()._wait()
+        alone = len(request._engines) == 1      # else other engines' work may be what a peer needs first
         while True:
             seen = _bell(comm._ctx)
-            comm._p2p_poll()       # a peer's rendezvous may wait on a receive of ours posted earlier
+            if alone:
+                comm._p2p_poll()   # a peer's rendezvous may wait on a receive of ours posted earlier
+            else:
+                request.progress()
             if self._test():
                 return
-            comm._p2p_check(_idle(comm._ctx, seen, self._who), self._what)
+            comm._p2p_check(_idle(comm._ctx, seen, self._who, 0 if alone else SHARED_NS), self._what)
 
 
 class _SendRequest(_P2PRequest):

@@ -247,12 +247,18 @@ def test_proc_null():
     assert run(job, 2) == [((PROC_NULL, ANY_TAG, 0), (PROC_NULL, ANY_TAG), True, None, True)] * 2
 
 
-@pytest.mark.parametrize("wait", ["recv", "any_source", "wait", "rendezvous"])
+@pytest.mark.parametrize("wait", ["recv", "any_source", "wait", "rendezvous", "shared_wait"])
 def test_peer_killed_while_waiting(wait):
+    """shared_wait: another engine is registered, so Wait also advances it
+    (timed waits) and must still see the death."""
     n = 3
 
     def waits(comm):
-        if wait == "recv":
+        if wait == "shared_wait":
+            from shmcoll import request
+            request.register(_other_engine)
+            comm.Irecv(np.zeros(1), n - 1).Wait()
+        elif wait == "recv":
             comm.Recv(np.zeros(1), n - 1)
         elif wait == "any_source":
             comm.Recv(np.zeros(1), ANY_SOURCE)
@@ -261,6 +267,53 @@ def test_peer_killed_while_waiting(wait):
         else:
             comm.Send(np.zeros(RING), n - 1)
     assert_killed_mid(waits, n)
+
+
+def _other_engine():
+    _other_engine.calls += 1
+
+
+_other_engine.calls = 0
+
+
+def test_wait_advances_other_engines():
+    """With another engine registered, a p2p Wait completes and advances it."""
+    def job(comm):
+        from shmcoll import request
+        request.register(_other_engine)
+        got = np.empty(3 * RING // 8)
+        if comm.rank == 0:
+            comm.Isend(data(0, 1, 3 * RING, np.float64), 1).Wait()
+            return True
+        req = comm.Irecv(got, 0)
+        req.Wait()
+        return bool(np.array_equal(got, data(0, 1, 3 * RING, np.float64))) and _other_engine.calls > 0
+    assert run(job, 2) == [True, True]
+
+
+def test_signal_while_waiting():
+    """A signal handler that raises interrupts a blocked Recv (Ctrl-C works);
+    the job is aborted, so the peer waiting on this rank raises too."""
+    class Interrupt(Exception):
+        pass
+
+    def job(comm):
+        def handler(*_):
+            raise Interrupt()
+        try:
+            if comm.rank == 0:
+                signal.signal(signal.SIGALRM, handler)
+                signal.setitimer(signal.ITIMER_REAL, 0.3)
+                t = time.monotonic()
+                try:
+                    comm.Recv(np.zeros(1), 1)
+                except Interrupt:
+                    return "interrupted", time.monotonic() - t < 5
+            comm.Recv(np.zeros(1), 0)
+            return "returned"
+        except shmcoll.PeerFailure:
+            return "peer"
+    assert run(job, 2, timeout=30) == [("interrupted", True), "peer"]
 
 
 def test_rendezvous_sender_waits_for_copy():
