@@ -469,11 +469,17 @@ int sc_p2p_mrecv(sc_comm_t *c, void *handle, char *buf, int64_t cap, int64_t *ou
 void *sc_py_release(void);               /* pyfast.c */
 int sc_py_poll(sc_comm_t *c);
 
-/* This thread's context, its waits letting the GIL go and polling signals. */
+/* This thread's context, its waits letting the GIL go and polling
+ * signals: as pyfast.c's arm, after SC_GIL_NS with no other thread in the
+ * interpreter, else at once. */
 static sc_comm_t *arm(sc_comm_t *c)
 {
     sc_comm_t *sh = mine(c);
-    if (sh != c) sh->hooks.release = sc_py_release, sh->hooks.poll = sc_py_poll;
+    if (sh == c) return sh;
+    PyThreadState *me = PyThreadState_Get();
+    sh->gil_ns = PyInterpreterState_ThreadHead(PyThreadState_GetInterpreter(me)) == me && !PyThreadState_Next(me)
+                 ? SC_GIL_NS : 0;
+    sh->hooks.release = sc_py_release, sh->hooks.poll = sc_py_poll;
     return sh;
 }
 
