@@ -107,7 +107,10 @@ void sc_p2p_free(sc_comm_t *c)
     if (!s) return;
     c->p2p = NULL;
     for (um_t *u = s->q, *next; u; u = next) next = u->next, free(u);
-    for (int i = 0; i < s->nshadow; i++) free(s->shadow[i].c);
+    for (int i = 0; i < s->nshadow; i++) {
+        sc_peers_close(s->shadow[i].c);      /* its own map of the peers' arenas */
+        free(s->shadow[i].c);
+    }
     free(s->hd);
     pthread_mutex_destroy(&s->mu);
     free(s);
@@ -356,7 +359,8 @@ static void unlink_entry(sc_p2p_t *p, um_t **prev)
 }
 
 /* Deliver message (source s, header m, eager payload at data) into buf of
- * cap bytes: SC_ETRUNCATE if it is longer (cap bytes delivered, the
+ * cap bytes, c the calling thread's context (its map of the peers'
+ * arenas is its own): SC_ETRUNCATE if it is longer (cap bytes delivered, the
  * rendezvous completed all the same, so the sender never hangs). */
 static int deliver(sc_comm_t *c, int s, const msg_t *m, const char *data, char *buf, int64_t cap)
 {
@@ -366,8 +370,8 @@ static int deliver(sc_comm_t *c, int s, const msg_t *m, const char *data, char *
         if (k) memcpy(buf, data, (size_t)k);
     } else {
         if (k && s == c->rank) memcpy(buf, (const char *)(uintptr_t)m->addr, (size_t)k);
-        else if (k) {
-            int err = sc_vm_move(rank_rec(c, s)->pid, buf, m->addr, k, NULL, NULL, 0);
+        else if (k) {   /* a plain copy where the sender's buffer is in its arena, mapped here (peers.c) */
+            int err = sc_vm_move(rank_rec(c, s)->pid, buf, m->addr, k, NULL, sc_peer_ptr(c, s, m->addr, k), 0);
             if (err) rc = sc_fail(c, SC_ECMA, s, 0, err);
         }
         atomic_store_explicit(&tail_of(c, s, c->rank)->done[m->seq % NDONE], m->seq, memory_order_release);
@@ -511,8 +515,9 @@ static int args(const char *what, Py_ssize_t n, Py_ssize_t want, PyObject *const
         return 0;
     }
     *c = PyLong_AsVoidPtr(a[0]);
-    if (!*c && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "no context");
-    return *c != NULL;
+    if (*c && !(*c)->p2p) PyErr_SetString(PyExc_RuntimeError, "point-to-point on a closed communicator");
+    else if (!*c && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "no context");
+    return *c && (*c)->p2p;
 }
 
 static int buffer(PyObject *v, Py_buffer *b, int writable)
@@ -665,7 +670,7 @@ static PyObject *fast(PyObject *self, PyObject *const *args, size_t nargsf, PyOb
     PyObject *a[8] = { NULL }, *st = NULL;
     long peer, tag;
     Py_buffer b;
-    if (c->closed || c->p2p_pending || !sc_py_parse(args, nargsf, kw, PyTuple_GET_ITEM(self, 3), a) || !a[0])
+    if (c->closed || !c->p2p || c->p2p_pending || !sc_py_parse(args, nargsf, kw, PyTuple_GET_ITEM(self, 3), a) || !a[0])
         return decline(self, args, nargsf, kw);
     if (recv) {
         st = a[3] && a[3] != Py_None ? a[3] : NULL;

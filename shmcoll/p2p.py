@@ -457,6 +457,14 @@ class Message:
     def __init__(self, comm, got):
         self._comm, self._got = comm, got
 
+    @classmethod
+    def probe(cls, comm, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        return comm.Mprobe(source, tag, status)
+
+    @classmethod
+    def iprobe(cls, comm, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        return comm.Improbe(source, tag, status)
+
     def _take(self, buf, status):
         """Receive into buf (None: drop); None for MESSAGE_NO_PROC."""
         if self._got is None:

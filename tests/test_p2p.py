@@ -99,7 +99,7 @@ def test_any_source_contention(n):
     assert run(job, n)[0] == {s: count for s in range(1, n)}
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
 def test_non_overtaking_mixed_tags(n):
     """Rank 1 sends eager then rendezvous messages under two tags; rank 0
     receives tag 2's first (tag 1's go to the unexpected queue), then tag
@@ -147,7 +147,7 @@ def test_probe_and_mprobe(nbytes):
     assert run(job, 2)[0] == {"k": nbytes}
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
 def test_nonblocking_and_persistent(n):
     def job(comm):
         r = comm.rank
@@ -419,7 +419,7 @@ def test_unexpected_queue_bound():
     assert run(job, 2, options={**SMALL, "p2p_queue_bytes": 0}) == [True, True]
 
 
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
 def test_objects(n):
     def job(comm):
         r = comm.rank
