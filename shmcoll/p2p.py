@@ -38,14 +38,23 @@ def _poll():
 request.register(_poll)
 
 
-def _buffer(buf, name, writable):
+def _buffer(comm, buf, name, writable):
     """A contiguous buffer C reads or writes: buf itself, or a spec's or a
-    Fortran-ordered array's items as a C-ordered array over its memory."""
-    if isinstance(buf, (list, tuple)):
-        return spec.simple(buf, name, writable)
-    if isinstance(buf, np.ndarray) and not buf.flags.c_contiguous and buf.flags.f_contiguous:
-        return buf.T
-    return buf
+    Fortran-ordered array's items as a C-ordered array over its memory.  A
+    bad one aborts the job, as a collective's bad argument does."""
+    if buf is None:
+        return None             # no buffer: an empty message
+    try:
+        if isinstance(buf, (list, tuple)):
+            return spec.simple(buf, name, writable)
+        if isinstance(buf, np.ndarray) and not buf.flags.c_contiguous and buf.flags.f_contiguous:
+            return buf.T
+        memoryview(buf).cast("B")      # contiguous: what C will ask of it
+        if writable and memoryview(buf).readonly:
+            raise BufferError(f"{name}: the receive buffer is read-only")
+        return buf
+    except (TypeError, ValueError, BufferError) as e:
+        comm._bad(e)
 
 
 class _P2P:
@@ -147,7 +156,7 @@ class PointToPoint:
         try:
             rc = _send(self._ctx, dest, tag, buf, True, sync)
         except (BufferError, TypeError, ValueError):
-            rc = _send(self._ctx, dest, tag, _buffer(buf, what, False), True, sync)
+            rc = _send(self._ctx, dest, tag, _buffer(self, buf, what, False), True, sync)
         self._p2p_check(rc, what)
 
     def Send(self, buf, dest, tag=0):
@@ -169,7 +178,7 @@ class PointToPoint:
         try:
             got = _recv(self._ctx, source, tag, buf, True)
         except (BufferError, TypeError, ValueError):
-            got = _recv(self._ctx, source, tag, _buffer(buf, "Recv", True), True)
+            got = _recv(self._ctx, source, tag, _buffer(self, buf, "Recv", True), True)
         self._p2p_check(got[0], "Recv", got)
         if status is not None:
             status._found(got[1], got[2], got[3])
@@ -180,7 +189,7 @@ class PointToPoint:
         req.Wait()
 
     def Sendrecv_replace(self, buf, dest, sendtag=0, source=ANY_SOURCE, recvtag=ANY_TAG, status=None):
-        b = _buffer(buf, "Sendrecv_replace", True)
+        b = _buffer(self, buf, "Sendrecv_replace", True)
         self.Sendrecv(bytes(memoryview(b).cast("B")), dest, sendtag, b, source, recvtag, status)
 
     # -- nonblocking and persistent ---------------------------------------------------
@@ -329,7 +338,7 @@ class _SendRequest(_P2PRequest):
         if dest == PROC_NULL:
             self._done = True
             return
-        self._buf = _buffer(buf, what, False)      # held: a rendezvous reads it until complete
+        self._buf = _buffer(comm, buf, what, False)      # held: a rendezvous reads it until complete
         self._done = False
         pp = comm._pp
         with pp.lock:
@@ -376,7 +385,7 @@ class _RecvRequest(_P2PRequest):
         if self._source == PROC_NULL:
             self._got = (0, PROC_NULL, ANY_TAG, 0)
             return
-        self._buf = None if obj else _buffer(buf, what, True)
+        self._buf = None if obj else _buffer(comm, buf, what, True)
         pp = comm._pp
         with pp.lock:
             if pp.recvs or not self._match():
@@ -481,7 +490,7 @@ class Message:
         return out
 
     def Recv(self, buf, status=None):
-        self._take(None if self._comm is None else _buffer(buf, "Message.Recv", True), status)
+        self._take(None if self._comm is None else _buffer(self._comm, buf, "Message.Recv", True), status)
 
     def Irecv(self, buf):
         st = Status()

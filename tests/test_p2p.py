@@ -233,6 +233,22 @@ def test_bad_rank_or_tag(call, cls):
     assert run(job, 3, timeout=30) == [("mpi", cls), "peer", "peer"]
 
 
+def test_bad_buffer_aborts():
+    """A receive into a read-only buffer raises there and the peers raise too."""
+    def job(comm):
+        try:
+            if comm.rank == 0:
+                comm.Recv(b"read-only", 1)
+            else:
+                comm.Recv(np.zeros(1), 0)
+        except shmcoll.PeerFailure:
+            return "peer"
+        except (BufferError, TypeError, ValueError) as e:
+            return type(e).__name__
+    out = run(job, 3, timeout=30)
+    assert out[0] in ("BufferError", "TypeError", "ValueError") and out[1:] == ["peer", "peer"]
+
+
 def test_proc_null():
     def job(comm):
         st = Status()
