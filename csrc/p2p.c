@@ -423,6 +423,32 @@ int sc_p2p_recv(sc_comm_t *c, int src, int tag, char *buf, int64_t cap, int bloc
     }
 }
 
+/* Send to dest and receive from src together, each advanced as the other
+ * waits, so ranks in a ring of Sendrecv never wait on one another's sends. */
+int sc_p2p_sendrecv(sc_comm_t *c, int dest, int stag, const char *sbuf, int64_t sn, int src, int rtag, char *rbuf,
+                    int64_t rcap, int64_t *out)
+{
+    sc_comm_t *sh = mine(c);
+    int64_t seq = -1;             /* -1 not yet in the ring, 0 complete, else a rendezvous in flight */
+    int got = 0;
+    for (;;) {
+        uint64_t seen = sc_p2p_bell(c);
+        if (seq < 0) {
+            int64_t r = try_send(c, dest, stag, sbuf, sn, 0);
+            if (r != SC_EAGAIN) seq = r;
+        }
+        if (seq > 0 && done(c, dest, (uint64_t)seq)) seq = 0;
+        if (!got) {
+            int rc = try_recv(c, sh, src, rtag, rbuf, rcap, out);
+            if (rc < 0) return rc;
+            got = !rc;
+        }
+        if (got && !seq) return SC_OK;
+        int rc = sc_p2p_idle(sh, seen, got ? dest : src < 0 ? -1 : src);
+        if (rc) return rc;
+    }
+}
+
 /* Probe (src, tag): out = source, tag, bytes; detach: the message leaves
  * matching and *handle holds it for sc_p2p_mrecv (Mprobe).  SC_OK found,
  * 1 not yet (non-blocking), or an error. */
@@ -529,7 +555,11 @@ static int buffer(PyObject *v, Py_buffer *b, int writable)
     return !PyObject_GetBuffer(v, b, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0));
 }
 
-static void release(Py_buffer *b) { if (b->obj) PyBuffer_Release(b); }
+static void release(Py_buffer *b)
+{
+    if (b->obj) PyBuffer_Release(b);
+    b->obj = NULL;
+}
 
 /* send(ctx, dest, tag, buf, block, sync) -> 0, a rendezvous' sequence number, or SC_E* */
 static PyObject *py_send(PyObject *m, PyObject *const *a, Py_ssize_t n)
@@ -635,13 +665,14 @@ static PyObject *py_idle(PyObject *m, PyObject *const *a, Py_ssize_t n)
     return result(sh, idle_for(sh, seen, who, for_ns));
 }
 
-/* -- the fast entries: Send and Recv of one communicator ---------------------------
+/* -- the fast entries: Send, Recv and Sendrecv of one communicator ---------------
  * Bound per communicator as pyfast.c's collectives are: self = (context,
  * the checked Python method, the error handler, argument names, Status,
- * the status fields' names, 1 for Recv).  A plain contiguous buffer, an
+ * the status fields' names, kind: FAST_SEND, _RECV, _SENDRECV).  A plain contiguous buffer, an
  * exact int rank and tag in range, no status or a Status, and nothing
  * pending on the communicator: one C call; anything else goes to the
  * Python method, failures to the handler (rc, (rc, source, tag, bytes)). */
+enum { FAST_SEND, FAST_RECV, FAST_SENDRECV };
 int sc_py_parse(PyObject *const *args, size_t nargsf, PyObject *kw, PyObject *names, PyObject **out);
 int sc_py_buffer(PyObject *v, int writable, Py_buffer *b);
 
@@ -663,30 +694,41 @@ static int int_in(PyObject *o, long dflt, long lo, long hi, long *v)
     return !overflow && *v >= lo && *v <= hi;
 }
 
+/* The receive side's arguments, a[0] buffer, a[1] source, a[2] tag,
+ * a[3] status: 0 if not the fast path's. */
+static int recv_args(PyObject *self, sc_comm_t *c, PyObject **a, long *src, long *tag, PyObject **st)
+{
+    *st = a[3] && a[3] != Py_None ? a[3] : NULL;
+    return a[0] && (!*st || Py_TYPE(*st) == (PyTypeObject *)PyTuple_GET_ITEM(self, 4))
+           && int_in(a[1], -2, -2, c->size - 1, src) && *src != -1 && int_in(a[2], -1, -1, SC_TAG_UB, tag);
+}
+
+static int send_args(sc_comm_t *c, PyObject **a, long *dest, long *tag)
+{
+    return a[0] && a[1] && int_in(a[1], 0, 0, c->size - 1, dest) && int_in(a[2], 0, 0, SC_TAG_UB, tag);
+}
+
 static PyObject *fast(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
 {
     sc_comm_t *c = PyLong_AsVoidPtr(PyTuple_GET_ITEM(self, 0));
-    int recv = PyTuple_GET_ITEM(self, 6) == Py_True;
+    long kind = PyLong_AsLong(PyTuple_GET_ITEM(self, 6)), dest = 0, stag = 0, src = 0, rtag = 0;
     PyObject *a[8] = { NULL }, *st = NULL;
-    long peer, tag;
-    Py_buffer b;
-    if (c->closed || !c->p2p || c->p2p_pending || !sc_py_parse(args, nargsf, kw, PyTuple_GET_ITEM(self, 3), a) || !a[0])
+    Py_buffer sb = { 0 }, rb = { 0 };
+    if (c->closed || !c->p2p || c->p2p_pending || !sc_py_parse(args, nargsf, kw, PyTuple_GET_ITEM(self, 3), a))
         return decline(self, args, nargsf, kw);
-    if (recv) {
-        st = a[3] && a[3] != Py_None ? a[3] : NULL;
-        if ((st && Py_TYPE(st) != (PyTypeObject *)PyTuple_GET_ITEM(self, 4))
-            || !int_in(a[1], -2, -2, c->size - 1, &peer) || peer == -1 || !int_in(a[2], -1, -1, SC_TAG_UB, &tag))
-            return decline(self, args, nargsf, kw);
-    } else if (!a[1] || !int_in(a[1], 0, 0, c->size - 1, &peer) || !int_in(a[2], 0, 0, SC_TAG_UB, &tag)) {
-        return decline(self, args, nargsf, kw);
-    }
-    if (!sc_py_buffer(a[0], recv, &b)) return decline(self, args, nargsf, kw);
+    int ok = kind == FAST_SEND ? send_args(c, a, &dest, &stag) && sc_py_buffer(a[0], 0, &sb)
+           : kind == FAST_RECV ? recv_args(self, c, a, &src, &rtag, &st) && sc_py_buffer(a[0], 1, &rb)
+           : send_args(c, a, &dest, &stag) && recv_args(self, c, a + 3, &src, &rtag, &st)
+             && sc_py_buffer(a[0], 0, &sb) && (sc_py_buffer(a[3], 1, &rb) || (release(&sb), 0));
+    if (!ok) return decline(self, args, nargsf, kw);
     sc_comm_t *sh = arm(c);
     int64_t out[3] = { 0, 0, 0 }, rc;
-    if (recv) rc = sc_p2p_recv(c, (int)peer, (int)tag, b.buf, b.len, 1, out);
-    else rc = sc_p2p_send(c, (int)peer, (int)tag, b.buf, b.len, 1, 0);
+    if (kind == FAST_SEND) rc = sc_p2p_send(c, (int)dest, (int)stag, sb.buf, sb.len, 1, 0);
+    else if (kind == FAST_RECV) rc = sc_p2p_recv(c, (int)src, (int)rtag, rb.buf, rb.len, 1, out);
+    else rc = sc_p2p_sendrecv(c, (int)dest, (int)stag, sb.buf, sb.len, (int)src, (int)rtag, rb.buf, rb.len, out);
     resume(sh, rc);
-    if (b.obj) PyBuffer_Release(&b);
+    release(&sb);
+    release(&rb);
     if (rc == SC_EINTR && PyErr_Occurred()) return NULL;
     if (rc) {
         PyObject *r = Py_BuildValue("(L(LLLL))", (long long)rc, (long long)rc, (long long)out[0], (long long)out[1],

@@ -66,7 +66,8 @@ class _P2P:
         self.recvs = []        # posted RecvRequests, in posting order
 
 
-_ENTRIES = (("Send", ("buf", "dest", "tag"), False), ("Recv", ("buf", "source", "tag", "status"), True))
+_ENTRIES = (("Send", ("buf", "dest", "tag")), ("Recv", ("buf", "source", "tag", "status")),
+            ("Sendrecv", ("sendbuf", "dest", "sendtag", "recvbuf", "source", "recvtag", "status")))
 _STATUS_FIELDS = tuple(sys.intern(f) for f in ("source", "tag", "nbytes", "error", "cancelled"))
 
 
@@ -74,12 +75,12 @@ class PointToPoint:
     """Comm's point-to-point methods."""
 
     def _p2p_bind(self):
-        """Send and Recv of this instance: C entries for plain buffers (csrc/p2p.c fast()),
+        """Send, Recv and Sendrecv of this instance: C entries for plain buffers (csrc/p2p.c fast()),
         the methods below for anything else."""
-        for name, names, recv in _ENTRIES:
+        for kind, (name, names) in enumerate(_ENTRIES):
             state = (self._dev.addr, getattr(type(self), name).__get__(self),
                      functools.partial(self._p2p_failed, name), tuple(sys.intern(n) for n in names), Status,
-                     _STATUS_FIELDS, recv)
+                     _STATUS_FIELDS, kind)
             self.__dict__[name] = p2p_entry(state)
 
     # -- checks and failures ------------------------------------------------------
