@@ -172,7 +172,8 @@ int sc_p2p_idle(sc_comm_t *sh, uint64_t seen, int who) { return idle_for(sh, see
 
 /* Room for `need` bytes at our head in the ring to r (after a pad to its
  * start if the record would wrap); on no room, ask r to ring our bell
- * when it frees some. */
+ * when it frees some.  need is at most half the ring (device.py checks
+ * the eager limit), so pad and record fit once the ring has drained. */
 static int room(sc_comm_t *c, int r, int64_t need, int64_t *pad)
 {
     sc_p2p_t *s = c->p2p;

@@ -102,8 +102,10 @@ def _p2p(p, res):
     ring = p["p2p_ring_bytes"] = _round(int(p["p2p_ring_bytes"]), 64)
     if res["p2p_eager_bytes"][1] == "default":
         p["p2p_eager_bytes"] = min(ring // 4, 16 << 10)
-    if not 0 <= int(p["p2p_eager_bytes"]) <= ring - 64:      # a header, and a pad's, beside it
-        raise ValueError(f"p2p_eager_bytes must be in 0 .. p2p_ring_bytes - 64 ({ring - 64}), not "
+    # a record (header and payload) of at most half the ring fits behind the pad that wraps it once the ring
+    # has drained, wherever the pad starts (csrc/p2p.c room)
+    if not 0 <= int(p["p2p_eager_bytes"]) <= ring // 2 - 64:
+        raise ValueError(f"p2p_eager_bytes must be in 0 .. p2p_ring_bytes / 2 - 64 ({ring // 2 - 64}), not "
                          f"{p['p2p_eager_bytes']}")
 
 

@@ -351,6 +351,29 @@ def test_rendezvous_sender_waits_for_copy():
     assert run(job, 2) == [True, True]
 
 
+@pytest.mark.parametrize("eager", [RING // 2 - 64, RING // 2 - 72])
+def test_largest_eager_wraps(eager):
+    """The largest eager records, of half the ring, wrap at every offset
+    (sizes stepping by 8 bytes) without waiting on a pad."""
+    def job(comm):
+        sizes = [eager - 8 * (i % 7) for i in range(60)]
+        if comm.rank == 1:
+            for i, s in enumerate(sizes):
+                comm.Send(data(1, 0, s, np.uint8, salt=i), 0)
+            return True
+        for i, s in enumerate(sizes):
+            got = np.empty(s, np.uint8)
+            comm.Recv(got, 1)
+            assert np.array_equal(got, data(1, 0, s, np.uint8, salt=i))
+        return True
+    assert run(job, 2, options={"p2p_ring_bytes": RING, "p2p_eager_bytes": eager}) == [True, True]
+
+
+def test_eager_limit_checked():
+    with pytest.raises(ValueError, match="p2p_eager_bytes"):
+        run_ranks(lambda comm: None, 2, options={"p2p_ring_bytes": RING, "p2p_eager_bytes": RING // 2})
+
+
 def test_default_sizes():
     def job(comm):
         p = comm.plan.params
@@ -419,8 +442,9 @@ def test_two_threads(n):
 
 def test_unexpected_queue_bound():
     """With no room for unexpected messages, the receiver leaves them in
-    their ring (the sender waits) and still receives every one in order."""
-    count = 40
+    their ring (the sender waits, the ring full many times over) and still
+    receives every one in order."""
+    count = 400
 
     def job(comm):
         if comm.rank == 1:
