@@ -35,6 +35,7 @@
 #define SYNC 4                    /* a rendezvous whatever its size: complete once matched (Ssend) */
 #define NDONE 8                   /* outstanding rendezvous per pair, one completion slot each */
 #define NSHADOW 64
+#define LONG_COPY (64 << 10)      /* a rendezvous copy this long lets the GIL go, as a long wait does */
 
 typedef struct { int32_t tag, kind; int64_t n; uint64_t seq, addr; } msg_t;
 _Static_assert(sizeof(msg_t) == HDR, "message header");
@@ -372,6 +373,7 @@ static int deliver(sc_comm_t *c, int s, const msg_t *m, const char *data, char *
     } else {
         if (k && s == c->rank) memcpy(buf, (const char *)(uintptr_t)m->addr, (size_t)k);
         else if (k) {   /* a plain copy where the sender's buffer is in its arena, mapped here (peers.c) */
+            if (k >= LONG_COPY && c != c->p2p->main && c->hooks.release && !c->hooks.saved) c->hooks.saved = c->hooks.release();
             int err = sc_vm_move(rank_rec(c, s)->pid, buf, m->addr, k, NULL, sc_peer_ptr(c, s, m->addr, k), 0);
             if (err) rc = sc_fail(c, SC_ECMA, s, 0, err);
         }
