@@ -185,7 +185,8 @@ static int room(sc_comm_t *c, int r, int64_t need, int64_t *pad)
     for (int tries = 0; tries < 2; tries++) {
         uint64_t tail = atomic_load_explicit(&t->tail, memory_order_acquire);
         if ((int64_t)(s->hd[r] + *pad + need - tail) <= R) {
-            if (atomic_load_explicit(&h->want, memory_order_relaxed)) atomic_store_explicit(&h->want, 0, memory_order_relaxed);
+            if (atomic_load_explicit(&h->want, memory_order_relaxed))
+                atomic_store_explicit(&h->want, 0, memory_order_relaxed);
             return 1;
         }
         atomic_store_explicit(&h->want, 1, memory_order_relaxed);
@@ -373,7 +374,8 @@ static int deliver(sc_comm_t *c, int s, const msg_t *m, const char *data, char *
     } else {
         if (k && s == c->rank) memcpy(buf, (const char *)(uintptr_t)m->addr, (size_t)k);
         else if (k) {   /* a plain copy where the sender's buffer is in its arena, mapped here (peers.c) */
-            if (k >= LONG_COPY && c != c->p2p->main && c->hooks.release && !c->hooks.saved) c->hooks.saved = c->hooks.release();
+            if (k >= LONG_COPY && c != c->p2p->main && c->hooks.release && !c->hooks.saved)
+                c->hooks.saved = c->hooks.release();
             int err = sc_vm_move(rank_rec(c, s)->pid, buf, m->addr, k, NULL, sc_peer_ptr(c, s, m->addr, k), 0);
             if (err) rc = sc_fail(c, SC_ECMA, s, 0, err);
         }
@@ -570,7 +572,8 @@ static PyObject *py_send(PyObject *m, PyObject *const *a, Py_ssize_t n)
     sc_comm_t *c;
     Py_buffer b;
     if (!args("send", n, 6, a, &c) || !buffer(a[3], &b, 0)) return NULL;
-    int dest = PyLong_AsLong(a[1]), tag = PyLong_AsLong(a[2]), block = PyObject_IsTrue(a[4]), sync = PyObject_IsTrue(a[5]);
+    int dest = PyLong_AsLong(a[1]), tag = PyLong_AsLong(a[2]);
+    int block = PyObject_IsTrue(a[4]), sync = PyObject_IsTrue(a[5]);
     if (PyErr_Occurred()) { release(&b); return NULL; }
     sc_comm_t *sh = arm(c);
     int64_t rc = sc_p2p_send(c, dest, tag, b.buf, b.len, block, sync);
@@ -622,7 +625,8 @@ static PyObject *py_probe(PyObject *m, PyObject *const *a, Py_ssize_t n)
     int64_t out[3] = { 0, 0, 0 };
     void *h = NULL;
     if (!args("probe", n, 5, a, &c)) return NULL;
-    int src = PyLong_AsLong(a[1]), tag = PyLong_AsLong(a[2]), block = PyObject_IsTrue(a[3]), detach = PyObject_IsTrue(a[4]);
+    int src = PyLong_AsLong(a[1]), tag = PyLong_AsLong(a[2]);
+    int block = PyObject_IsTrue(a[3]), detach = PyObject_IsTrue(a[4]);
     if (PyErr_Occurred()) return NULL;
     sc_comm_t *sh = arm(c);
     int rc = sc_p2p_probe(c, src, tag, block, detach, out, &h);
