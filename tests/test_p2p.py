@@ -476,3 +476,28 @@ def test_objects(n):
         return got, [q.wait() for q in reqs]
     out = run(job, n)[0]
     assert out == ({s: True for s in range(1, n)}, [("sync", s) for s in range(1, n)])
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_messages_to_self(n):
+    """mpi4py's own checks on COMM_SELF: an Issend to self stays pending
+    until its Recv, a rendezvous to self through a posted Irecv, more
+    synchronous sends in flight than a pair's completion slots (8)."""
+    def job(comm):
+        r = comm.rank
+        req = comm.Issend(b"", r, 123)
+        st = Status()
+        comm.Probe(ANY_SOURCE, ANY_TAG, st)
+        first = (st.Get_source(), st.Get_tag(), bool(req), req.Test())
+        comm.Recv(bytearray(0), r, 123)
+        second = (req.Test(), bool(req))
+        a = data(r, r, 1 << 20, np.float64)
+        b = np.empty_like(a)
+        rq = comm.Irecv(b, r, 5)
+        comm.Send(a, r, 5)
+        rq.Wait()
+        reqs = [comm.issend({"k": k}, r, 0) for k in range(12)]
+        got = [comm.recv(None, r, 0) for _ in range(12)]
+        Request.Waitall(reqs)
+        return first, second, bool(np.array_equal(a, b)), got == [{"k": k} for k in range(12)], comm.Iprobe()
+    assert run(job, n) == [((r, 123, True, False), (True, False), True, True, False) for r in range(n)]
