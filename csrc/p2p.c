@@ -33,7 +33,7 @@
 #define EAGER 1
 #define RNDV 2
 #define SYNC 4                    /* a rendezvous whatever its size: complete once matched (Ssend) */
-#define NDONE 8                   /* outstanding rendezvous per pair, one completion slot each */
+#define NDONE 15                  /* outstanding rendezvous per pair, one completion slot each (the tail line holds them) */
 #define NSHADOW 64
 #define LONG_COPY (64 << 10)      /* a rendezvous copy this long lets the GIL go, as a long wait does */
 
