@@ -134,8 +134,8 @@ class PointToPoint:
     def _p2p_poll(self):
         """Advance what is pending: queued sends, then posted receives."""
         pp = self.__dict__.get("_p2p_state")
-        if pp is None or not (pp.sends or pp.recvs) or self._broken is not None:
-            return
+        if pp is None or not (pp.sends or pp.recvs) or self._broken is not None or getattr(self, "_freed", False):
+            return                  # a broken or freed communicator's pending calls stay pending
         with pp.lock:
             for dest in list(pp.sends):
                 q = pp.sends[dest]
