@@ -332,6 +332,19 @@ def test_signal_while_waiting():
     assert run(job, 2, timeout=30) == [("interrupted", True), "peer"]
 
 
+def test_deadlock_times_out():
+    """Two ranks each waiting in Recv for the other (an unsafe program)
+    raise PeerTimeout at the stall timeout instead of hanging."""
+    def job(comm):
+        t = time.monotonic()
+        try:
+            comm.Recv(np.zeros(1), 1 - comm.rank)
+        except shmcoll.PeerFailure as e:
+            return type(e).__name__, time.monotonic() - t < 10
+    out = run(job, 2, options={**SMALL, "timeout": 1}, timeout=30)
+    assert {o[1] for o in out} == {True} and "PeerTimeout" in {o[0] for o in out}, out
+
+
 def test_rendezvous_sender_waits_for_copy():
     """A blocking rendezvous Send returns only once the receiver has copied:
     the sender may then overwrite its buffer."""
