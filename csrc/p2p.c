@@ -32,7 +32,10 @@
 #define PAD 3
 #define EAGER 1
 #define RNDV 2
-#define SYNC 4                    /* a rendezvous whatever its size: complete once matched (Ssend) */
+#define STAGED 5                  /* a rendezvous whose sender streams it through the ring (no single copies: cma 0) */
+#define DATA 6                    /* a piece of a staged message: its sequence number, its offset in addr */
+#define CTS (1ULL << 62)          /* a completion slot's mark: the staged message is matched, send its pieces */
+#define STAGING 2                 /* a receive matched a staged message whose pieces are still to come */
 #define NDONE 15                  /* outstanding rendezvous per pair, one completion slot each (the tail line holds them) */
 #define NSHADOW 64
 #define LONG_COPY (64 << 10)      /* a rendezvous copy this long lets the GIL go, as a long wait does */
@@ -43,6 +46,10 @@ typedef struct { _Atomic uint64_t bell; sc_wq_t wq; char pad[SC_LINE - 16]; } be
 typedef struct { _Atomic uint64_t head; _Atomic uint32_t want; char pad[SC_LINE - 12]; } head_t;
 typedef struct { _Atomic uint64_t tail; _Atomic uint64_t done[NDONE]; char pad[SC_LINE - 8 * (NDONE + 1)]; } tail_t;
 _Static_assert(sizeof(bell_t) == SC_LINE && sizeof(head_t) == SC_LINE && sizeof(tail_t) == SC_LINE, "p2p lines");
+
+/* A staged message: the sender's, streaming; the receiver's, filling. */
+typedef struct { const char *buf; int64_t n, off; uint64_t seq; } out_t;
+typedef struct { char *buf; int64_t cap, n, got; uint64_t seq; int32_t src, tag, state; } in_t;  /* 1 filling, 2 full */
 
 /* A message taken out of its ring: unexpected, or matched by Mprobe. */
 typedef struct um {
@@ -61,6 +68,9 @@ struct sc_p2p {
     int start;                    /* ANY_SOURCE scans from here, rotating */
     um_t *q, **qend;
     int64_t qbytes;
+    out_t *outs;                  /* per destination, NDONE each: staged messages being sent */
+    in_t *ins;                    /* per source, NDONE each: staged messages being received */
+    int nout, nin;
     int nshadow;
     struct { pthread_t t; sc_comm_t *c; } shadow[NSHADOW];
 };
@@ -94,6 +104,12 @@ int sc_p2p_init(sc_comm_t *c)
     }
     s->rseq = s->hd + p;
     s->tl = s->rseq + p;
+    s->outs = calloc((size_t)p * NDONE, sizeof(out_t));
+    s->ins = calloc((size_t)p * NDONE, sizeof(in_t));
+    if (!s->outs || !s->ins) {
+        free(s->outs), free(s->ins), free(s->hd), free(s);
+        return SC_ENOMEM;
+    }
     s->qend = &s->q;
     s->id = atomic_fetch_add(&ids, 1) + 1;
     pthread_mutex_init(&s->mu, NULL);
@@ -112,7 +128,7 @@ void sc_p2p_free(sc_comm_t *c)
         sc_peers_close(s->shadow[i].c);      /* its own map of the peers' arenas */
         free(s->shadow[i].c);
     }
-    free(s->hd);
+    free(s->hd), free(s->outs), free(s->ins);
     pthread_mutex_destroy(&s->mu);
     free(s);
 }
@@ -144,6 +160,9 @@ static sc_comm_t *mine(sc_comm_t *c)
 
 uint64_t sc_p2p_bell(sc_comm_t *c) { return atomic_load_explicit(&bell_of(c, c->rank)->bell, memory_order_acquire); }
 
+static int push(sc_comm_t *c);
+static int drain(sc_comm_t *c);
+
 /* Wait until this rank's doorbell has moved past seen (who: the rank
  * awaited, -1 any: only its clean exit is an error for us); for at most
  * for_ns if nonzero (a caller that must also advance other engines'
@@ -151,6 +170,13 @@ uint64_t sc_p2p_bell(sc_comm_t *c) { return atomic_load_explicit(&bell_of(c, c->
 static int idle_for(sc_comm_t *sh, uint64_t seen, int who, int64_t for_ns)
 {
     static __thread int64_t checked;
+    sc_p2p_t *p = sh->p2p;
+    if (p->nout || p->nin) {             /* staged messages move on whoever waits (cma 0) */
+        pthread_mutex_lock(&p->mu);
+        int moved = push(sh) | drain(sh);
+        pthread_mutex_unlock(&p->mu);
+        if (moved) return SC_OK;         /* the caller looks again before it waits */
+    }
     bell_t *b = bell_of(sh, sh->rank);
     sc_wait_t w = { .word = &b->bell, .wq = &b->wq, .call = seen + 1, .who = who, .nocheck = 1,
                     .spin_ns = sh->spin_ns, .anyabort = 1 };
@@ -233,7 +259,12 @@ static int64_t try_send(sc_comm_t *c, int r, int tag, const char *buf, int64_t n
             rc = SC_OK;
         }
     } else if (slot_free(c, r, s->rseq[r] + 1) && room(c, r, HDR, &pad)) {
-        msg_t m = { .tag = tag, .kind = RNDV, .n = n, .seq = ++s->rseq[r], .addr = (uintptr_t)buf };
+        int staged = !s->main->cma && r != c->rank;
+        msg_t m = { .tag = tag, .kind = staged ? STAGED : RNDV, .n = n, .seq = ++s->rseq[r], .addr = (uintptr_t)buf };
+        if (staged) {
+            s->outs[r * NDONE + m.seq % NDONE] = (out_t){ buf, n, 0, m.seq };
+            s->nout++;
+        }
         put(c, r, pad, &m, NULL, 0);
         rc = (int64_t)m.seq;
     }
@@ -241,10 +272,44 @@ static int64_t try_send(sc_comm_t *c, int r, int tag, const char *buf, int64_t n
     return rc;
 }
 
-/* Is rendezvous seq to r complete? */
+/* Is rendezvous seq to r complete?  Its slot holds the one before it
+ * (seq - NDONE), seq | CTS while staged, then seq, and later ones (sent
+ * only once this completed, maybe by another thread before this one
+ * looked). */
 static int done(sc_comm_t *c, int r, uint64_t seq)
 {
-    return (int64_t)(atomic_load_explicit(&tail_of(c, c->rank, r)->done[seq % NDONE], memory_order_acquire) - seq) >= 0;
+    uint64_t v = atomic_load_explicit(&tail_of(c, c->rank, r)->done[seq % NDONE], memory_order_acquire);
+    return v == seq || (int64_t)((v & ~CTS) - seq) > 0;
+}
+
+/* Stream the staged messages whose receivers have matched them, as far
+ * as the rings have room (under the lock).  1 if anything moved. */
+static int push(sc_comm_t *c)
+{
+    sc_p2p_t *p = c->p2p;
+    int64_t chunk = c->p2p_ring_bytes / 2 - 2 * HDR, pad;     /* a record of half the ring at most (room) */
+    int moved = 0;
+    for (int i = 0; p->nout && i < c->size * NDONE; i++) {
+        out_t *o = &p->outs[i];
+        int r = i / NDONE;
+        if (!o->seq || atomic_load_explicit(&tail_of(c, c->rank, r)->done[o->seq % NDONE], memory_order_acquire)
+                       != (o->seq | CTS))
+            continue;
+        while (o->off < o->n) {
+            int64_t k = o->n - o->off < chunk ? o->n - o->off : chunk;
+            if (!room(c, r, rec_bytes(k), &pad)) break;
+            msg_t m = { .kind = DATA, .n = k, .seq = o->seq, .addr = (uint64_t)o->off };
+            put(c, r, pad, &m, o->buf + o->off, k);
+            o->off += k;
+            moved = 1;
+        }
+        if (o->off == o->n) {
+            o->seq = 0;
+            p->nout--;
+            moved = 1;
+        }
+    }
+    return moved;
 }
 
 int sc_p2p_sent(sc_comm_t *c, int r, uint64_t seq, int block)
@@ -253,7 +318,14 @@ int sc_p2p_sent(sc_comm_t *c, int r, uint64_t seq, int block)
     for (;;) {
         uint64_t seen = sc_p2p_bell(c);
         if (done(c, r, seq)) return 1;
-        if (!block) return 0;
+        if (!block) {
+            if (c->p2p->nout) {
+                pthread_mutex_lock(&c->p2p->mu);
+                push(c);
+                pthread_mutex_unlock(&c->p2p->mu);
+            }
+            return done(c, r, seq);
+        }
         int rc = sc_p2p_idle(sh, seen, r);
         if (rc) return rc;
     }
@@ -289,6 +361,24 @@ static void freed(sc_comm_t *c, int s)
     if (atomic_load_explicit(&head_of(c, s, c->rank)->want, memory_order_relaxed)) ring_bell(c, s);
 }
 
+/* A staged receive has all its pieces: the sender's rendezvous completes. */
+static void full(sc_comm_t *c, in_t *e)
+{
+    e->state = 2;
+    c->p2p->nin--;
+    atomic_store_explicit(&tail_of(c, e->src, c->rank)->done[e->seq % NDONE], e->seq, memory_order_release);
+    ring_bell(c, e->src);
+}
+
+/* A piece of a staged message into its receive's buffer (what passes its end is dropped: a truncation). */
+static void fill(sc_comm_t *c, int s, const msg_t *m, const char *data)
+{
+    in_t *e = &c->p2p->ins[s * NDONE + m->seq % NDONE];
+    int64_t at = (int64_t)m->addr, k = at >= e->cap ? 0 : e->cap - at < m->n ? e->cap - at : m->n;
+    if (k) memcpy(e->buf + at, data, (size_t)k);
+    if ((e->got += m->n) == e->n) full(c, e);
+}
+
 /* The next message in s's ring past pads (its header in *m, where its
  * payload is in *data), or 0 if the ring is empty. */
 static int peek(sc_comm_t *c, int s, msg_t *m, char **data)
@@ -300,6 +390,12 @@ static int peek(sc_comm_t *c, int s, msg_t *m, char **data)
         uint64_t head = atomic_load_explicit(&head_of(c, s, c->rank)->head, memory_order_acquire);
         if (head == p->tl[s]) return 0;
         memcpy(m, ring + p->tl[s] % R, HDR);
+        if (m->kind == DATA) {               /* never matched: it goes where its staged receive said */
+            fill(c, s, m, ring + p->tl[s] % R + HDR);
+            p->tl[s] += (uint64_t)rec_bytes(m->n);
+            freed(c, s);
+            continue;
+        }
         if (m->kind != PAD) {
             *data = ring + p->tl[s] % R + HDR;
             return 1;
@@ -319,6 +415,40 @@ static um_t *lift(sc_comm_t *c, int s, const msg_t *m, const char *data)
     c->p2p->tl[s] += (uint64_t)rec_bytes(n);
     freed(c, s);
     return u;
+}
+
+/* s's front message into the unexpected queue: 0 if it is full (the ring waits) or memory is short. */
+static int enqueue(sc_comm_t *c, int s, const msg_t *m, const char *data)
+{
+    sc_p2p_t *p = c->p2p;
+    int64_t size = (m->kind == EAGER ? m->n : 0) + (int64_t)sizeof(um_t);
+    um_t *u = p->qbytes + size > c->p2p_queue_bytes ? NULL : lift(c, s, m, data);
+    if (!u) return 0;
+    p->qbytes += size;
+    *p->qend = u;
+    p->qend = &u->next;
+    return 1;
+}
+
+/* Take in the pieces of the staged messages this rank receives, reading
+ * their rings past what comes before them (into the unexpected queue).
+ * Under the lock; 1 if anything moved. */
+static int drain(sc_comm_t *c)
+{
+    sc_p2p_t *p = c->p2p;
+    int moved = 0;
+    for (int s = 0; p->nin && s < c->size; s++) {
+        int filling = 0;
+        for (int j = 0; j < NDONE && !filling; j++) filling = p->ins[s * NDONE + j].state == 1;
+        if (!filling) continue;
+        uint64_t before = p->tl[s];
+        msg_t m;
+        char *data;
+        while (peek(c, s, &m, &data) && enqueue(c, s, &m, data))
+            ;
+        moved |= p->tl[s] != before;
+    }
+    return moved;
 }
 
 /* What matches (src, tag) first: a queue entry (*prev its link), else a
@@ -341,13 +471,7 @@ static int find(sc_comm_t *c, int src, int tag, um_t ***prev, msg_t *m, char **d
                 if (src < 0) p->start = (s + 1) % c->size;
                 return s;
             }
-            int64_t size = (m->kind == EAGER ? m->n : 0) + (int64_t)sizeof(um_t);
-            if (p->qbytes + size > c->p2p_queue_bytes) break;       /* full: this ring waits */
-            um_t *u = lift(c, s, m, *data);
-            if (!u) break;
-            p->qbytes += size;
-            *p->qend = u;
-            p->qend = &u->next;
+            if (!enqueue(c, s, m, *data)) break;
         }
     }
     return -1;
@@ -363,12 +487,25 @@ static void unlink_entry(sc_p2p_t *p, um_t **prev)
 
 /* Deliver message (source s, header m, eager payload at data) into buf of
  * cap bytes, c the calling thread's context (its map of the peers'
- * arenas is its own): SC_ETRUNCATE if it is longer (cap bytes delivered, the
+ * arenas is its own); a staged one only starts (STAGING, *stage its
+ * receive): SC_ETRUNCATE if it is longer (cap bytes delivered, the
  * rendezvous completed all the same, so the sender never hangs). */
-static int deliver(sc_comm_t *c, int s, const msg_t *m, const char *data, char *buf, int64_t cap)
+static int deliver(sc_comm_t *c, int s, const msg_t *m, const char *data, char *buf, int64_t cap, in_t **stage)
 {
     int64_t k = m->n < cap ? m->n : cap;
     int rc = SC_OK;
+    if (m->kind == STAGED) {             /* matched: clear its sender to stream the pieces (fill takes them) */
+        in_t *e = *stage = &c->p2p->ins[s * NDONE + m->seq % NDONE];
+        *e = (in_t){ buf, cap, m->n, 0, m->seq, s, m->tag, 1 };
+        c->p2p->nin++;
+        if (!m->n) {
+            full(c, e);
+        } else {
+            atomic_store_explicit(&tail_of(c, s, c->rank)->done[m->seq % NDONE], m->seq | CTS, memory_order_release);
+            ring_bell(c, s);
+        }
+        return STAGING;
+    }
     if (m->kind == EAGER) {
         if (k) memcpy(buf, data, (size_t)k);
     } else {
@@ -387,7 +524,7 @@ static int deliver(sc_comm_t *c, int s, const msg_t *m, const char *data, char *
 
 /* One try at a receive of (src, tag) into buf: SC_OK (out: source, tag,
  * bytes), 1 nothing matches yet, or an error. */
-static int try_recv(sc_comm_t *c, sc_comm_t *sh, int src, int tag, char *buf, int64_t cap, int64_t *out)
+static int try_recv(sc_comm_t *c, sc_comm_t *sh, int src, int tag, char *buf, int64_t cap, int64_t *out, in_t **stage)
 {
     sc_p2p_t *p = c->p2p;
     um_t **prev;
@@ -400,10 +537,10 @@ static int try_recv(sc_comm_t *c, sc_comm_t *sh, int src, int tag, char *buf, in
             um_t *u = *prev;
             unlink_entry(p, prev);
             m = (msg_t){ .tag = u->tag, .kind = u->kind, .n = u->n, .seq = u->seq, .addr = u->addr };
-            rc = deliver(sh, s, &m, u->data, buf, cap);
+            rc = deliver(sh, s, &m, u->data, buf, cap, stage);
             free(u);
         } else {
-            rc = deliver(sh, s, &m, data, buf, cap);
+            rc = deliver(sh, s, &m, data, buf, cap, stage);
             if (m.kind == EAGER) {
                 p->tl[s] += (uint64_t)rec_bytes(m.n);
             } else {
@@ -417,14 +554,36 @@ static int try_recv(sc_comm_t *c, sc_comm_t *sh, int src, int tag, char *buf, in
     return rc;
 }
 
-int sc_p2p_recv(sc_comm_t *c, int src, int tag, char *buf, int64_t cap, int block, int64_t *out)
+/* A staged receive's end: SC_OK or SC_ETRUNCATE once full (out: source,
+ * tag, bytes; the receive is let go), 1 while pieces are to come. */
+static int finish(sc_comm_t *c, in_t *e, int64_t *out)
+{
+    pthread_mutex_lock(&c->p2p->mu);
+    int rc = e->state == 2 ? (e->n > e->cap ? SC_ETRUNCATE : SC_OK) : 1;
+    if (rc != 1) {
+        out[0] = e->src, out[1] = e->tag, out[2] = e->n;
+        e->state = 0;
+    }
+    pthread_mutex_unlock(&c->p2p->mu);
+    return rc;
+}
+
+/* Receive (src, tag) into buf: SC_OK, 1 nothing matches yet (block 0),
+ * or an error.  stage (block 0 only, may be NULL): a staged receive to go
+ * on with, and where one that is matched but not full is left (STAGING). */
+int sc_p2p_recv(sc_comm_t *c, int src, int tag, char *buf, int64_t cap, int block, int64_t *out, void **stage)
 {
     sc_comm_t *sh = mine(c);
+    in_t *st = stage ? *stage : NULL;
     for (;;) {
         uint64_t seen = sc_p2p_bell(c);
-        int rc = try_recv(c, sh, src, tag, buf, cap, out);
-        if (rc != 1 || !block) return rc;
-        if ((rc = sc_p2p_idle(sh, seen, src < 0 ? -1 : src))) return rc;
+        int rc = st ? finish(c, st, out) : try_recv(c, sh, src, tag, buf, cap, out, &st);
+        if (rc == STAGING) rc = finish(c, st, out);
+        if (rc != 1 || !block) {
+            if (stage) *stage = rc == 1 ? st : NULL;
+            return rc == 1 && st ? STAGING : rc;
+        }
+        if ((rc = sc_p2p_idle(sh, seen, st ? st->src : src < 0 ? -1 : src))) return rc;
     }
 }
 
@@ -436,6 +595,7 @@ int sc_p2p_sendrecv(sc_comm_t *c, int dest, int stag, const char *sbuf, int64_t 
     sc_comm_t *sh = mine(c);
     int64_t seq = -1;             /* -1 not yet in the ring, 0 complete, else a rendezvous in flight */
     int got = 0;
+    in_t *st = NULL;
     for (;;) {
         uint64_t seen = sc_p2p_bell(c);
         if (seq < 0) {
@@ -444,12 +604,13 @@ int sc_p2p_sendrecv(sc_comm_t *c, int dest, int stag, const char *sbuf, int64_t 
         }
         if (seq > 0 && done(c, dest, (uint64_t)seq)) seq = 0;
         if (!got) {
-            int rc = try_recv(c, sh, src, rtag, rbuf, rcap, out);
+            int rc = st ? finish(c, st, out) : try_recv(c, sh, src, rtag, rbuf, rcap, out, &st);
+            if (rc == STAGING) rc = finish(c, st, out);
             if (rc < 0) return rc;
             got = !rc;
         }
         if (got && !seq) return SC_OK;
-        int rc = sc_p2p_idle(sh, seen, got ? dest : src < 0 ? -1 : src);
+        int rc = sc_p2p_idle(sh, seen, got ? dest : st ? st->src : src < 0 ? -1 : src);
         if (rc) return rc;
     }
 }
@@ -493,10 +654,15 @@ int sc_p2p_mrecv(sc_comm_t *c, void *handle, char *buf, int64_t cap, int64_t *ou
     msg_t m = { .tag = u->tag, .kind = u->kind, .n = u->n, .seq = u->seq, .addr = u->addr };
     out[0] = u->src, out[1] = u->tag, out[2] = u->n;
     sc_comm_t *sh = mine(c);
+    in_t *st = NULL;
     pthread_mutex_lock(&c->p2p->mu);
-    int rc = deliver(sh, u->src, &m, u->data, buf, buf ? cap : 0);
+    int rc = deliver(sh, u->src, &m, u->data, buf, buf ? cap : 0, &st);
     pthread_mutex_unlock(&c->p2p->mu);
     free(u);
+    while (rc == STAGING) {
+        uint64_t seen = sc_p2p_bell(c);
+        if ((rc = finish(c, st, out)) == 1 && !(rc = sc_p2p_idle(sh, seen, st->src))) rc = STAGING;
+    }
     return buf ? rc : SC_OK;
 }
 
@@ -602,18 +768,22 @@ static PyObject *status(sc_comm_t *sh, int rc, const int64_t *out, PyObject *ext
     return Py_BuildValue("(iLLL)", rc, (long long)out[0], (long long)out[1], (long long)out[2]);
 }
 
-/* recv(ctx, source, tag, buf, block) -> (rc, source, tag, bytes); rc 1: nothing yet */
+/* recv(ctx, source, tag, buf, block, staged) -> (rc, source, tag, bytes, staged): rc 1 nothing yet, 2 a
+ * staged message matched, its pieces to come: call again with staged (the handle) until rc is not 2 */
 static PyObject *py_recv(PyObject *m, PyObject *const *a, Py_ssize_t n)
 {
     sc_comm_t *c;
     Py_buffer b;
     int64_t out[3] = { 0, 0, 0 };
-    if (!args("recv", n, 5, a, &c) || !buffer(a[3], &b, 1)) return NULL;
+    if (!args("recv", n, 6, a, &c) || !buffer(a[3], &b, 1)) return NULL;
     int src = PyLong_AsLong(a[1]), tag = PyLong_AsLong(a[2]), block = PyObject_IsTrue(a[4]);
+    void *st = a[5] == Py_None ? NULL : PyLong_AsVoidPtr(a[5]);
     if (PyErr_Occurred()) { release(&b); return NULL; }
     sc_comm_t *sh = arm(c);
-    int rc = sc_p2p_recv(c, src, tag, b.buf, b.len, block, out);
-    PyObject *r = status(sh, rc, out, NULL);
+    int rc = sc_p2p_recv(c, src, tag, b.buf, b.len, block, out, block ? NULL : &st);
+    PyObject *hv = rc == STAGING ? PyLong_FromVoidPtr(st) : Py_NewRef(Py_None);
+    PyObject *r = hv ? status(sh, rc, out, hv) : (resume(sh, rc), NULL);
+    Py_XDECREF(hv);
     release(&b);
     return r;
 }
@@ -731,7 +901,7 @@ static PyObject *fast(PyObject *self, PyObject *const *args, size_t nargsf, PyOb
     sc_comm_t *sh = arm(c);
     int64_t out[3] = { 0, 0, 0 }, rc;
     if (kind == FAST_SEND) rc = sc_p2p_send(c, (int)dest, (int)stag, sb.buf, sb.len, 1, 0);
-    else if (kind == FAST_RECV) rc = sc_p2p_recv(c, (int)src, (int)rtag, rb.buf, rb.len, 1, out);
+    else if (kind == FAST_RECV) rc = sc_p2p_recv(c, (int)src, (int)rtag, rb.buf, rb.len, 1, out, NULL);
     else rc = sc_p2p_sendrecv(c, (int)dest, (int)stag, sb.buf, sb.len, (int)src, (int)rtag, rb.buf, rb.len, out);
     resume(sh, rc);
     release(&sb);

@@ -177,9 +177,9 @@ class PointToPoint:
         if self._pp.recvs or self._pp.sends:      # posted receives match first; pending sends need pushing
             return _RecvRequest(self, buf, source, tag, "Recv").Wait(status)
         try:
-            got = _recv(self._ctx, source, tag, buf, True)
+            got = _recv(self._ctx, source, tag, buf, True, None)
         except (BufferError, TypeError, ValueError):
-            got = _recv(self._ctx, source, tag, _buffer(self, buf, "Recv", True), True)
+            got = _recv(self._ctx, source, tag, _buffer(self, buf, "Recv", True), True, None)
         self._p2p_check(got[0], "Recv", got)
         if status is not None:
             status._found(got[1], got[2], got[3])
@@ -382,6 +382,7 @@ class _RecvRequest(_P2PRequest):
         self._source, self._tag = comm._source(source, what), comm._tag(tag, what, True)
         self._who = self._source if self._source >= 0 else -1
         self._got = None
+        self._stage = None
         self._cancelled = False
         if self._source == PROC_NULL:
             self._got = (0, PROC_NULL, ANY_TAG, 0)
@@ -406,8 +407,9 @@ class _RecvRequest(_P2PRequest):
             comm._p2p_check(got[0], self._what, got)
             self._result = pickle.loads(data)
         else:
-            got = _recv(comm._ctx, self._source, self._tag, self._buf, False)
-            if got[0] == 1:
+            got = _recv(comm._ctx, self._source, self._tag, self._buf, False, self._stage)
+            self._stage = got[4]        # a staged message matched: its pieces still to come
+            if got[0] in (1, 2):
                 return False
             comm._p2p_check(got[0], self._what, got)
         self._got = got
@@ -431,7 +433,7 @@ class _RecvRequest(_P2PRequest):
     def _cancel(self):
         pp = self._comm._pp
         with pp.lock:
-            if self in pp.recvs:
+            if self in pp.recvs and self._stage is None:      # not yet matched
                 pp.recvs.remove(self)
                 self._cancelled = True
                 self._comm._p2p_pending()

@@ -514,3 +514,85 @@ def test_messages_to_self(n):
         Request.Waitall(reqs)
         return first, second, bool(np.array_equal(a, b)), got == [{"k": k} for k in range(20)], comm.Iprobe()
     assert run(job, n) == [((r, 123, True, False), (True, False), True, True, False) for r in range(n)]
+
+
+def staged(job):
+    """job with single copies off (as where the kernel refuses
+    process_vm_readv): rendezvous messages stream through the rings."""
+    def run_staged(comm, *args):
+        comm._c.cma = 0
+        return job(comm, *args)
+    return run_staged
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_staged_rendezvous(n):
+    """Without single copies: ping-pong at every size, a Sendrecv ring,
+    a window of Isend/Irecv, eager and staged messages of two tags
+    received out of order, Mprobe, each equal to numpy's reference."""
+    @staged
+    def job(comm):
+        r, right, left = comm.rank, (comm.rank + 1) % n, (comm.rank - 1) % n
+        for nbytes in SIZES:
+            got = np.empty(nbytes, np.uint8)
+            comm.Sendrecv(data(r, right, nbytes, np.uint8), right, 1, got, left, 1)
+            assert np.array_equal(got, data(left, r, nbytes, np.uint8)), nbytes
+        sizes = [3 * RING, 16, 5 * RING + 3, EAGER + 1]
+        reqs = [comm.Irecv(np.empty(s, np.uint8), left, 2 + i % 2) for i, s in enumerate(sizes)]
+        bufs = [q._buf for q in reqs]
+        sends = [comm.Isend(data(r, right, s, np.uint8, salt=i), right, 2 + i % 2) for i, s in enumerate(sizes)]
+        Request.Waitall(reqs + sends)
+        for i, (s, b) in enumerate(zip(sizes, bufs)):
+            assert np.array_equal(b, data(left, r, s, np.uint8, salt=i)), i
+        if r == 0:      # nonblocking: rank 1 takes tag 11's first, and a rendezvous Send waits for its receive
+            Request.Waitall([comm.Isend(data(0, 1, s, np.uint8, salt=i), 1, 10 + i % 2) for i, s in enumerate(sizes)])
+        elif r == 1:
+            for tag in (11, 10):
+                for i, s in enumerate(sizes):
+                    if 10 + i % 2 == tag:
+                        msg = comm.Mprobe(0, tag)
+                        got = np.empty(s, np.uint8)
+                        msg.Recv(got)
+                        assert np.array_equal(got, data(0, 1, s, np.uint8, salt=i)), (tag, i)
+        comm.Barrier()
+        return comm._c.cma
+    assert run(job, n) == [0] * n
+
+
+def test_staged_truncation_and_threads():
+    @staged
+    def job(comm):
+        import threading
+        other = 1 - comm.rank
+        errors = []
+
+        def worker(tag):
+            try:
+                for i in range(20):
+                    nbytes = (8, 3 * RING, EAGER + 8)[i % 3]
+                    got = np.empty(nbytes, np.uint8)
+                    req = comm.Isend(data(comm.rank, other, nbytes, np.uint8, salt=tag + i), other, tag)
+                    comm.Recv(got, other, tag)
+                    req.Wait()
+                    assert np.array_equal(got, data(other, comm.rank, nbytes, np.uint8, salt=tag + i))
+            except BaseException as e:
+                errors.append(e)
+        ts = [threading.Thread(target=worker, args=(t,)) for t in (1, 2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        if errors:
+            raise errors[0]
+        try:
+            if comm.rank == 0:
+                comm.Send(np.zeros(3 * RING, np.uint8), 1)
+                comm.Recv(np.zeros(1), 1)
+                return "sender returned"
+            comm.Recv(np.zeros(RING, np.uint8), 0)
+            return "receiver returned"
+        except MPIError as e:
+            return ("mpi", e.Get_error_class())
+        except shmcoll.PeerFailure:
+            return "peer"
+    assert run(job, 2, timeout=60) == ["peer", ("mpi", ERR_TRUNCATE)]
