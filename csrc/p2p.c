@@ -361,13 +361,13 @@ static void freed(sc_comm_t *c, int s)
     if (atomic_load_explicit(&head_of(c, s, c->rank)->want, memory_order_relaxed)) ring_bell(c, s);
 }
 
-/* A staged receive has all its pieces: the sender's rendezvous completes. */
+/* A staged receive has all its pieces; its sender's rendezvous completes
+ * when the receive is finished (finish): till then the sender sends no
+ * later staged message that would take its place. */
 static void full(sc_comm_t *c, in_t *e)
 {
     e->state = 2;
     c->p2p->nin--;
-    atomic_store_explicit(&tail_of(c, e->src, c->rank)->done[e->seq % NDONE], e->seq, memory_order_release);
-    ring_bell(c, e->src);
 }
 
 /* A piece of a staged message into its receive's buffer (what passes its end is dropped: a truncation). */
@@ -563,6 +563,8 @@ static int finish(sc_comm_t *c, in_t *e, int64_t *out)
     if (rc != 1) {
         out[0] = e->src, out[1] = e->tag, out[2] = e->n;
         e->state = 0;
+        atomic_store_explicit(&tail_of(c, e->src, c->rank)->done[e->seq % NDONE], e->seq, memory_order_release);
+        ring_bell(c, e->src);
     }
     pthread_mutex_unlock(&c->p2p->mu);
     return rc;
