@@ -362,6 +362,12 @@ int64_t sc_now_ns(void)
 static int health(sc_comm_t *c, int who, int64_t t, int64_t *next_live, int *gone_rank)
 {
     if (aborted(c)) return SC_EABORT;
+    if (c->job_abort && atomic_load((_Atomic uint32_t *)c->job_abort)) {
+        /* the job failed elsewhere: abort here too (rank -1: the world's word
+         * names who), so this communicator's other ranks fail at their next call */
+        sc_set_abort(c, -1, (int32_t)(atomic_load((_Atomic uint32_t *)c->job_abort) >> 16));
+        return aborted(c);
+    }
     if (t < *next_live) return SC_OK;
     *next_live = t + c->liveness_ns;
     for (int r = 0; r < c->size; r++) {

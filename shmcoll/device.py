@@ -7,6 +7,7 @@ the C fast entries' cache); the C executor then runs each collective in
 one call.  Collectives use only Device and the C entry points, never the
 segment directly."""
 import ctypes
+import dataclasses
 import os
 import sys
 from dataclasses import dataclass
@@ -41,13 +42,16 @@ class Plan:
     slots: list                 # topology.Slot per rank
     topo: object                # topology.Topology
     size: int = 0
+    given: dict = None          # the options as resolved (argument, environment, default), for restrict
+    job: str = ""               # the job's segment-name prefix (segment.job_prefix), for named segments
 
 
-def make_plan(nranks, topo, slots, options=None):
+def make_plan(nranks, topo, slots, options=None, environ=os.environ):
     if isinstance(nranks, bool) or not isinstance(nranks, int) or not 1 <= nranks <= MAX_RANKS:
         raise ValueError(f"nprocs must be an int between 1 and {MAX_RANKS}, not {nranks!r}")
-    res = _options.resolve(options)
+    res = _options.resolve(options, environ)
     p = {k: v for k, (v, _) in res.items()}
+    given = dict(p)
     p["chan_bytes"] = _round(max(int(p["chan_bytes"]), MIN_CHAN), PAGE)
     p["shm_bytes"] = int(p["shm_bytes"]) if p["shm_bytes"] is not None else _shm_free()
     if not 0 <= int(p["call_base"]) < 1 << 64:
@@ -68,7 +72,7 @@ def make_plan(nranks, topo, slots, options=None):
     p["chunk_opt"], p["tile_opt"], p["cma_opt"], p["nt_opt"] = (p["chunk_bytes"], p["tile_bytes"], p["cma_bytes"],
                                                           p["nt_bytes"])
     _derive(p, nranks, topo, slots)
-    plan = Plan(nranks, p, list(slots), topo)
+    plan = Plan(nranks, p, list(slots), topo, given=given)
     plan.size = Device.layout(plan)
     asked = p["chan_bytes"]
     # only a default channel size shrinks: one the user asked for fails as asked
@@ -83,6 +87,18 @@ def make_plan(nranks, topo, slots, options=None):
               f"{p['chan_bytes'] >> 10} KiB per rank so {nranks} ranks fit ({plan.size >> 20} MiB)",
               file=sys.stderr)
     return plan
+
+
+def restrict(plan, members):
+    """The plan of a communicator of plan's ranks `members`, in that order:
+    the same options (the environment is not read again: every member must
+    plan alike), the same channel size and /dev/shm figure, so no member's
+    view of free space can make it plan otherwise."""
+    slots = [dataclasses.replace(plan.slots[m], rank=i) for i, m in enumerate(members)]
+    given = dict(plan.given, chan_bytes=plan.params["chan_bytes"], shm_bytes=plan.params["shm_bytes"])
+    sub = make_plan(len(members), plan.topo, slots, given, environ={})
+    sub.job = plan.job
+    return sub
 
 
 def _derive(p, nranks, topo, slots):
@@ -219,10 +235,11 @@ class Device:
         return Device._context(plan, -1)[0].total
 
     @classmethod
-    def create(cls, plan):
-        """Creator side (launcher): segment placed per NUMA node and initialised."""
+    def create(cls, plan, name=None):
+        """Creator side (launcher): segment placed per NUMA node and initialised
+        (name: kept until the segment's unlink, see Segment.create)."""
         c = cls._context(plan, -1)[0]
-        seg = Segment.create(plan.size, cls._placement(plan, c))
+        seg = Segment.create(plan.size, cls._placement(plan, c), name)
         dev = cls.__new__(cls)
         dev.plan, dev.rank, dev.segment = plan, -1, seg
         dev.c, dev._keep = cls._context(plan, 0)
@@ -231,6 +248,14 @@ class Device:
         if lib.sc_init_shared(dev.c) != 0:
             raise RuntimeError("could not initialise the communicator's segment")
         return dev
+
+    @classmethod
+    def made(cls, plan, name=None):
+        """A communicator made after the ranks exist: its rank 0 creates the
+        segment (as create) and this is rank 0's view of it."""
+        creator = cls.create(plan, name)
+        ffi.release(creator._base)
+        return cls(plan, 0, creator.segment)
 
     @staticmethod
     def _placement(plan, c):
@@ -397,8 +422,12 @@ class Device:
                 exc = self.mismatch(what, who, *found, names, f"; found by rank {who}, seen on rank {me}")
                 exc.found_by = who      # an echo: launch() reports the finder's own error before it
                 return exc
+            where = ""
+            if who < 0 and c.job_abort != ffi.NULL:     # the job failed on another communicator
+                word = c.job_abort[0]
+                who, code, where = (word & 0xffff) - 1, word >> 16, " of the world"
             cls = PeerDied if code == 2 else PeerAborted
-            return cls(who, f"{ABORT_REASONS.get(code, 'aborted')} (seen in {what} on rank {me})")
+            return cls(who, f"{ABORT_REASONS.get(code, 'aborted')}{where} (seen in {what} on rank {me})")
         if rc == lib.SC_EDEAD:
             return PeerDied(c.err_rank, f"{'exited' if c.err_code == 4 else 'died'} while rank {me} waited on "
                                         f"it in {what}")

@@ -22,7 +22,7 @@ import threading
 import time
 import traceback
 
-from . import forkrun
+from . import forkrun, segment
 from .comm import Comm
 from .device import MAX_RANKS, Device, make_plan
 from .errors import MismatchError, PeerAborted, PeerDied, PeerFailure, RemoteTraceback, ShmcollError
@@ -76,10 +76,14 @@ class Job:
         topo = _topology(topology)
         self.bind = bind
         self.plan = make_plan(nprocs, topo, topo.placement(nprocs, bind, map), options)
+        self.plan.job = segment.job_prefix()
         self.device = Device.create(self.plan)
 
     def close(self):
+        """Unmap, and sweep the names the ranks' communicators may have left
+        (a rank killed between creating a named segment and unlinking it)."""
         self.device.close()
+        segment.sweep(self.plan.job)
 
 
 _STATES = ("none", "alive", "done", "dead")     # device.rank_state()'s 0..3
