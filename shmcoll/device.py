@@ -29,6 +29,7 @@ ABORT_REASONS = {1: "raised an exception", 2: "died", 3: "passed bad or mismatch
                  5: "timed out waiting for a peer", 6: "was interrupted (KeyboardInterrupt)",
                  7: "could not read or write a peer's memory (single copy)",
                  8: "found that the ranks' calls differ"}
+ABORT_CALLED = 0x100     # | errorcode: a rank called Comm.Abort(errorcode)
 TWIN_ALG = isa.TWIN_ALG      # the signature's algorithm field of a twin (the automatic choice, single copy or staged)
 #: A signature field's id (as C reports a mismatch) -> the name messages give it.
 FIELDS = {i: {"bytes": "byte count"}.get(name, name) for name, i in isa.SIG_ID.items()}
@@ -410,6 +411,10 @@ class Device:
         else:
             lib.sc_set_abort(self.c, rank, code)
 
+    def abort_code(self):
+        """The abort word's code (device.ABORT_REASONS, ABORT_CALLED | errorcode), 0 if none."""
+        return ffi.cast("uint32_t *", self.c.base)[0] >> 16
+
     def failure(self, rc, what, names=None):
         """The exception for a failed C call (rc < 0).  names(field, value, when)
         turns a signature field's value into words."""
@@ -427,7 +432,8 @@ class Device:
                 word = c.job_abort[0]
                 who, code, where = (word & 0xffff) - 1, word >> 16, " of the world"
             cls = PeerDied if code == 2 else PeerAborted
-            return cls(who, f"{ABORT_REASONS.get(code, 'aborted')}{where} (seen in {what} on rank {me})")
+            why = f"called Abort({code & 0xff})" if code & ABORT_CALLED else ABORT_REASONS.get(code, 'aborted')
+            return cls(who, f"{why}{where} (seen in {what} on rank {me})")
         if rc == lib.SC_EDEAD:
             return PeerDied(c.err_rank, f"{'exited' if c.err_code == 4 else 'died'} while rank {me} waited on "
                                         f"it in {what}")

@@ -24,7 +24,7 @@ import traceback
 
 from . import forkrun, segment
 from .comm import Comm
-from .device import MAX_RANKS, Device, make_plan
+from .device import ABORT_CALLED, MAX_RANKS, Device, make_plan
 from .errors import MismatchError, PeerAborted, PeerDied, PeerFailure, RemoteTraceback, ShmcollError
 from .topology import topology as _topology
 
@@ -579,6 +579,9 @@ def run(nprocs, cmd, *, bind="core", map="compact", topology=None, timeout=None,
                 if code and first is None:
                     first = (rank, 128 - code if code < 0 else code)
                 _ended(job, rank, code < 0, code)
+        called = job.device.abort_code()
+        if called & ABORT_CALLED:       # Comm.Abort(errorcode): mpiexec's status is the errorcode
+            return called & 0xff
         return 0 if first is None else first[1]
     except KeyboardInterrupt:
         return 130
