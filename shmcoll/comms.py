@@ -231,6 +231,7 @@ class Communicators:
         """A Comm over dev, of world ranks members, part of this job: the
         CMA verdict is the parent's (every rank could read every other)."""
         dev.c.job_abort = ffi.cast("uint32_t *", self._world._c.base)
+        dev.members = members
         comm = type(self)(dev, cma=int(self._c.cma))
         comm._job, comm._members = self._world, members
         _live.add(comm)

@@ -200,6 +200,8 @@ FIELDS_C = {"chan_bytes": "chan_bytes", "stripe_bytes": "stripe_bytes", "stripe_
 
 
 class Device:
+    members = ()        # a communicator made from the world: its ranks' world ranks (comms.py)
+
     def __init__(self, plan, rank, segment):
         self.plan, self.rank, self.segment = plan, rank, segment
         self.c, self._keep = self._context(plan, rank)
@@ -430,7 +432,11 @@ class Device:
             where = ""
             if who < 0 and c.job_abort != ffi.NULL:     # the job failed on another communicator
                 word = c.job_abort[0]
-                who, code, where = (word & 0xffff) - 1, word >> 16, " of the world"
+                who, code = (word & 0xffff) - 1, word >> 16
+                if who in self.members:
+                    who = self.members.index(who)
+                else:
+                    where = " (a world rank, not of this communicator)"
             cls = PeerDied if code == 2 else PeerAborted
             why = f"called Abort({code & 0xff})" if code & ABORT_CALLED else ABORT_REASONS.get(code, 'aborted')
             return cls(who, f"{why}{where} (seen in {what} on rank {me})")
