@@ -3,7 +3,6 @@
 and sets, collectives on them against numpy over the members, siblings and
 threads running at the same time, Free, Compare, names, failures that
 cross communicators, and the named fallback where /proc is refused."""
-import itertools
 import os
 import subprocess
 import sys
@@ -363,3 +362,22 @@ def test_abort_exits_shmcoll_run_with_its_errorcode(tmp_path, n):
                        capture_output=True, text=True, timeout=90, env=env)
     assert p.returncode == 7, (p.stdout, p.stderr)
     assert p.stdout.splitlines() == ["aborted by 1"] * (n - 1), (p.stdout, p.stderr)
+
+
+MPICH = "/tmp/peer-mpich/bin"
+
+
+@pytest.mark.skipif(not os.path.exists(MPICH + "/mpiexec"), reason="mpi4py with MPICH is not installed")
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_same_results_as_mpi4py_with_mpich(n):
+    """Split orders, Compare, names, Split_type, Create, every Group
+    operation and Translate_ranks: the same lines as mpi4py+MPICH prints."""
+    script = os.path.join(os.path.dirname(__file__), "ranks", "comms_reference.py")
+    ref = subprocess.run([MPICH + "/mpiexec", "-n", str(n), MPICH + "/python", script, "mpi4py"],
+                         capture_output=True, text=True, timeout=120)
+    assert ref.returncode == 0, ref.stderr
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(shmcoll.__file__)))
+    got = subprocess.run(cli("run", "-n", str(n), "--timeout", "60", "--", sys.executable, script, "shmcoll"),
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.splitlines() == ref.stdout.splitlines() and len(ref.stdout.splitlines()) == 13 * n
