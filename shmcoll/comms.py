@@ -17,7 +17,6 @@ wait on any communicator of any rank watches the world's word."""
 import functools
 import os
 import secrets
-import threading
 import weakref
 
 import numpy as np
@@ -35,7 +34,6 @@ __all__ = ["COMM_NULL", "COMM_TYPE_HW_GUIDED", "COMM_TYPE_HW_UNGUIDED", "COMM_TY
            "comm_self"]
 
 _live = weakref.WeakSet()       # this process's communicators made here, not yet freed
-_registering = threading.Lock()  # sc_register keeps one holder record per process: one at a time
 
 
 def _collective(fn):
@@ -179,8 +177,7 @@ class Communicators:
                 dev = self._named(order, me, plan, dev, order is not None and not all(ok[r] for r in order))
             if dev is not None:
                 dev.segment.close_fd()  # every member has it mapped (the parent's Allgather said so)
-                with _registering:
-                    dev.register(os.getpid(), 0)
+                dev.register(os.getpid(), 0)
         except BaseException:
             if dev is not None:
                 dev.close()
@@ -289,8 +286,7 @@ def comm_self(world):
     rank = world._ranks()[world.rank]
     dev = Device.made(restrict(world._world.plan, [rank]))
     try:
-        with _registering:
-            dev.register(os.getpid(), 0)
+        dev.register(os.getpid(), 0)
     except BaseException:
         dev.close()
         raise

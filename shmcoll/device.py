@@ -399,7 +399,9 @@ class Device:
         return None if r < 0 else (r, (lib.sc_calls_of(self.c, r) - base) % (1 << 64), (self.c.call - base) % (1 << 64))
 
     def close(self):
-        """Unmap (the creator's or a rank's view, and the peers' arenas); the name is long gone."""
+        """Unmap (the creator's or a rank's view, and the peers' arenas); the
+        name is long gone.  A registered rank's liveness holder ends first."""
+        lib.sc_release(self.c)
         lib.sc_peers_close(self.c)
         ffi.release(self._base)
         self.segment.mmap.close()

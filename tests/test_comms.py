@@ -381,3 +381,21 @@ def test_same_results_as_mpi4py_with_mpich(n):
                          capture_output=True, text=True, timeout=120, env=env)
     assert got.returncode == 0, got.stderr
     assert got.stdout.splitlines() == ref.stdout.splitlines() and len(ref.stdout.splitlines()) == 13 * n
+
+
+def _dup_free(comm, times):
+    tasks = lambda: len(os.listdir("/proc/self/task"))      # noqa: E731  (native threads too)
+    comm.Dup().Free()
+    before = tasks()
+    for _ in range(times):
+        d = comm.Dup()
+        d.Barrier()
+        d.Free()
+    return tasks() - before
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_free_ends_the_liveness_holder(n):
+    """A freed communicator's liveness thread ends with it: Dup and Free in
+    a loop leave as many threads as before."""
+    assert run_ranks(_dup_free, n, 20) == [0] * n
