@@ -172,14 +172,16 @@ struct sc_comm {
         uint64_t err_call;       /* ... and the oldest call it may be in: the job is aborted from there */
         int64_t err_a;
         int64_t err_b;
-        /* the world's abort word, for a communicator made from it (NULL:
-         * this is the world): a slow wait here fails once the job is aborted */
-        uint32_t *job_abort;
-        void *holder;            /* the thread that holds this rank's liveness mutex (sc_register, sc_release) */
     };
     struct {                 /* the fast entries' program cache (pyfast.c) */
         sc_entry_t cache[SC_CACHE];
         sc_entry_t *last;        /* the entry the last fast call found (pyfast.c lookup) */
+    };
+    struct {                 /* lifetime, after everything a call reads, so no per-call field moves */
+        /* the world's abort word, for a communicator made from it (NULL:
+         * this is the world): a slow wait here fails once the job is aborted */
+        uint32_t *job_abort;
+        void *holder;            /* the thread that holds this rank's liveness mutex (sc_register, sc_release) */
     };
 };
 
