@@ -237,10 +237,21 @@ class Communicators:
     # -- lifetime -------------------------------------------------------------------
     def _release(self):
         """After Free: a communicator made here unmaps its segment (the
-        world's belongs to the launcher)."""
+        world's belongs to the launcher); the world's Free (the rank's end)
+        frees those made from it first, so their peers see a clean exit and
+        calls their peers never made raise, as on the world."""
         if self in _live:
             _live.discard(self)
             self._dev.close()
+            return
+        first = None
+        for comm in [c for c in list(_live) if c._job is self]:
+            try:
+                comm.Free()
+            except Exception as e:
+                first = first or e
+        if first is not None:
+            raise first
 
     def _spread(self, exc):
         """This communicator failed (exc): abort the world and every other

@@ -399,3 +399,20 @@ def test_free_ends_the_liveness_holder(n):
     """A freed communicator's liveness thread ends with it: Dup and Free in
     a loop leave as many threads as before."""
     assert run_ranks(_dup_free, n, 20) == [0] * n
+
+
+def _extra_call(comm):
+    dup = comm.Dup()
+    dup.Barrier()
+    if comm.rank == 0:
+        dup.Bcast(np.zeros(4), root=0)        # a root waits on no one: read by no one
+    return "done"
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_calls_peers_never_made_on_a_dup_fail_at_the_end(n):
+    """Communicators left unfreed are freed with the world at the rank's
+    end, so a root's call that no peer made raises MismatchError there, as
+    on the world."""
+    with pytest.raises((shmcoll.MismatchError, shmcoll.PeerFailure)):
+        run_ranks(_extra_call, n)
