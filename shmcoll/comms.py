@@ -15,15 +15,17 @@ A failure on any communicator aborts the job: it is spread to the world's
 abort word and to every other communicator of this process, and a slow
 wait on any communicator of any rank watches the world's word."""
 import functools
+import hashlib
 import os
 import secrets
+import time
 import weakref
 
 import numpy as np
 
 from ._core import ffi, lib
 from .device import ABORT_CALLED, Device, restrict
-from .errors import ERR_ARG, ERR_COMM, ERR_GROUP, MPIError, PeerDied, PeerFailure
+from .errors import ERR_ARG, ERR_COMM, ERR_GROUP, MPIError, PeerAborted, PeerDied, PeerFailure, PeerTimeout, SegmentError
 from .group import CONGRUENT, GROUP_EMPTY, IDENT, SIMILAR, UNEQUAL, Group
 from .request import UNDEFINED
 from .segment import Segment
@@ -51,6 +53,8 @@ class Communicators:
     _job = None          # the world this communicator was made from (None: it is the world)
     _members = None      # its ranks' world ranks in rank order (None: the world's own)
     _name = None
+    _ctx = "w"           # names this communicator alike on every member (Create_group's segment names)
+    _spawned = 0         # communicators made from this one by its collectives
 
     # -- identity ---------------------------------------------------------------
     @property
@@ -150,10 +154,63 @@ class Communicators:
         of its ranks) in group's order; COMM_NULL on the others."""
         return self._spawn(self._order(group, "Create"))
 
+    @_collective
     def Create_group(self, group, tag=0):
-        """Create, called by every rank of this communicator (Create_group
-        proper, called by the group's ranks only, needs point-to-point)."""
-        return self.Create(group)
+        """The ranks of group in its order, called by them alone (no
+        collective of this communicator): the group's rank 0 creates the
+        segment under a name every member derives (this communicator's
+        context, the group, tag, and how many such calls came before), the
+        members open it by name and register, and the name goes once all
+        have (the launcher sweeps it if a rank dies first)."""
+        order = self._order(group, "Create_group")
+        if order is None:
+            raise MPIError(ERR_GROUP, f"Create_group: rank {self.rank} is not in the group; only its ranks call it")
+        key = f"{self._ctx}|{group.members}|{int(tag)}"
+        made = self.__dict__.setdefault("_groups_made", {})
+        made[key] = made.get(key, 0) + 1
+        ctx = hashlib.sha1(f"{key}|{made[key]}".encode()).hexdigest()[:24]
+        plan = restrict(self.plan, order)
+        name = f"{plan.job or '/shmcoll-'}g{ctx}"
+        if order[0] == self.rank:
+            dev = Device.made(plan, name)
+            try:
+                dev.register(os.getpid(), 0)
+                self._await("Create_group", order, lambda: all(dev.rank_state(r) for r in range(len(order))))
+            except BaseException:
+                dev.close()
+                raise
+            finally:
+                dev.segment.unlink()
+        else:
+            dev = self._await("Create_group", order[:1], lambda: _opened(plan, order.index(self.rank), name))
+            try:
+                dev.register(os.getpid(), 0)
+            except BaseException:
+                dev.close()
+                raise
+        dev.segment.close_fd()
+        return self._adopt(dev, tuple(self._ranks()[r] for r in order), "g" + ctx)
+
+    def _await(self, what, ranks, done):
+        """Poll done() until it returns something true, raising if any of
+        this communicator's ranks `ranks` dies or leaves, the job aborts, or
+        the timeout option passes."""
+        timeout = float(self.plan.params["timeout"])
+        t0, pause = time.monotonic(), 1e-4
+        while True:
+            got = done()
+            if got:
+                return got
+            for r in ranks:
+                if self._dev.rank_state(r) >= 2:
+                    raise PeerDied(r, f"left or died while rank {self.rank} waited on it in {what}")
+            code = self._world._dev.abort_code()
+            if code:
+                raise PeerAborted(-1, f"the job was aborted (code {code}) while rank {self.rank} waited in {what}")
+            if timeout and time.monotonic() - t0 > timeout:
+                raise PeerTimeout(ranks[0], f"did not arrive for {timeout:.3g} s in {what} (timeout option)")
+            time.sleep(pause)
+            pause = min(2 * pause, 0.01)
 
     def _order(self, group, what):
         if not isinstance(group, Group):
@@ -168,6 +225,7 @@ class Communicators:
     def _spawn(self, order):
         """The communicator of parent ranks `order` (its rank order), or
         COMM_NULL where order is None; every parent rank calls it."""
+        self._spawned += 1          # every rank of this communicator counts alike: a context for names
         me = None if order is None else order.index(self.rank)
         plan = None if order is None else restrict(self.plan, order)
         dev = Device.made(plan) if me == 0 else None
@@ -184,7 +242,7 @@ class Communicators:
             raise
         if dev is None:
             return COMM_NULL
-        return self._adopt(dev, tuple(self._ranks()[r] for r in order))
+        return self._adopt(dev, tuple(self._ranks()[r] for r in order), f"{self._spawned}.{self._ranks()[order[0]]}")
 
     def _exchange(self, order, me, plan, dev):
         """Each member maps its rank 0's segment through /proc; (its device
@@ -224,13 +282,14 @@ class Communicators:
             dev.segment.unlink()
         return dev
 
-    def _adopt(self, dev, members):
-        """A Comm over dev, of world ranks members, part of this job: the
-        CMA verdict is the parent's (every rank could read every other)."""
+    def _adopt(self, dev, members, ctx):
+        """A Comm over dev, of world ranks members, part of this job, ctx
+        naming it the same on every member: the CMA verdict is the
+        parent's (every rank could read every other)."""
         dev.c.job_abort = ffi.cast("uint32_t *", self._world._c.base)
         dev.members = members
         comm = type(self)(dev, cma=int(self._c.cma))
-        comm._job, comm._members = self._world, members
+        comm._job, comm._members, comm._ctx = self._world, members, f"{self._ctx}.{ctx}"
         _live.add(comm)
         return comm
 
@@ -284,6 +343,22 @@ def _abort_all(world, culprit, code, but):
             lib.sc_set_abort(comm._c, ranks.index(culprit) if culprit in ranks else -1, code)
 
 
+def _opened(plan, rank, name):
+    """rank's device over the named segment once its creator has made it
+    whole (the right size, initialised), else None."""
+    try:
+        seg = Segment.open_named(name, plan.size)
+    except (FileNotFoundError, SegmentError):
+        return None
+    try:
+        return Device(plan, rank, seg)
+    except RuntimeError:            # not yet initialised
+        pass
+    seg.mmap.close()                # here, not in the except: its traceback held the device's view
+    seg.close_fd()
+    return None
+
+
 def _int(x, what):
     try:
         return int(x)
@@ -302,7 +377,7 @@ def comm_self(world):
         dev.close()
         raise
     dev.segment.close_fd()
-    comm = world._adopt(dev, (rank,))
+    comm = world._adopt(dev, (rank,), "self")
     comm._name = "MPI_COMM_SELF"
     return comm
 

@@ -16,7 +16,7 @@ import shmcoll
 from conftest import cli, run_ranks, shared_array
 from shmcoll import comms
 from shmcoll.comms import COMM_NULL, COMM_TYPE_SHARED, CONGRUENT, IDENT, SIMILAR, UNDEFINED, UNEQUAL, Group
-from shmcoll.errors import ERR_COMM, ERR_RANK, MPIError
+from shmcoll.errors import ERR_COMM, ERR_GROUP, ERR_RANK, MPIError
 
 pytestmark = pytest.mark.timeout(180)
 RANKS = [1, 2, 3, 4, 5]
@@ -416,3 +416,34 @@ def test_calls_peers_never_made_on_a_dup_fail_at_the_end(n):
     on the world."""
     with pytest.raises((shmcoll.MismatchError, shmcoll.PeerFailure)):
         run_ranks(_extra_call, n)
+
+
+def _create_group(comm):
+    """Evens and odds each make their communicator, called by its own ranks
+    only, twice with one tag (the second a new communicator of its own);
+    then a group of everyone in reverse order."""
+    me, n = comm.rank, comm.size
+    mine = list(range(me % 2, n, 2))
+    out = []
+    for seq in range(2):
+        sub = comm.Create_group(comm.Get_group().Incl(mine), tag=7)
+        assert sub.Get_group().members == tuple(mine) and sub.Compare(comm) == (CONGRUENT if n == 1 else UNEQUAL)
+        _check(sub, mine, seq)
+        out.append(sub)
+    _check(out[0], mine, 5)                  # the first still works beside the second
+    rev = comm.Create_group(comm.Get_group().Incl(list(reversed(range(n)))))
+    _check(rev, list(reversed(range(n))), 9)
+    for c in out + [rev]:
+        c.Free()
+    try:
+        comm.Create_group(comm.Get_group().Excl([me]))
+    except MPIError as e:
+        return e.Get_error_class()
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_create_group_called_by_its_members_only(n):
+    """Create_group by the group's ranks alone (no collective of the
+    parent), two disjoint groups at once, repeated, in another order; a
+    rank outside the group that calls it gets ERR_GROUP."""
+    assert run_ranks(_create_group, n) == [ERR_GROUP] * n
