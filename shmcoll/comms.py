@@ -26,13 +26,13 @@ import numpy as np
 from ._core import ffi, lib
 from .device import ABORT_CALLED, Device, restrict
 from .errors import ERR_ARG, ERR_COMM, ERR_GROUP, MPIError, PeerAborted, PeerDied, PeerFailure, PeerTimeout, SegmentError
-from .group import CONGRUENT, GROUP_EMPTY, IDENT, SIMILAR, UNEQUAL, Group
+from .group import CONGRUENT, GROUP_EMPTY, GROUP_NULL, IDENT, SIMILAR, UNEQUAL, Group
 from .request import UNDEFINED
 from .segment import Segment
 
 COMM_TYPE_SHARED, COMM_TYPE_HW_GUIDED, COMM_TYPE_HW_UNGUIDED, COMM_TYPE_RESOURCE_GUIDED = 1, 2, 3, 4  # MPICH's
 __all__ = ["COMM_NULL", "COMM_TYPE_HW_GUIDED", "COMM_TYPE_HW_UNGUIDED", "COMM_TYPE_RESOURCE_GUIDED",
-           "COMM_TYPE_SHARED", "CONGRUENT", "GROUP_EMPTY", "Group", "IDENT", "SIMILAR", "UNDEFINED", "UNEQUAL",
+           "COMM_TYPE_SHARED", "CONGRUENT", "GROUP_EMPTY", "GROUP_NULL", "Group", "IDENT", "SIMILAR", "UNDEFINED", "UNEQUAL",
            "comm_self"]
 
 _live = weakref.WeakSet()       # this process's communicators made here, not yet freed
@@ -204,9 +204,10 @@ class Communicators:
             for r in ranks:
                 if self._dev.rank_state(r) >= 2:
                     raise PeerDied(r, f"left or died while rank {self.rank} waited on it in {what}")
-            code = self._world._dev.abort_code()
-            if code:
-                raise PeerAborted(-1, f"the job was aborted (code {code}) while rank {self.rank} waited in {what}")
+            word = ffi.cast("uint32_t *", self._world._c.base)[0]
+            if word:
+                raise PeerAborted((word & 0xffff) - 1, f"aborted the job (world rank; code {word >> 16}) while "
+                                                       f"rank {self.rank} waited in {what}")
             if timeout and time.monotonic() - t0 > timeout:
                 raise PeerTimeout(ranks[0], f"did not arrive for {timeout:.3g} s in {what} (timeout option)")
             time.sleep(pause)

@@ -107,7 +107,9 @@ class Group:
         self._freed = True
 
     def __eq__(self, other):
-        return isinstance(other, Group) and self._freed == other._freed and self._members == other._members
+        if not isinstance(other, Group):
+            return NotImplemented
+        return self._freed == other._freed and (self._freed or self._members == other._members)
 
     def __hash__(self):
         return hash(self._members)
@@ -120,3 +122,5 @@ class Group:
 
 
 GROUP_EMPTY = Group()
+GROUP_NULL = Group()
+GROUP_NULL.Free()          # what a freed group equals

@@ -253,7 +253,7 @@ def test_groups_against_sets_and_lists():
         assert e.value.Get_error_class() == ERR_RANK
     c = a.Dup()
     c.Free()
-    assert not c and c != a
+    assert not c and c != a and c == comms.GROUP_NULL and comms.GROUP_EMPTY.Get_size() == 0
 
 
 def _killed(comm, n):
