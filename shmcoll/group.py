@@ -112,7 +112,7 @@ class Group:
         return self._freed == other._freed and (self._freed or self._members == other._members)
 
     def __hash__(self):
-        return hash(self._members)
+        return hash(None if self._freed else self._members)
 
     def __bool__(self):
         return not self._freed
