@@ -25,15 +25,16 @@ import numpy as np
 
 from ._core import ffi, lib
 from .device import ABORT_CALLED, Device, restrict
-from .errors import ERR_ARG, ERR_COMM, ERR_GROUP, MPIError, PeerAborted, PeerDied, PeerFailure, PeerTimeout, SegmentError
+from .errors import (ERR_ARG, ERR_COMM, ERR_GROUP, MPIError, PeerAborted, PeerDied, PeerFailure, PeerTimeout,
+                     SegmentError)
 from .group import CONGRUENT, GROUP_EMPTY, GROUP_NULL, IDENT, SIMILAR, UNEQUAL, Group
 from .request import UNDEFINED
 from .segment import Segment
 
 COMM_TYPE_SHARED, COMM_TYPE_HW_GUIDED, COMM_TYPE_HW_UNGUIDED, COMM_TYPE_RESOURCE_GUIDED = 1, 2, 3, 4  # MPICH's
 __all__ = ["COMM_NULL", "COMM_TYPE_HW_GUIDED", "COMM_TYPE_HW_UNGUIDED", "COMM_TYPE_RESOURCE_GUIDED",
-           "COMM_TYPE_SHARED", "CONGRUENT", "GROUP_EMPTY", "GROUP_NULL", "Group", "IDENT", "SIMILAR", "UNDEFINED", "UNEQUAL",
-           "comm_self"]
+           "COMM_TYPE_SHARED", "CONGRUENT", "GROUP_EMPTY", "GROUP_NULL", "Group", "IDENT", "SIMILAR", "UNDEFINED",
+           "UNEQUAL", "comm_self"]
 
 _live = weakref.WeakSet()       # this process's communicators made here, not yet freed
 
@@ -131,7 +132,7 @@ class Communicators:
         UNDEFINED gives COMM_NULL."""
         color, key = _int(color, "color"), _int(key, "key")
         if color < 0 and color != UNDEFINED:
-            raise MPIError(ERR_ARG, f"Split: color must be >= 0 or UNDEFINED, not {color}")
+            self._bad(MPIError(ERR_ARG, f"Split: color must be >= 0 or UNDEFINED, not {color}"))
         every = np.empty((self.size, 2), np.int64)
         self.Allgather(np.array([color, key], np.int64), every)
         if color == UNDEFINED:
@@ -152,7 +153,11 @@ class Communicators:
     def Create(self, group):
         """The ranks of group (a subset of this communicator's, called by all
         of its ranks) in group's order; COMM_NULL on the others."""
-        return self._spawn(self._order(group, "Create"))
+        try:
+            order = self._order(group, "Create")
+        except MPIError as e:       # the parent's other ranks are in the call: they raise too
+            self._bad(e)
+        return self._spawn(order)
 
     @_collective
     def Create_group(self, group, tag=0):
@@ -229,18 +234,21 @@ class Communicators:
         self._spawned += 1          # every rank of this communicator counts alike: a context for names
         me = None if order is None else order.index(self.rank)
         plan = None if order is None else restrict(self.plan, order)
-        dev = Device.made(plan) if me == 0 else None
+        dev = None
         try:
+            dev = Device.made(plan) if me == 0 else None
             dev, ok = self._exchange(order, me, plan, dev)
             if not all(ok):             # some communicator's ranks cannot open /proc links: names
                 dev = self._named(order, me, plan, dev, order is not None and not all(ok[r] for r in order))
             if dev is not None:
                 dev.segment.close_fd()  # every member has it mapped (the parent's Allgather said so)
                 dev.register(os.getpid(), 0)
-        except BaseException:
+        except BaseException as e:
             if dev is not None:
                 dev.close()
-            raise
+            if isinstance(e, PeerFailure):
+                raise
+            self._bad(e)            # a full /dev/shm here, say: the parent's other ranks must not wait
         if dev is None:
             return COMM_NULL
         return self._adopt(dev, tuple(self._ranks()[r] for r in order), f"{self._spawned}.{self._ranks()[order[0]]}")
@@ -265,7 +273,8 @@ class Communicators:
         link; every parent rank takes part): rank 0 makes the segment again
         under a name with the job's prefix, the members open it, then the
         name goes."""
-        prefix, token = plan.job if plan is not None and plan.job else "/shmcoll-", 0
+        prefix = (plan.job if plan is not None else "") or "/shmcoll-"
+        token = 0
         if need and me == 0:
             dev.close()
             dev = None

@@ -447,3 +447,34 @@ def test_create_group_called_by_its_members_only(n):
     parent), two disjoint groups at once, repeated, in another order; a
     rank outside the group that calls it gets ERR_GROUP."""
     assert run_ranks(_create_group, n) == [ERR_GROUP] * n
+
+
+def _full(comm):
+    from shmcoll.device import Device
+    if comm.rank == comm.size - 1:
+        def full(*a, **k):
+            raise shmcoll.SegmentError(28, "no space left in /dev/shm")
+        Device.made = classmethod(full)
+    t = time.monotonic()
+    try:
+        comm.Split(0, -comm.rank)               # the last rank is the new rank 0: it creates
+    except shmcoll.ShmcollError as e:
+        took = time.monotonic() - t
+        if comm.rank == comm.size - 1:
+            time.sleep(3)                       # caught, and lingering: only the abort tells the others
+        return type(e).__name__, took
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_segment_that_cannot_be_made_fails_every_rank(n):
+    """The creator's SegmentError aborts the parent: the others raise
+    instead of waiting in the exchange."""
+    got = shared_array((n,), np.float64, -1.0)
+
+    def job(comm):
+        r = _full(comm)
+        got[comm.rank] = r[1] if r else -2
+        raise RuntimeError("reported through the shared array")
+    with pytest.raises(Exception):
+        run_ranks(job, n, timeout=60)
+    assert 0 <= got.max() < 2.0 and got.min() >= 0, got.tolist()
