@@ -7,6 +7,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -84,18 +85,26 @@ int sc_init_shared(sc_comm_t *c)
 }
 
 /* A rank's liveness is a robust mutex held by a thread of its own that
- * lives as long as the process (not by whichever thread registered, which
- * may end first): when the process dies, however it dies, the kernel marks
- * the mutex owner-dead, which any peer sees with a trylock. */
-typedef struct { pthread_mutex_t *m; _Atomic int rc; } holder_t;
+ * lives as long as the process, or until the communicator is freed
+ * (sc_release), not by whichever thread registered, which may end first:
+ * when the process dies, however it dies, the kernel marks the mutex
+ * owner-dead, which any peer sees with a trylock.  rc: 0 starting, -1
+ * holding, -2 let go (the holder touches nothing after), else the lock's
+ * error. */
+typedef struct { pthread_mutex_t *m; _Atomic int rc; _Atomic uint32_t stop; } holder_t;
 
 static void *hold(void *arg)
 {
     holder_t *h = arg;
-    int rc = pthread_mutex_lock(h->m);
-    if (rc == EOWNERDEAD) rc = pthread_mutex_consistent(h->m);
+    pthread_mutex_t *m = h->m;
+    int rc = pthread_mutex_lock(m);
+    if (rc == EOWNERDEAD) rc = pthread_mutex_consistent(m);
     atomic_store(&h->rc, rc ? rc : -1);
-    for (;;) pause();
+    if (rc) return NULL;
+    while (!atomic_load(&h->stop))
+        syscall(SYS_futex, &h->stop, FUTEX_WAIT_PRIVATE, 0, NULL, NULL, 0);
+    pthread_mutex_unlock(m);
+    atomic_store(&h->rc, -2);
     return NULL;
 }
 
@@ -103,23 +112,30 @@ static const uint64_t cma_magic = 0x5c0111c0a11ULL;
 
 int sc_register(sc_comm_t *c, int32_t pid, int32_t tracer)
 {
-    static holder_t h;
     pthread_t t;
     pthread_attr_t a;
     sigset_t all, old;
-    h.m = mutex(c, c->rank);
-    atomic_store(&h.rc, 0);
+    holder_t *h = calloc(1, sizeof *h);
+    if (!h) return SC_ENOMEM;
+    h->m = mutex(c, c->rank);
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);       /* signals stay with the rank's own threads */
     pthread_attr_init(&a);
     pthread_attr_setstacksize(&a, 64 << 10);
     pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-    int rc = pthread_create(&t, &a, hold, &h);
+    int rc = pthread_create(&t, &a, hold, h);
     pthread_attr_destroy(&a);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (rc) return SC_EABORT;
-    while (!atomic_load(&h.rc)) sched_yield();
-    if (atomic_load(&h.rc) != -1) return SC_EABORT;
+    if (rc) {
+        free(h);
+        return SC_EABORT;
+    }
+    while (!atomic_load(&h->rc)) sched_yield();
+    if (atomic_load(&h->rc) != -1) {
+        free(h);                                    /* the holder returned without holding */
+        return SC_EABORT;
+    }
+    c->holder = h;
     if (tracer > 0) prctl(PR_SET_PTRACER, (unsigned long)tracer, 0, 0, 0);
     state(c, c->rank)->pid = pid;
     state(c, c->rank)->magic_addr = (uintptr_t)&cma_magic;
@@ -149,6 +165,20 @@ int sc_deregister(sc_comm_t *c, int ok)
             return r;
     }
     return -1;
+}
+
+/* A freed communicator's holder lets its mutex go and ends (after
+ * sc_deregister: peers read the state, not the mutex); returns once the
+ * mutex is let go, so the segment may then be unmapped. */
+void sc_release(sc_comm_t *c)
+{
+    holder_t *h = c->holder;
+    if (!h) return;
+    c->holder = NULL;
+    atomic_store(&h->stop, 1);
+    syscall(SYS_futex, &h->stop, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+    while (atomic_load(&h->rc) != -2) sched_yield();
+    free(h);
 }
 
 uint64_t sc_calls_of(sc_comm_t *c, int32_t r) { return state(c, r)->calls; }
@@ -366,6 +396,12 @@ int64_t sc_now_ns(void)
 static int health(sc_comm_t *c, int who, int any, int64_t t, int64_t *next_live, int *gone_rank)
 {
     if (aborted_at(c, any ? c->call + (1ULL << 62) : c->call)) return SC_EABORT;
+    if (c->job_abort && atomic_load((_Atomic uint32_t *)c->job_abort)) {
+        /* the job failed elsewhere: abort here too (rank -1: the world's word
+         * names who), so this communicator's other ranks fail at their next call */
+        sc_set_abort(c, -1, (int32_t)(atomic_load((_Atomic uint32_t *)c->job_abort) >> 16));
+        return aborted_at(c, c->call + (1ULL << 62)) ? SC_EABORT : SC_OK;   /* sets who and why from the word */
+    }
     if (t < *next_live) return SC_OK;
     *next_live = t + c->liveness_ns;
     for (int r = 0; r < c->size; r++) {

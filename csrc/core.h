@@ -191,6 +191,12 @@ struct sc_comm {
         sc_entry_t cache[SC_CACHE];
         sc_entry_t *last;        /* the entry the last fast call found (pyfast.c lookup) */
     };
+    struct {                 /* lifetime, after everything a call reads, so no per-call field moves */
+        /* the world's abort word, for a communicator made from it (NULL:
+         * this is the world): a slow wait here fails once the job is aborted */
+        uint32_t *job_abort;
+        void *holder;            /* the thread that holds this rank's liveness mutex (sc_register, sc_release) */
+    };
 };
 
 int64_t sc_layout(sc_comm_t *c);
@@ -198,6 +204,7 @@ int sc_attach(sc_comm_t *c, char *base);
 int sc_init_shared(sc_comm_t *c);
 int sc_register(sc_comm_t *c, int32_t pid, int32_t tracer);
 int sc_deregister(sc_comm_t *c, int ok);
+void sc_release(sc_comm_t *c);
 void sc_peers_close(sc_comm_t *c);
 uint64_t sc_calls_of(sc_comm_t *c, int32_t r);
 int sc_rank_state(sc_comm_t *c, int32_t rank);

@@ -25,7 +25,7 @@ from ._core import ffi, lib
 from .buffers import IN_PLACE
 from .coll import select
 from .device import fingerprint, learn_dtype
-from .errors import MismatchError, PeerFailure, ShmcollError
+from .errors import ERR_COMM, MismatchError, MPIError, PeerFailure, ShmcollError
 from .nonblocking import Nonblocking
 from .ops import BUILTINS, SUM
 from .p2p import PointToPoint
@@ -60,7 +60,7 @@ class Comm(PointToPoint, Communicators, Nonblocking):
     new communicators (comms.py), nonblocking and persistent collectives
     (nonblocking.py)."""
 
-    def __init__(self, device):
+    def __init__(self, device, cma=None):
         self._dev = device
         self._c = device.c
         self.plan = device.plan
@@ -70,7 +70,10 @@ class Comm(PointToPoint, Communicators, Nonblocking):
         self._broken = None
         self._freed = False
         self._forced = {op: select.forced(op, self.plan.params) for op in select.TABLE}
-        self._probe_cma()
+        if cma is None:
+            self._probe_cma()
+        else:                       # a communicator made from another: its verdict holds for any subset
+            self._c.cma = cma
         for op, (cid, _, name, roles, argnames) in select.TABLE.items():
             if not roles:
                 continue
@@ -118,12 +121,14 @@ class Comm(PointToPoint, Communicators, Nonblocking):
             self._bad(exc)
         if rc != lib.SC_EDIFFER:        # the job is aborted (a check-round refusal leaves it usable)
             self._break(exc)
+            self._spread(exc)
         raise exc
 
     def _bad(self, exc):
         """A local error: abort so the other ranks raise too."""
         self._dev.abort(self.rank, 3)
         self._break(exc)
+        self._spread(exc)
         raise exc
 
     def _break(self, exc):
@@ -528,7 +533,13 @@ class Comm(PointToPoint, Communicators, Nonblocking):
         self._freed = True
         rc = lib.sc_last_look(self._c) if self._broken is None else 0
         other = self._dev.deregister(self._broken is None and not rc)
-        self._break(ShmcollError(f"rank {self.rank} freed this communicator"))
+        self._break(MPIError(ERR_COMM, f"{self._label()} was freed on rank {self.rank}; it cannot be used"))
+        try:
+            self._check_free(rc, other)
+        finally:
+            self._release()
+
+    def _check_free(self, rc, other):
         if rc:
             op = select.OPS.get(isa.get(isa.SIG_FIELD["collective"], self._c.prev))
             what = select.method(op) if op else "Free"

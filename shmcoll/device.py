@@ -7,6 +7,7 @@ the C fast entries' cache); the C executor then runs each collective in
 one call.  Collectives use only Device and the C entry points, never the
 segment directly."""
 import ctypes
+import dataclasses
 import os
 import sys
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ ABORT_REASONS = {1: "raised an exception", 2: "died", 3: "passed bad or mismatch
                  5: "timed out waiting for a peer", 6: "was interrupted (KeyboardInterrupt)",
                  7: "could not read or write a peer's memory (single copy)",
                  8: "found that the ranks' calls differ"}
+ABORT_CALLED = 0x100     # | errorcode: a rank called Comm.Abort(errorcode)
 TWIN_ALG = isa.TWIN_ALG      # the signature's algorithm field of a twin (the automatic choice, single copy or staged)
 #: A signature field's id (as C reports a mismatch) -> the name messages give it.
 FIELDS = {i: {"bytes": "byte count"}.get(name, name) for name, i in isa.SIG_ID.items()}
@@ -43,13 +45,16 @@ class Plan:
     slots: list                 # topology.Slot per rank
     topo: object                # topology.Topology
     size: int = 0
+    given: dict = None          # the options as resolved (argument, environment, default), for restrict
+    job: str = ""               # the job's segment-name prefix (segment.job_prefix), for named segments
 
 
-def make_plan(nranks, topo, slots, options=None):
+def make_plan(nranks, topo, slots, options=None, environ=os.environ):
     if isinstance(nranks, bool) or not isinstance(nranks, int) or not 1 <= nranks <= MAX_RANKS:
         raise ValueError(f"nprocs must be an int between 1 and {MAX_RANKS}, not {nranks!r}")
-    res = _options.resolve(options)
+    res = _options.resolve(options, environ)
     p = {k: v for k, (v, _) in res.items()}
+    given = dict(p)
     p["chan_bytes"] = _round(max(int(p["chan_bytes"]), MIN_CHAN), PAGE)
     p["shm_bytes"] = int(p["shm_bytes"]) if p["shm_bytes"] is not None else _shm_free()
     if not 0 <= int(p["call_base"]) < 1 << 64:
@@ -75,7 +80,7 @@ def make_plan(nranks, topo, slots, options=None):
     p["chunk_opt"], p["tile_opt"], p["cma_opt"], p["nt_opt"] = (p["chunk_bytes"], p["tile_bytes"], p["cma_bytes"],
                                                           p["nt_bytes"])
     _derive(p, nranks, topo, slots)
-    plan = Plan(nranks, p, list(slots), topo)
+    plan = Plan(nranks, p, list(slots), topo, given=given)
     plan.size = Device.layout(plan)
     # a default ring shrinks first, to its least, where the segment would not fit
     while res["p2p_ring_bytes"][1] == "default" and plan.size > p["shm_bytes"] and p["p2p_ring_bytes"] > P2P_MIN:
@@ -107,6 +112,18 @@ def _p2p(p, res):
     if not 0 <= int(p["p2p_eager_bytes"]) <= ring // 2 - 64:
         raise ValueError(f"p2p_eager_bytes must be in 0 .. p2p_ring_bytes / 2 - 64 ({ring // 2 - 64}), not "
                          f"{p['p2p_eager_bytes']}")
+
+
+def restrict(plan, members):
+    """The plan of a communicator of plan's ranks `members`, in that order:
+    the same options (the environment is not read again: every member must
+    plan alike), the same channel size and /dev/shm figure, so no member's
+    view of free space can make it plan otherwise."""
+    slots = [dataclasses.replace(plan.slots[m], rank=i) for i, m in enumerate(members)]
+    given = dict(plan.given, chan_bytes=plan.params["chan_bytes"], shm_bytes=plan.params["shm_bytes"])
+    sub = make_plan(len(members), plan.topo, slots, given, environ={})
+    sub.job = plan.job
+    return sub
 
 
 def _derive(p, nranks, topo, slots):
@@ -223,6 +240,8 @@ FIELDS_C = {"chan_bytes": "chan_bytes", "stripe_bytes": "stripe_bytes", "stripe_
 
 
 class Device:
+    members = ()        # a communicator made from the world: its ranks' world ranks (comms.py)
+
     def __init__(self, plan, rank, segment):
         self.plan, self.rank, self.segment = plan, rank, segment
         self.c, self._keep = self._context(plan, rank)
@@ -261,10 +280,11 @@ class Device:
         return Device._context(plan, -1)[0].total
 
     @classmethod
-    def create(cls, plan):
-        """Creator side (launcher): segment placed per NUMA node and initialised."""
+    def create(cls, plan, name=None):
+        """Creator side (launcher): segment placed per NUMA node and initialised
+        (name: kept until the segment's unlink, see Segment.create)."""
         c = cls._context(plan, -1)[0]
-        seg = Segment.create(plan.size, cls._placement(plan, c))
+        seg = Segment.create(plan.size, cls._placement(plan, c), name)
         dev = cls.__new__(cls)
         dev.plan, dev.rank, dev.segment = plan, -1, seg
         dev.c, dev._keep = cls._context(plan, 0)
@@ -273,6 +293,14 @@ class Device:
         if lib.sc_init_shared(dev.c) != 0:
             raise RuntimeError("could not initialise the communicator's segment")
         return dev
+
+    @classmethod
+    def made(cls, plan, name=None):
+        """A communicator made after the ranks exist: its rank 0 creates the
+        segment (as create) and this is rank 0's view of it."""
+        creator = cls.create(plan, name)
+        ffi.release(creator._base)
+        return cls(plan, 0, creator.segment)
 
     @staticmethod
     def _placement(plan, c):
@@ -413,7 +441,9 @@ class Device:
         return None if r < 0 else (r, (lib.sc_calls_of(self.c, r) - base) % (1 << 64), (self.c.call - base) % (1 << 64))
 
     def close(self):
-        """Unmap (the creator's or a rank's view, and the peers' arenas); the name is long gone."""
+        """Unmap (the creator's or a rank's view, and the peers' arenas); the
+        name is long gone.  A registered rank's liveness holder ends first."""
+        lib.sc_release(self.c)
         lib.sc_peers_close(self.c)
         lib.sc_p2p_free(self.c)
         ffi.release(self._base)
@@ -428,6 +458,10 @@ class Device:
         else:
             lib.sc_set_abort(self.c, rank, code)
 
+    def abort_code(self):
+        """The abort word's code (device.ABORT_REASONS, ABORT_CALLED | errorcode), 0 if none."""
+        return ffi.cast("uint32_t *", self.c.base)[0] >> 16
+
     def failure(self, rc, what, names=None):
         """The exception for a failed C call (rc < 0).  names(field, value, when)
         turns a signature field's value into words."""
@@ -440,8 +474,17 @@ class Device:
                 exc = self.mismatch(what, who, *found, names, f"; found by rank {who}, seen on rank {me}")
                 exc.found_by = who      # an echo: launch() reports the finder's own error before it
                 return exc
+            where = ""
+            if who < 0 and c.job_abort != ffi.NULL:     # the job failed on another communicator
+                word = c.job_abort[0]
+                who, code = (word & 0xffff) - 1, word >> 16
+                if who in self.members:
+                    who = self.members.index(who)
+                else:
+                    where = " (a world rank, not of this communicator)"
             cls = PeerDied if code == 2 else PeerAborted
-            return cls(who, f"{ABORT_REASONS.get(code, 'aborted')} (seen in {what} on rank {me})")
+            why = f"called Abort({code & 0xff})" if code & ABORT_CALLED else ABORT_REASONS.get(code, 'aborted')
+            return cls(who, f"{why}{where} (seen in {what} on rank {me})")
         if rc == lib.SC_EDEAD:
             return PeerDied(c.err_rank, f"{'exited' if c.err_code == 4 else 'died'} while rank {me} waited on "
                                         f"it in {what}")

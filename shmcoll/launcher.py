@@ -22,9 +22,9 @@ import threading
 import time
 import traceback
 
-from . import forkrun
+from . import forkrun, segment
 from .comm import Comm
-from .device import MAX_RANKS, Device, make_plan
+from .device import ABORT_CALLED, MAX_RANKS, Device, make_plan
 from .errors import MismatchError, PeerAborted, PeerDied, PeerFailure, RemoteTraceback, ShmcollError
 from .topology import topology as _topology
 
@@ -76,10 +76,14 @@ class Job:
         topo = _topology(topology)
         self.bind = bind
         self.plan = make_plan(nprocs, topo, topo.placement(nprocs, bind, map), options)
+        self.plan.job = segment.job_prefix()
         self.device = Device.create(self.plan)
 
     def close(self):
+        """Unmap, and sweep the names the ranks' communicators may have left
+        (a rank killed between creating a named segment and unlinking it)."""
         self.device.close()
+        segment.sweep(self.plan.job)
 
 
 _STATES = ("none", "alive", "done", "dead")     # device.rank_state()'s 0..3
@@ -575,6 +579,9 @@ def run(nprocs, cmd, *, bind="core", map="compact", topology=None, timeout=None,
                 if code and first is None:
                     first = (rank, 128 - code if code < 0 else code)
                 _ended(job, rank, code < 0, code)
+        called = job.device.abort_code()
+        if called & ABORT_CALLED:       # Comm.Abort(errorcode): mpiexec's status is the errorcode
+            return called & 0xff
         return 0 if first is None else first[1]
     except KeyboardInterrupt:
         return 130

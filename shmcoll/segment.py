@@ -24,10 +24,14 @@ class Segment:
     def __init__(self, fd, size, mm):
         self.fd, self.size, self.mmap = fd, size, mm
 
+    name = None         # a named segment's name, until unlink()
+
     @classmethod
-    def create(cls, size, placement=()):
-        """Create, place ((offset, length, node), ...), reserve, unlink."""
-        name = PREFIX + secrets.token_hex(12)
+    def create(cls, size, placement=(), name=None):
+        """Create, place ((offset, length, node), ...), reserve, unlink;
+        with a name (a communicator's fallback, see open_named), the name
+        stays until unlink()."""
+        keep, name = name is not None, name or PREFIX + secrets.token_hex(12)
         try:
             shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=0)
         except posix_ipc.Error as e:
@@ -35,14 +39,17 @@ class Segment:
         try:
             fd = os.dup(shm.fd)
             shm.close_fd()
-            shm.unlink()        # the name lives only between these lines; the fd carries on
+            if not keep:
+                shm.unlink()        # the name lives only between these lines; the fd carries on
             os.ftruncate(fd, size)
             mm = mmap.mmap(fd, size)
             for offset, length, node in placement:
                 if length:
                     numa.bind(mm, node, offset, length, strict=False)
             reserve(fd, size)
-            return cls(fd, size, mm)
+            seg = cls(fd, size, mm)
+            seg.name = name if keep else None
+            return seg
         except BaseException:
             if "mm" in locals():
                 mm.close()
@@ -57,6 +64,37 @@ class Segment:
     @classmethod
     def from_fd(cls, fd, size):
         return cls(fd, size, mmap.mmap(fd, size))
+
+    @classmethod
+    def open_proc(cls, pid, fd, size):
+        """Map the segment that process pid holds open as fd (its name long
+        gone): /proc's link to it needs the ptrace read access the ranks
+        already grant each other.  PermissionError where a policy refuses."""
+        return cls._open(f"/proc/{pid}/fd/{fd}", size)
+
+    @classmethod
+    def open_named(cls, name, size):
+        return cls._open("/dev/shm" + name, size)
+
+    @classmethod
+    def _open(cls, path, size):
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            if os.fstat(fd).st_size != size:
+                raise SegmentError(errno.EINVAL, f"{path} is not a segment of {size} bytes")
+            return cls(fd, size, mmap.mmap(fd, size))
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def unlink(self):
+        """Remove a named segment's name (every member has it open)."""
+        if self.name is not None:
+            try:
+                os.unlink("/dev/shm" + self.name)
+            except FileNotFoundError:
+                pass
+            self.name = None
 
     def close_fd(self):
         if self.fd >= 0:
@@ -89,3 +127,22 @@ def leftovers():
         return sorted(n for n in os.listdir("/dev/shm") if n.startswith(PREFIX[1:]))
     except FileNotFoundError:
         return []
+
+
+def job_prefix():
+    """A job's prefix for names its ranks make after they exist (a
+    communicator's named fallback); the launcher sweeps it when the job
+    ends, so a rank that dies between creating and unlinking leaks nothing."""
+    return PREFIX + "job" + secrets.token_hex(6) + "-"
+
+
+def sweep(prefix):
+    """Unlink every segment whose name begins with prefix (a job's)."""
+    if not prefix:
+        return
+    for name in leftovers():
+        if ("/" + name).startswith(prefix):
+            try:
+                os.unlink("/dev/shm/" + name)
+            except FileNotFoundError:
+                pass
