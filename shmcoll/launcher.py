@@ -473,13 +473,45 @@ def _leave(comm, dev):
         os._exit(1)
 
 
+# Another launcher's job: (its name, the variables that give size and rank
+# away).  Bare PMIx (PMIX_RANK) tells no size, so only its ranks past 0 know.
+_FOREIGN = (("mpiexec (MPICH/Hydra)", "PMI_SIZE", ("PMI_RANK", "PMI_SIZE")),
+            ("mpiexec (Open MPI)", "OMPI_COMM_WORLD_SIZE", ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")),
+            ("srun (Slurm)", "SLURM_STEP_NUM_TASKS", ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_ID")),
+            ("torchrun (torch.distributed)", "WORLD_SIZE", ("RANK", "WORLD_SIZE", "LOCAL_RANK")),
+            ("a PMIx launcher (prterun, srun --mpi=pmix)", None, ("PMIX_RANK", "PMIX_NAMESPACE")))
+
+
+def _foreign_launcher(env):
+    """A RuntimeError naming the launcher, when env is that of one rank of
+    a job of several that another launcher started; else None."""
+    for name, size, shown in _FOREIGN:
+        try:
+            several = int(env[size]) > 1 if size else int(env[shown[0]]) > 0
+        except (KeyError, ValueError):
+            continue
+        if several:
+            found = ", ".join(f"{v}={env[v]}" for v in shown if v in env)
+            n = env.get(size, "N") if size else "N"
+            return RuntimeError(
+                f"shmcoll.init(): this process is one rank of a job started by {name} ({found}), not by "
+                f"`shmcoll run`; shmcoll cannot join another launcher's job, and each process would be a world "
+                f"of one.  Start the program with `shmcoll run -n {n} ...` instead (it takes mpiexec's -n, "
+                f"--bind-to, --map-by, -x, --env, --tag-output).")
+    return None
+
+
 def init():
     """The world communicator of this process: the job's when started by
-    `shmcoll run`, else a one-rank world (like an MPI singleton)."""
+    `shmcoll run`, else a one-rank world (like an MPI singleton).  A rank
+    of another launcher's job of several (mpiexec, srun, torchrun) raises
+    RuntimeError: its world is not one rank."""
     global _world, _rank_pid
     if _world is not None:
         return _world
     plan_fd = os.environ.get("SHMCOLL_PLAN_FD")
+    if not plan_fd and (foreign := _foreign_launcher(os.environ)) is not None:
+        raise foreign
     if plan_fd:
         from .segment import Segment
         rank, fd, plan = int(os.environ["SHMCOLL_RANK"]), int(os.environ["SHMCOLL_FD"]), _read_plan(int(plan_fd))
