@@ -20,7 +20,7 @@ from .buffers import IN_PLACE
 from .comm import Comm
 from .datatype import COMBINER_CONTIGUOUS, COMBINER_DUP, COMBINER_NAMED, PREDEFINED, Datatype
 from .datatype import _typedict, _typedict_c, _typedict_f  # noqa: F401  (mpi4py's names, used by its tests)
-from .errors import ERR_CLASSES, MPIError
+from .errors import ERR_CLASSES as _CLASSES, MPIError
 from .request import ANY_SOURCE, ANY_TAG, PROC_NULL, REQUEST_NULL, SUCCESS, UNDEFINED, Prequest, Request, Status
 
 globals().update(PREDEFINED)
@@ -56,7 +56,8 @@ _ERRORS = {"ERR_ACCESS": 20, "ERR_AMODE": 21, "ERR_ASSERT": 53, "ERR_BAD_FILE": 
            "ERR_RMA_ATTACH": 56, "ERR_RMA_CONFLICT": 49, "ERR_RMA_FLAVOR": 58, "ERR_RMA_RANGE": 55,
            "ERR_RMA_SHARED": 57, "ERR_RMA_SYNC": 50, "ERR_SERVICE": 41, "ERR_SESSION": 75, "ERR_SIZE": 51,
            "ERR_SPAWN": 42, "ERR_UNSUPPORTED_DATAREP": 43, "ERR_UNSUPPORTED_OPERATION": 44,
-           "ERR_VALUE_TOO_LARGE": 77, "ERR_WIN": 45, **ERR_CLASSES}
+           "ERR_VALUE_TOO_LARGE": 77, "ERR_WIN": 45,
+           **{k: v for k, v in _CLASSES.items() if k != "ERR_NOT_SUPPORTED"}}     # not an MPI name
 globals().update(_ERRORS)
 _STRINGS = {
     0: "No MPI error", 1: "Invalid buffer pointer", 2: "Invalid count", 3: "Invalid datatype", 4: "Invalid tag",
@@ -94,7 +95,7 @@ class _NullComm(Comm):
 
     def __getattribute__(self, name):
         if name[:1].isalpha() and name not in ("Get_name",):
-            raise MPIError(ERR_CLASSES["ERR_COMM"], f"COMM_NULL.{name}: the communicator is COMM_NULL")
+            raise MPIError(ERR_COMM, f"COMM_NULL.{name}: the communicator is COMM_NULL")
         return object.__getattribute__(self, name)
 
     def Get_name(self):
@@ -185,7 +186,7 @@ _state = {"initialized": True, "finalized": False, "main": threading.main_thread
 def Init():
     """shmcoll.MPI initializes at import, as mpi4py does, so a second Init
     raises as MPI's does."""
-    raise MPIError(ERR_CLASSES["ERR_OTHER"], "MPI.Init: cannot call MPI_INIT or MPI_INIT_THREAD more than once "
+    raise MPIError(ERR_OTHER, "MPI.Init: cannot call MPI_INIT or MPI_INIT_THREAD more than once "
                    "(shmcoll.MPI initializes at import, as mpi4py does)")
 
 
