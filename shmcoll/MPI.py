@@ -9,21 +9,23 @@ known MPI name shmcoll does not cover (windows, files, topologies, dynamic
 processes, derived datatypes beyond contiguous) is there, and raises
 NotImplementedError naming itself when called; an unknown name raises
 AttributeError."""
+import pickle as _pickle
 import socket
 import threading
 import time
 
 import numpy as np
 
-from . import __version__, launcher, ops, p2p
+from . import __version__, comms, launcher, ops, p2p
 from .buffers import IN_PLACE
 from .comm import Comm
-from .datatype import COMBINER_CONTIGUOUS, COMBINER_DUP, COMBINER_NAMED, PREDEFINED, Datatype
+from .datatype import COMBINERS, PREDEFINED, Datatype
 from .datatype import _typedict, _typedict_c, _typedict_f  # noqa: F401  (mpi4py's names, used by its tests)
 from .errors import ERR_CLASSES as _CLASSES, MPIError
 from .request import ANY_SOURCE, ANY_TAG, PROC_NULL, REQUEST_NULL, SUCCESS, UNDEFINED, Prequest, Request, Status
 
 globals().update(PREDEFINED)
+globals().update(COMBINERS)
 
 Exception = MPIError
 Intracomm = Comm
@@ -32,11 +34,17 @@ SUM, PROD, MAX, MIN, LAND, LOR, LXOR, BAND, BOR, BXOR, MINLOC, MAXLOC = (
     ops.SUM, ops.PROD, ops.MAX, ops.MIN, ops.LAND, ops.LOR, ops.LXOR, ops.BAND, ops.BOR, ops.BXOR, ops.MINLOC,
     ops.MAXLOC)
 OP_NULL = ops.Op("OP_NULL")
+# one-sided accumulate's ops; as a reduction's op, mpi4py's meaning: the later operand, the earlier
+REPLACE = ops.Op.Create(lambda a, b: b, commute=False)
+NO_OP = ops.Op.Create(lambda a, b: a, commute=False)
+REPLACE.name, NO_OP.name = "REPLACE", "NO_OP"
 
 ROOT = -3
 TAG_UB = 1681915905                 # the attribute's key (Comm.Get_attr(TAG_UB)), MPICH's
 IDENT, CONGRUENT, SIMILAR, UNEQUAL = 0, 1, 2, 3
-COMM_TYPE_SHARED = 1
+COMM_TYPE_SHARED, COMM_TYPE_HW_GUIDED, COMM_TYPE_HW_UNGUIDED, COMM_TYPE_RESOURCE_GUIDED = 1, 2, 3, 4
+ORDER_C, ORDER_F, ORDER_FORTRAN = 56, 57, 57
+DISTRIBUTE_BLOCK, DISTRIBUTE_CYCLIC, DISTRIBUTE_NONE, DISTRIBUTE_DFLT_DARG = 121, 122, 123, -49767
 MAX_PROCESSOR_NAME, MAX_ERROR_STRING, BSEND_OVERHEAD = 128, 512, 96
 THREAD_SINGLE, THREAD_FUNNELED, THREAD_SERIALIZED, THREAD_MULTIPLE = 0, 1, 2, 3
 # Calls on one communicator from several threads at once are refused
@@ -225,6 +233,31 @@ def Get_library_version():
             f"MPI-{VERSION}.{SUBVERSION} calls for the subset in docs/mpi.md")
 
 
+def get_vendor():
+    """(name, version) of the library underneath, as mpi4py's."""
+    return "shmcoll", tuple(int(x) for x in __version__.split(".")[:3])
+
+
+def Get_abi_version():
+    """(-1, -1): not the MPI ABI, as mpi4py with MPICH reports."""
+    return -1, -1
+
+
+class Pickle:
+    """mpi4py's MPI.pickle: how the lower-case calls serialize objects."""
+    PROTOCOL = _pickle.HIGHEST_PROTOCOL
+    THRESHOLD = 262144
+
+    def dumps(self, obj):
+        return _pickle.dumps(obj, self.PROTOCOL)
+
+    def loads(self, data):
+        return _pickle.loads(data)
+
+
+pickle = Pickle()
+
+
 def Get_processor_name():
     return socket.gethostname()
 
@@ -307,12 +340,18 @@ class Grequest(_Uncovered):
     _calls = ("Start",)
 
 
-INFO_NULL = INFO_ENV = None
+INFO_NULL = INFO_ENV = WIN_NULL = BUFFER_AUTOMATIC = None
 for _call in ("Open_port", "Close_port", "Publish_name", "Unpublish_name", "Lookup_name", "Attach_buffer",
               "Detach_buffer", "Flush_buffer", "Iflush_buffer", "Compute_dims", "Get_address", "Aint_add",
               "Aint_diff", "Add_error_class", "Add_error_code", "Add_error_string", "Remove_error_class",
               "Remove_error_code", "Remove_error_string", "Register_datarep", "Get_hw_resource_info"):
     globals()[_call] = _uncovered(_call)
+
+Group = getattr(comms, "Group", None)         # groups live with communicators (comms.py)
+GROUP_NULL = getattr(comms, "GROUP_NULL", None)
+if Group is None:
+    class Group(_Uncovered):
+        _calls = ()
 
 Message = getattr(p2p, "Message", None)
 MESSAGE_NULL = getattr(p2p, "MESSAGE_NULL", None)

@@ -12,6 +12,12 @@ import numpy as np
 
 from .errors import ERR_TYPE, MPIError
 
+# MPICH's combiners; the ones past CONTIGUOUS name derived types not covered
+COMBINERS = {"COMBINER_NAMED": 1, "COMBINER_DUP": 2, "COMBINER_CONTIGUOUS": 3, "COMBINER_VECTOR": 4,
+             "COMBINER_HVECTOR": 6, "COMBINER_INDEXED": 7, "COMBINER_HINDEXED": 9, "COMBINER_INDEXED_BLOCK": 10,
+             "COMBINER_STRUCT": 12, "COMBINER_SUBARRAY": 13, "COMBINER_DARRAY": 14, "COMBINER_F90_REAL": 15,
+             "COMBINER_F90_COMPLEX": 16, "COMBINER_F90_INTEGER": 17, "COMBINER_RESIZED": 18,
+             "COMBINER_HINDEXED_BLOCK": 19, "COMBINER_VALUE_INDEX": 20}
 COMBINER_NAMED, COMBINER_DUP, COMBINER_CONTIGUOUS = 1, 2, 3
 
 
@@ -19,11 +25,12 @@ class Datatype:
     """An MPI datatype: `count` elements of numpy dtype `base`."""
 
     def __init__(self, datatype=None):
-        """Datatype(other): the same type (a new handle, as mpi4py's)."""
+        """Datatype(other): another Python object for the same type, equal
+        to it (mpi4py's: the same handle)."""
         self.base, self.count, self._name, self._combiner, self._parent = None, 1, "", COMBINER_NAMED, None
-        self._predefined = False
+        self._predefined, self._handle = False, self
         if datatype is not None:
-            self.base, self.count, self._name = datatype.base, datatype.count, datatype._name
+            self.__dict__.update(datatype.__dict__)
 
     @classmethod
     def _make(cls, base, count=1, name="", combiner=COMBINER_NAMED, parent=None, predefined=False):
@@ -152,7 +159,7 @@ class Datatype:
     def __reduce__(self):
         """A predefined type unpickles as itself, so `==` still holds."""
         if self._predefined:
-            return _predefined, (self._name,)
+            return _predefined, (self._handle._name,)
         if self.base is None:
             return _predefined, ("MPI_DATATYPE_NULL",)
         return Datatype._make, (self.base, self.count, self._name, self._combiner, self._parent)
@@ -160,9 +167,10 @@ class Datatype:
     def __eq__(self, other):
         if not isinstance(other, Datatype):
             return NotImplemented
-        return self is other or (self.base is None and other.base is None)
+        return self._handle is other._handle or (self.base is None and other.base is None)
 
-    __hash__ = object.__hash__
+    def __hash__(self):
+        return id(self._handle)
 
     def __repr__(self):
         return f"<shmcoll.MPI.Datatype {self._name or self.typestr or 'DATATYPE_NULL'}>"
@@ -190,7 +198,8 @@ def _pair(value):
 
 # (MPICH's name, attributes that hold it, numpy dtype) as mpi4py maps them with MPICH on this platform
 _TABLE = [
-    ("MPI_DATATYPE_NULL", ["DATATYPE_NULL"], None),
+    ("MPI_DATATYPE_NULL", ["DATATYPE_NULL", "BFLOAT16_T", "INTEGER16", "REAL2", "COMPLEX4", "LOGICAL1", "LOGICAL2",
+                           "LOGICAL4", "LOGICAL8", "LOGICAL16"], None),    # types MPICH does not have here
     ("MPI_PACKED", ["PACKED"], np.uint8),
     ("MPI_BYTE", ["BYTE"], np.uint8),
     ("MPI_AINT", ["AINT"], np.intp),
@@ -208,8 +217,8 @@ _TABLE = [
     ("MPI_UNSIGNED", ["UNSIGNED", "UNSIGNED_INT"], np.uintc),
     ("MPI_UNSIGNED_LONG", ["UNSIGNED_LONG"], np.dtype("L")),
     ("MPI_UNSIGNED_LONG_LONG", ["UNSIGNED_LONG_LONG"], np.ulonglong),
-    ("MPI_FLOAT", ["FLOAT"], np.float32),
-    ("MPI_DOUBLE", ["DOUBLE"], np.float64),
+    ("MPI_FLOAT", ["FLOAT", "FLOAT32_T"], np.float32),
+    ("MPI_DOUBLE", ["DOUBLE", "FLOAT64_T"], np.float64),
     ("MPI_LONG_DOUBLE", ["LONG_DOUBLE"], np.longdouble),
     ("MPI_C_BOOL", ["C_BOOL", "BOOL"], np.bool_),
     ("MPI_INT8_T", ["INT8_T"], np.int8),
@@ -220,7 +229,7 @@ _TABLE = [
     ("MPI_UINT16_T", ["UINT16_T"], np.uint16),
     ("MPI_UINT32_T", ["UINT32_T"], np.uint32),
     ("MPI_UINT64_T", ["UINT64_T"], np.uint64),
-    ("MPIX_C_FLOAT16", [], np.float16),
+    ("MPIX_C_FLOAT16", ["FLOAT16_T"], np.float16),
     ("MPI_C_COMPLEX", ["C_COMPLEX", "C_FLOAT_COMPLEX"], np.complex64),
     ("MPI_C_DOUBLE_COMPLEX", ["C_DOUBLE_COMPLEX"], np.complex128),
     ("MPI_C_LONG_DOUBLE_COMPLEX", ["C_LONG_DOUBLE_COMPLEX"], np.clongdouble),
@@ -235,6 +244,16 @@ _TABLE = [
     ("MPI_DOUBLE_PRECISION", ["DOUBLE_PRECISION", "F_DOUBLE"], np.float64),
     ("MPI_COMPLEX", ["COMPLEX", "F_COMPLEX", "F_FLOAT_COMPLEX"], np.complex64),
     ("MPI_DOUBLE_COMPLEX", ["DOUBLE_COMPLEX", "F_DOUBLE_COMPLEX"], np.complex128),
+    ("MPI_INTEGER1", ["INTEGER1"], np.int8),
+    ("MPI_INTEGER2", ["INTEGER2"], np.int16),
+    ("MPI_INTEGER4", ["INTEGER4"], np.int32),
+    ("MPI_INTEGER8", ["INTEGER8"], np.int64),
+    ("MPI_REAL4", ["REAL4"], np.float32),
+    ("MPI_REAL8", ["REAL8"], np.float64),
+    ("MPI_REAL16", ["REAL16"], np.longdouble),
+    ("MPI_COMPLEX8", ["COMPLEX8"], np.complex64),
+    ("MPI_COMPLEX16", ["COMPLEX16"], np.complex128),
+    ("MPI_COMPLEX32", ["COMPLEX32"], np.clongdouble),
     ("MPI_SHORT_INT", ["SHORT_INT"], _pair(np.short)),
     ("MPI_2INT", ["TWOINT", "INT_INT"], _pair(np.intc)),
     ("MPI_LONG_INT", ["LONG_INT"], _pair(np.dtype("l"))),
@@ -249,7 +268,6 @@ for _name, _attrs, _dt in _TABLE:
     _t = Datatype._make(None if _dt is None else np.dtype(_dt), 1, _name, predefined=True)
     _BY_NAME[_name] = _t
     PREDEFINED.update(dict.fromkeys(_attrs, _t))
-PREDEFINED["2INT"] = PREDEFINED["TWOINT"]
 
 
 def _predefined(name):

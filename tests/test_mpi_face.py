@@ -20,10 +20,13 @@ need_peer = pytest.mark.skipif(not os.path.exists(PEER_PY), reason="mpi4py with 
 
 CONSTANTS = ["ANY_SOURCE", "ANY_TAG", "PROC_NULL", "ROOT", "UNDEFINED", "TAG_UB", "SUCCESS", "IDENT", "CONGRUENT",
              "SIMILAR", "UNEQUAL", "COMM_TYPE_SHARED", "THREAD_SINGLE", "THREAD_FUNNELED", "THREAD_SERIALIZED",
-             "THREAD_MULTIPLE", "COMBINER_NAMED", "COMBINER_DUP", "COMBINER_CONTIGUOUS", "MAX_PROCESSOR_NAME",
-             "MAX_ERROR_STRING", "BSEND_OVERHEAD"]
+             "THREAD_MULTIPLE", "MAX_PROCESSOR_NAME", "MAX_ERROR_STRING", "BSEND_OVERHEAD", "COMM_TYPE_HW_GUIDED",
+             "COMM_TYPE_HW_UNGUIDED", "COMM_TYPE_RESOURCE_GUIDED", "ORDER_C", "ORDER_F", "ORDER_FORTRAN",
+             "DISTRIBUTE_BLOCK", "DISTRIBUTE_CYCLIC", "DISTRIBUTE_NONE", "DISTRIBUTE_DFLT_DARG"] + \
+    [n for n in dir(MPI) if n.startswith("COMBINER_")]
 PAIRS = {"FLOAT_INT", "DOUBLE_INT", "LONG_INT", "TWOINT", "SHORT_INT", "LONG_DOUBLE_INT", "INT_INT"}
 TYPES = sorted(k for k, v in vars(MPI).items() if isinstance(v, MPI.Datatype) and v and not k[0].isdigit())
+NULL_TYPES = sorted(k for k, v in vars(MPI).items() if isinstance(v, MPI.Datatype) and not v)
 
 
 def peer(code):
@@ -74,6 +77,15 @@ def test_datatypes_as_mpich_maps_them():
 
 
 @need_peer
+def test_null_datatypes_as_mpich():
+    """The types MPICH lacks here (BFLOAT16_T, LOGICAL1, ...) are DATATYPE_NULL, and only those."""
+    names = sorted(k for k, v in vars(MPI).items() if isinstance(v, MPI.Datatype))
+    theirs = peer(f"from mpi4py import MPI; import json; print(json.dumps([n for n in {names!r} "
+                  f"if not getattr(MPI, n)]))")
+    assert NULL_TYPES == theirs
+
+
+@need_peer
 def test_typedict_and_contiguous_as_mpi4py():
     theirs = peer("""
         from mpi4py import MPI; import json
@@ -84,7 +96,8 @@ def test_typedict_and_contiguous_as_mpi4py():
                           "z": [z.Get_size(), list(z.Get_extent())],
                           "pair": [list(MPI.DOUBLE_INT.Create_contiguous(2).Get_true_extent())],
                           "eq": [MPI.DOUBLE.Dup() == MPI.DOUBLE, MPI.Datatype.fromcode("d") == MPI.DOUBLE,
-                                 MPI.UNSIGNED_INT == MPI.UNSIGNED, MPI.INT32_T == MPI.INT]}))""")
+                                 MPI.UNSIGNED_INT == MPI.UNSIGNED, MPI.INT32_T == MPI.INT,
+                                 MPI.Datatype(MPI.INT) == MPI.INT, MPI.Datatype(MPI.INT) is MPI.INT]}))""")
     assert {k: v.Get_name() for k, v in MPI._typedict.items()} == theirs["dict"]
     t = MPI.DOUBLE.Create_contiguous(3)
     u = t.Create_contiguous(2)
@@ -94,7 +107,8 @@ def test_typedict_and_contiguous_as_mpi4py():
     assert [z.Get_size(), list(z.Get_extent())] == theirs["z"]
     assert [list(MPI.DOUBLE_INT.Create_contiguous(2).Get_true_extent())] == theirs["pair"]
     assert [MPI.DOUBLE.Dup() == MPI.DOUBLE, MPI.Datatype.fromcode("d") == MPI.DOUBLE,
-            MPI.UNSIGNED_INT == MPI.UNSIGNED, MPI.INT32_T == MPI.INT] == theirs["eq"]
+            MPI.UNSIGNED_INT == MPI.UNSIGNED, MPI.INT32_T == MPI.INT,
+            MPI.Datatype(MPI.INT) == MPI.INT, MPI.Datatype(MPI.INT) is MPI.INT] == theirs["eq"]
 
 
 @pytest.mark.parametrize("name", TYPES)
@@ -170,6 +184,13 @@ def test_environment():
 def test_uncovered_raise_naming_the_call(call):
     with pytest.raises(NotImplementedError, match="not covered"):
         call()
+
+
+def test_object_reductions_with_replace_and_no_op():
+    """mpi4py's meaning as a reduction's op: REPLACE the later operand, NO_OP the earlier."""
+    assert MPI.REPLACE(1, 2) == 2 and MPI.NO_OP(1, 2) == 1
+    assert not MPI.REPLACE.Is_commutative() and not MPI.NO_OP.Is_commutative()
+    assert MPI.pickle.loads(MPI.pickle.dumps({"a": [1, 2]})) == {"a": [1, 2]}
 
 
 def test_unknown_name_is_an_attribute_error():
