@@ -30,6 +30,8 @@ class Datatype:
         self.base, self.count, self._name, self._combiner, self._parent = None, 1, "", COMBINER_NAMED, None
         self._predefined, self._handle = False, self
         if datatype is not None:
+            if not isinstance(datatype, Datatype):
+                raise TypeError(f"Datatype() takes a Datatype, not {type(datatype).__name__}")
             self.__dict__.update(datatype.__dict__)
 
     @classmethod
@@ -62,6 +64,8 @@ class Datatype:
         return 0, self.base.itemsize * (self.count - 1) + tail if self.count else 0
 
     size = property(Get_size)
+    true_lb = property(lambda self: self.Get_true_extent()[0])
+    true_ub = property(lambda self: sum(self.Get_true_extent()))
     extent = property(lambda self: self.Get_extent()[1])
     lb = property(lambda self: 0)
     ub = property(lambda self: self.Get_extent()[1])
@@ -94,6 +98,15 @@ class Datatype:
         return [], [], counts, [self._parent]
 
     contents = property(Get_contents)
+
+    def decode(self):
+        """(the type it was made from, the combiner's name, its parameters), as mpi4py's."""
+        self._live("decode")
+        if self._combiner == COMBINER_NAMED:
+            return self, "NAMED", {}
+        if self._combiner == COMBINER_DUP:
+            return self._parent, "DUP", {}
+        return self._parent, "CONTIGUOUS", {"count": self.Get_contents()[2][0]}
     is_named = property(lambda self: self._combiner == COMBINER_NAMED and self.base is not None)
     is_predefined = property(lambda self: self._predefined or self.base is None)
 
@@ -103,6 +116,8 @@ class Datatype:
         derived or pair type."""
         if self.base is None:
             return ""
+        if self._combiner == COMBINER_DUP:
+            return self._parent.typechar
         if not self.is_named or self.base.names:
             return "V"
         return _CHARS.get(self._name, self.base.char)
@@ -158,8 +173,8 @@ class Datatype:
 
     def __reduce__(self):
         """A predefined type unpickles as itself, so `==` still holds."""
-        if self._predefined:
-            return _predefined, (self._handle._name,)
+        if self._predefined:        # a copy (Datatype(MPI.INT)) unpickles as another copy
+            return (_predefined, (self._name,)) if self is self._handle else (Datatype, (self._handle,))
         if self.base is None:
             return _predefined, ("MPI_DATATYPE_NULL",)
         return Datatype._make, (self.base, self.count, self._name, self._combiner, self._parent)
@@ -187,7 +202,7 @@ def _uncovered(call):
 for _call in ("Create_vector", "Create_hvector", "Create_indexed", "Create_hindexed", "Create_indexed_block",
               "Create_hindexed_block", "Create_struct", "Create_subarray", "Create_darray", "Create_resized",
               "Resized", "Pack", "Unpack", "Pack_size", "Pack_external", "Unpack_external", "Pack_external_size",
-              "Create_f90_integer", "Create_f90_real", "Create_f90_complex", "Match_size", "decode"):
+              "Create_f90_integer", "Create_f90_real", "Create_f90_complex", "Match_size", "Get_value_index"):
     setattr(Datatype, _call, _uncovered(_call))
 
 

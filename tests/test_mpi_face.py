@@ -22,7 +22,8 @@ CONSTANTS = ["ANY_SOURCE", "ANY_TAG", "PROC_NULL", "ROOT", "UNDEFINED", "TAG_UB"
              "SIMILAR", "UNEQUAL", "COMM_TYPE_SHARED", "THREAD_SINGLE", "THREAD_FUNNELED", "THREAD_SERIALIZED",
              "THREAD_MULTIPLE", "MAX_PROCESSOR_NAME", "MAX_ERROR_STRING", "BSEND_OVERHEAD", "COMM_TYPE_HW_GUIDED",
              "COMM_TYPE_HW_UNGUIDED", "COMM_TYPE_RESOURCE_GUIDED", "ORDER_C", "ORDER_F", "ORDER_FORTRAN",
-             "DISTRIBUTE_BLOCK", "DISTRIBUTE_CYCLIC", "DISTRIBUTE_NONE", "DISTRIBUTE_DFLT_DARG"] + \
+             "DISTRIBUTE_BLOCK", "DISTRIBUTE_CYCLIC", "DISTRIBUTE_NONE", "DISTRIBUTE_DFLT_DARG", "TYPECLASS_REAL",
+             "TYPECLASS_INTEGER", "TYPECLASS_COMPLEX"] + \
     [n for n in dir(MPI) if n.startswith("COMBINER_")]
 PAIRS = {"FLOAT_INT", "DOUBLE_INT", "LONG_INT", "TWOINT", "SHORT_INT", "LONG_DOUBLE_INT", "INT_INT"}
 TYPES = sorted(k for k, v in vars(MPI).items() if isinstance(v, MPI.Datatype) and v and not k[0].isdigit())
@@ -95,6 +96,8 @@ def test_typedict_and_contiguous_as_mpi4py():
                           "cc": [u.Get_size(), list(u.Get_extent()), list(u.Get_envelope()), u.typestr],
                           "z": [z.Get_size(), list(z.Get_extent())],
                           "pair": [list(MPI.DOUBLE_INT.Create_contiguous(2).Get_true_extent())],
+                          "decode": [[d.decode()[1], d.decode()[2], d.typechar, d.true_lb, d.true_ub]
+                                     for d in (MPI.INT, MPI.INT.Dup().Dup(), MPI.INT.Create_contiguous(4))],
                           "eq": [MPI.DOUBLE.Dup() == MPI.DOUBLE, MPI.Datatype.fromcode("d") == MPI.DOUBLE,
                                  MPI.UNSIGNED_INT == MPI.UNSIGNED, MPI.INT32_T == MPI.INT,
                                  MPI.Datatype(MPI.INT) == MPI.INT, MPI.Datatype(MPI.INT) is MPI.INT]}))""")
@@ -106,6 +109,8 @@ def test_typedict_and_contiguous_as_mpi4py():
     assert [u.Get_size(), list(u.Get_extent()), list(u.Get_envelope()), u.typestr] == theirs["cc"]
     assert [z.Get_size(), list(z.Get_extent())] == theirs["z"]
     assert [list(MPI.DOUBLE_INT.Create_contiguous(2).Get_true_extent())] == theirs["pair"]
+    assert [[d.decode()[1], d.decode()[2], d.typechar, d.true_lb, d.true_ub]
+            for d in (MPI.INT, MPI.INT.Dup().Dup(), MPI.INT.Create_contiguous(4))] == theirs["decode"]
     assert [MPI.DOUBLE.Dup() == MPI.DOUBLE, MPI.Datatype.fromcode("d") == MPI.DOUBLE,
             MPI.UNSIGNED_INT == MPI.UNSIGNED, MPI.INT32_T == MPI.INT,
             MPI.Datatype(MPI.INT) == MPI.INT, MPI.Datatype(MPI.INT) is MPI.INT] == theirs["eq"]
