@@ -130,7 +130,9 @@ def _self():
 def _comm(name):
     with _lock:
         if name not in _comms:
-            _comms[name] = launcher.init() if name == "COMM_WORLD" else _self()
+            comm = _comms[name] = launcher.init() if name == "COMM_WORLD" else _self()
+            if hasattr(comm, "Set_name"):       # communicator names live with comms.py
+                comm.Set_name("MPI_" + name)
         return _comms[name]
 
 
