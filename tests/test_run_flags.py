@@ -13,7 +13,8 @@ from conftest import ROOT, cli, expected_affinity
 
 MPICH = "/tmp/peer-mpich/bin/mpiexec"
 OMPI = "/tmp/peer-ompi/bin/mpiexec"
-OMPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+OMPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+            "OMPI_MCA_rmaps_base_oversubscribe": "1"}
 AFFINITY = "import os; print(os.environ['SHMCOLL_RANK'], sorted(os.sched_getaffinity(0)))"
 pytestmark = pytest.mark.timeout(120)
 
@@ -51,7 +52,7 @@ def test_map_by_is_the_map():
 
 
 def test_environment_flags_reach_every_rank():
-    code = "import os; print(os.environ['SHMCOLL_RANK'], os.environ['A'], os.environ['B'], os.environ['C'], os.environ['D'])"
+    code = "import os; print(os.environ['SHMCOLL_RANK'], *(os.environ[v] for v in 'ABCD'))"
     p = run("-n", "3", "-x", "A", "-x", "B=from-x", "--env", "C=from env=with equals", "-genv", "D", "from genv",
             "--", "-c", code, env={"A": "exported", "B": "shadowed"})
     assert p.returncode == 0, p.stderr
@@ -64,7 +65,8 @@ def test_unset_export_is_a_usage_error():
 
 
 TAGGED = "import sys; print('out', 1); print('line', 2); print('err', file=sys.stderr)"
-ONE = "import os; os.write(1, b'out 1\\n'); os.write(2, b'err\\n')"    # one write a line: MPICH's -l splits lines written piecewise
+# one write a line: MPICH's -l splits lines written piecewise
+ONE = "import os; os.write(1, b'out 1\\n'); os.write(2, b'err\\n')"
 PREFIX = {"--tag-output": "[1,{rank}]<{stream}>: ", "-l": "[{rank}] "}
 
 
