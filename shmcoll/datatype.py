@@ -302,6 +302,10 @@ _CODES = {"?": "C_BOOL", "b": "SIGNED_CHAR", "h": "SHORT", "i": "INT", "l": "LON
           "w": "WCHAR", "1w": "WCHAR", "M": "INT64_T", "M8": "INT64_T", "m": "INT64_T", "m8": "INT64_T"}
 _typedict = {code: PREDEFINED[name] for code, name in _CODES.items()}
 _typedict["e"] = _typedict["f2"] = _BY_NAME["MPIX_C_FLOAT16"]
-_typedict_c = {k: v for k, v in _typedict.items() if k in "? b h i l q B H I L Q f d g F D G e".split()
+_typedict_c = {k: v for k, v in _typedict.items() if k in "? b h i l q B H I L Q f d g F D G".split()
                or k[:1] in "ifucb" and k[1:].isdigit()}
-_typedict_f = {}
+# Fortran's typecodes, as mpi4py's MPI._typedict_f
+_typedict_f = {code: PREDEFINED[name] for code, name in {
+    "l": "LOGICAL", "i": "INTEGER", "r": "REAL", "s": "REAL", "d": "DOUBLE_PRECISION", "c": "COMPLEX",
+    "z": "DOUBLE_COMPLEX", "i1": "INTEGER1", "i2": "INTEGER2", "i4": "INTEGER4", "i8": "INTEGER8", "r4": "REAL4",
+    "r8": "REAL8", "r16": "REAL16", "c8": "COMPLEX8", "c16": "COMPLEX16", "c32": "COMPLEX32"}.items()}

@@ -91,7 +91,8 @@ def test_typedict_and_contiguous_as_mpi4py():
     theirs = peer("""
         from mpi4py import MPI; import json
         t = MPI.DOUBLE.Create_contiguous(3); u = t.Create_contiguous(2); z = MPI.INT.Create_contiguous(0)
-        print(json.dumps({"dict": {k: v.Get_name() for k, v in MPI._typedict.items()},
+        print(json.dumps({"dict": [{k: v.Get_name() for k, v in d.items()}
+                                   for d in (MPI._typedict, MPI._typedict_c, MPI._typedict_f)],
                           "c": [t.Get_size(), list(t.Get_extent()), list(t.Get_envelope()), t.typestr, t.combiner],
                           "cc": [u.Get_size(), list(u.Get_extent()), list(u.Get_envelope()), u.typestr],
                           "z": [z.Get_size(), list(z.Get_extent())],
@@ -101,7 +102,8 @@ def test_typedict_and_contiguous_as_mpi4py():
                           "eq": [MPI.DOUBLE.Dup() == MPI.DOUBLE, MPI.Datatype.fromcode("d") == MPI.DOUBLE,
                                  MPI.UNSIGNED_INT == MPI.UNSIGNED, MPI.INT32_T == MPI.INT,
                                  MPI.Datatype(MPI.INT) == MPI.INT, MPI.Datatype(MPI.INT) is MPI.INT]}))""")
-    assert {k: v.Get_name() for k, v in MPI._typedict.items()} == theirs["dict"]
+    assert [{k: v.Get_name() for k, v in d.items()}
+            for d in (MPI._typedict, MPI._typedict_c, MPI._typedict_f)] == theirs["dict"]
     t = MPI.DOUBLE.Create_contiguous(3)
     u = t.Create_contiguous(2)
     z = MPI.INT.Create_contiguous(0)
