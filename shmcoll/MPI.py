@@ -18,7 +18,7 @@ import numpy as np
 
 from . import __version__, comms, launcher, ops, p2p
 from .buffers import IN_PLACE
-from .comm import Comm
+from .comm import Comm as _Comm
 from .datatype import COMBINERS, PREDEFINED, Datatype
 from .datatype import _typedict, _typedict_c, _typedict_f  # noqa: F401  (mpi4py's names, used by its tests)
 from .errors import ERR_CLASSES as _CLASSES, MPIError
@@ -28,7 +28,6 @@ globals().update(PREDEFINED)
 globals().update(COMBINERS)
 
 Exception = MPIError
-Intracomm = Comm
 Op = ops.Op
 SUM, PROD, MAX, MIN, LAND, LOR, LXOR, BAND, BOR, BXOR, MINLOC, MAXLOC = (
     ops.SUM, ops.PROD, ops.MAX, ops.MIN, ops.LAND, ops.LOR, ops.LXOR, ops.BAND, ops.BOR, ops.BXOR, ops.MINLOC,
@@ -88,7 +87,37 @@ def Get_error_class(errorcode):
 
 
 # -- the communicators ------------------------------------------------------------
-class _NullComm(Comm):
+class _Face(type):
+    """Every shmcoll communicator is an MPI.Comm and an MPI.Intracomm
+    (isinstance), and the class's attributes are shmcoll.Comm's."""
+
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, _Comm)
+
+    def __subclasscheck__(cls, sub):
+        return issubclass(sub, _Comm) or type.__subclasscheck__(cls, sub)
+
+    def __getattr__(cls, name):
+        return getattr(_Comm, name)
+
+
+class Comm(metaclass=_Face):
+    """MPI.Comm(comm) is comm (mpi4py: another handle to it); MPI.Comm()
+    and MPI.Comm(COMM_NULL) a null communicator, equal to COMM_NULL."""
+
+    def __new__(cls, comm=None):
+        if comm is None or isinstance(comm, _NullComm):
+            return _NullComm()
+        if not isinstance(comm, _Comm):
+            raise TypeError(f"{cls.__name__}() takes a communicator, not {type(comm).__name__}")
+        return comm
+
+
+class Intracomm(Comm):
+    __doc__ = Comm.__doc__
+
+
+class _NullComm(_Comm):
     """COMM_NULL: a Comm that is false and refuses every call."""
 
     def __init__(self):
@@ -124,7 +153,7 @@ def _self():
     job = launcher.Job(1, bind="none")
     dev = job.device.for_rank(0)
     launcher._register(dev, launcher.os.getpid())
-    return Comm(dev)
+    return _Comm(dev)
 
 
 def _comm(name):

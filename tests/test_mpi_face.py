@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, cli
+import shmcoll
 from shmcoll import MPI, errors
 
 PEER = "/tmp/peer-mpich"
@@ -199,6 +200,11 @@ def test_environment():
     assert MPI.COMM_WORLD.Get_size() == 1 and isinstance(MPI.COMM_WORLD, MPI.Intracomm)
     assert MPI.COMM_SELF.Get_size() == 1 and MPI.COMM_SELF is not MPI.COMM_WORLD
     assert not MPI.COMM_NULL and isinstance(MPI.COMM_NULL, MPI.Comm)
+    assert MPI.Intracomm(MPI.COMM_WORLD) is MPI.COMM_WORLD and isinstance(MPI.COMM_SELF, MPI.Comm)
+    assert MPI.Intracomm(MPI.COMM_NULL) == MPI.COMM_NULL == MPI.Comm() and not MPI.Comm()
+    assert issubclass(MPI.Intracomm, MPI.Comm) and MPI.Comm.Bcast is shmcoll.Comm.Bcast
+    with pytest.raises(TypeError):
+        MPI.Comm(3)
     with pytest.raises(MPI.Exception):
         MPI.COMM_NULL.Barrier()
 
