@@ -50,7 +50,7 @@ THREAD_SINGLE, THREAD_FUNNELED, THREAD_SERIALIZED, THREAD_MULTIPLE = 0, 1, 2, 3
 # Calls on one communicator from several threads at once are refused
 # (SC_EBUSY), not serialized for the caller: one communicator per thread
 # (Dup) is what shmcoll supports, so it promises SERIALIZED, not MULTIPLE.
-THREAD_LEVEL = THREAD_SERIALIZED
+_THREAD_LEVEL = THREAD_SERIALIZED
 VERSION, SUBVERSION = 4, 0          # the MPI standard whose calls the covered subset follows
 
 # MPICH's error classes (errors.ERR_CLASSES holds the ones shmcoll raises) and their strings
@@ -249,7 +249,7 @@ def Is_finalized():
 
 
 def Query_thread():
-    return THREAD_LEVEL
+    return _THREAD_LEVEL
 
 
 def Is_thread_main():
