@@ -393,3 +393,6 @@ if Message is None:     # matched probes live with point-to-point (p2p.py)
     MESSAGE_NULL = None
 
 del _call
+# `from shmcoll.MPI import *`: MPI's names (COMM_WORLD and COMM_SELF made then), not this module's imports
+__all__ = sorted([n for n in globals() if n[:1].isupper()] + ["COMM_WORLD", "COMM_SELF", "buffer", "memory", "pickle",
+                                                             "get_vendor"])

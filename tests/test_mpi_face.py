@@ -226,6 +226,12 @@ def test_object_reductions_with_replace_and_no_op():
     assert MPI.pickle.loads(MPI.pickle.dumps({"a": [1, 2]})) == {"a": [1, 2]}
 
 
+def test_star_import_gives_mpi_names_only():
+    scope = {}
+    exec("from shmcoll.MPI import *", scope)
+    assert scope["COMM_WORLD"] is MPI.COMM_WORLD and scope["DOUBLE"] is MPI.DOUBLE and "np" not in scope
+
+
 def test_unknown_name_is_an_attribute_error():
     with pytest.raises(AttributeError):
         MPI.NO_SUCH_THING
