@@ -1,13 +1,51 @@
 """`shmcoll run | topo | bench | options | alcd | program`."""
 import argparse
+import os
 import sys
 
 
+# mpiexec's --map-by objects as shmcoll's maps: by core fills a socket first
+# (compact), by socket or NUMA node deals ranks round-robin across them (scatter)
+MAP_BY = {"core": "compact", "hwthread": "compact", "slot": "compact", "node": "compact", "socket": "scatter",
+          "package": "scatter", "numa": "scatter"}
+BIND_TO = {"core": "core", "hwthread": "core", "socket": "socket", "package": "socket", "numa": "numa",
+           "none": "none"}
+TAGS = {"tag": "[1,{rank}]<{stream}>: ", "rank": "[{rank}] "}    # Open MPI's --tag-output, MPICH's -prepend-rank
+
+
+def _version():
+    from . import __version__
+    return f"shmcoll {__version__}"
+
+
+def _parser(prog, description):
+    ap = argparse.ArgumentParser(prog=prog, description=description)
+    ap.add_argument("--version", action="version", version=_version())
+    return ap
+
+
 def _run(argv):
-    ap = argparse.ArgumentParser(prog="shmcoll run", description="Run CMD on N pinned ranks (like mpiexec).")
-    ap.add_argument("-n", "--np", type=int, required=True, dest="n")
-    ap.add_argument("--bind", default="core", choices=["core", "socket", "numa", "none"])
-    ap.add_argument("--map", default="compact", choices=["compact", "scatter"])
+    ap = _parser("shmcoll run", "Run CMD on N pinned ranks, like mpiexec (and with mpiexec's flags).")
+    ap.add_argument("-n", "-np", "--np", type=int, required=True, dest="n", help="number of ranks")
+    ap.add_argument("--bind", "--bind-to", "-bind-to", default="core", choices=list(BIND_TO), dest="bind",
+                    help="pin each rank to its core (default), its socket or NUMA node, or not at all")
+    ap.add_argument("--map", default=None, choices=["compact", "scatter"], help="compact: fill a socket first; "
+                    "scatter: deal ranks round-robin across sockets")
+    ap.add_argument("--map-by", "-map-by", default=None, choices=list(MAP_BY), dest="map_by",
+                    help="mpiexec's: core (compact), socket or numa (scatter)")
+    ap.add_argument("-x", action="append", default=[], metavar="VAR[=VALUE]",
+                    help="export VAR from this environment (or set it to VALUE) to every rank (Open MPI's -x)")
+    ap.add_argument("--env", "-env", action="append", default=[], metavar="VAR=VALUE",
+                    help="set VAR to VALUE in every rank's environment")
+    ap.add_argument("-genv", "--genv", nargs=2, action="append", default=[], metavar=("VAR", "VALUE"),
+                    help="MPICH's: set VAR to VALUE in every rank's environment")
+    ap.add_argument("--tag-output", "-tag-output", action="store_const", const="tag", dest="tag",
+                    help="prefix each output line with its rank, as Open MPI's: [1,RANK]<stdout>: ")
+    ap.add_argument("-l", "--prepend-rank", "-prepend-rank", action="store_const", const="rank", dest="tag",
+                    help="prefix each output line with its rank, as MPICH's: [RANK] ")
+    ap.add_argument("--oversubscribe", "-oversubscribe", action="store_true",
+                    help="accepted, for mpiexec's command lines: more ranks than cores always run (cores are "
+                         "shared round-robin)")
     ap.add_argument("--topology", default=None, help="virtual topology SxC[xN], e.g. 2x4")
     ap.add_argument("--timeout", type=float, default=None)
     ap.add_argument("--exec", action="store_true", dest="fresh",
@@ -19,17 +57,40 @@ def _run(argv):
     cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
     if not cmd:
         ap.error("no command given (shmcoll run -n 4 -- script.py)")
+    if a.map and a.map_by and a.map != MAP_BY[a.map_by]:
+        ap.error(f"--map {a.map} and --map-by {a.map_by} disagree")
     from .launcher import _check_nprocs, _check_timeout, run
     try:
         _check_nprocs(a.n)
         _check_timeout(a.timeout)
+        env = _environment(a.x, a.env, a.genv)
     except (TypeError, ValueError) as e:
         ap.error(str(e))
-    return run(a.n, cmd, bind=a.bind, map=a.map, topology=a.topology, timeout=a.timeout, fork=not a.fresh)
+    return run(a.n, cmd, bind=BIND_TO[a.bind], map=a.map or MAP_BY.get(a.map_by, "compact"), topology=a.topology,
+               timeout=a.timeout, fork=not a.fresh, env=env, tag=TAGS.get(a.tag))
+
+
+def _environment(exports, settings, pairs):
+    """The variables -x, --env and -genv give every rank."""
+    env = {}
+    for var in exports:
+        name, eq, value = var.partition("=")
+        if not eq:
+            if name not in os.environ:
+                raise ValueError(f"-x {name}: {name} is not set in this environment")
+            value = os.environ[name]
+        env[name] = value
+    for setting in settings:
+        name, eq, value = setting.partition("=")
+        if not eq or not name:
+            raise ValueError(f"--env takes VAR=VALUE, not {setting!r}")
+        env[name] = value
+    env.update(dict(pairs))
+    return env
 
 
 def _topo(argv):
-    ap = argparse.ArgumentParser(prog="shmcoll topo", description="Print the node's (or a virtual) topology.")
+    ap = _parser("shmcoll topo", description="Print the node's (or a virtual) topology.")
     ap.add_argument("--topology", default=None)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
@@ -44,13 +105,14 @@ def _topo(argv):
 
 
 def _options(argv):
+    _parser("shmcoll options", "Print every tunable, its value and where the value came from.").parse_args(argv)
     from . import options
     print(options.describe(options.resolve()))
     return 0
 
 
 def _alcd(argv):
-    ap = argparse.ArgumentParser(prog="shmcoll alcd", description="Communication distance of every allgather "
+    ap = _parser("shmcoll alcd", description="Communication distance of every allgather "
                                  "algorithm's schedule (paper 000), logical and, with a topology, physical.")
     ap.add_argument("-p", "--np", type=int, required=True, dest="p")
     ap.add_argument("--topology", default=None, help="where ranks sit: a virtual topology SxC[xN] or 'real'")
@@ -82,7 +144,7 @@ def _size(text):
 
 
 def _program(argv):
-    ap = argparse.ArgumentParser(prog="shmcoll program", description="Print each rank's compiled program for a "
+    ap = _parser("shmcoll program", description="Print each rank's compiled program for a "
                                  "collective (planned and compiled here, no rank launched).")
     ap.add_argument("op", help="collective, e.g. bcast, allgather, alltoall")
     ap.add_argument("-n", "--np", type=int, required=True, dest="n")
@@ -105,6 +167,9 @@ def _program(argv):
 
 
 def _bench(argv):
+    if argv[:1] == ["--version"]:
+        print(_version())
+        return 0
     from .bench import main
     return main(argv)
 
@@ -120,6 +185,9 @@ HELP = {"run": "run a program on N pinned ranks, like mpiexec", "topo": "the nod
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     usage = f"usage: shmcoll {{{','.join(COMMANDS)}}} ...  (shmcoll COMMAND --help for its options)"
+    if argv[:1] == ["--version"]:
+        print(_version())
+        return 0
     if argv[:1] in (["-h"], ["--help"]):
         print(usage + "\n\n" + "\n".join(f"  {c:8} {HELP[c]}" for c in COMMANDS))
         return 0

@@ -15,6 +15,7 @@ import numbers
 import os
 import pickle
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -477,13 +478,45 @@ def _leave(comm, dev):
         os._exit(1)
 
 
+# Another launcher's job: (its name, the variables that give size and rank
+# away).  Bare PMIx (PMIX_RANK) tells no size, so only its ranks past 0 know.
+_FOREIGN = (("mpiexec (MPICH/Hydra)", "PMI_SIZE", ("PMI_RANK", "PMI_SIZE")),
+            ("mpiexec (Open MPI)", "OMPI_COMM_WORLD_SIZE", ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")),
+            ("srun (Slurm)", "SLURM_STEP_NUM_TASKS", ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_ID")),
+            ("torchrun (torch.distributed)", "WORLD_SIZE", ("RANK", "WORLD_SIZE", "LOCAL_RANK")),
+            ("a PMIx launcher (prterun, srun --mpi=pmix)", None, ("PMIX_RANK", "PMIX_NAMESPACE")))
+
+
+def _foreign_launcher(env):
+    """A RuntimeError naming the launcher, when env is that of one rank of
+    a job of several that another launcher started; else None."""
+    for name, size, shown in _FOREIGN:
+        try:
+            several = int(env[size]) > 1 if size else int(env[shown[0]]) > 0
+        except (KeyError, ValueError):
+            continue
+        if several:
+            found = ", ".join(f"{v}={env[v]}" for v in shown if v in env)
+            n = env.get(size, "N") if size else "N"
+            return RuntimeError(
+                f"shmcoll.init(): this process is one rank of a job started by {name} ({found}), not by "
+                f"`shmcoll run`; shmcoll cannot join another launcher's job, and each process would be a world "
+                f"of one.  Start the program with `shmcoll run -n {n} ...` instead (it takes mpiexec's -n, "
+                f"--bind-to, --map-by, -x, --env, --tag-output).")
+    return None
+
+
 def init():
     """The world communicator of this process: the job's when started by
-    `shmcoll run`, else a one-rank world (like an MPI singleton)."""
+    `shmcoll run`, else a one-rank world (like an MPI singleton).  A rank
+    of another launcher's job of several (mpiexec, srun, torchrun) raises
+    RuntimeError: its world is not one rank."""
     global _world, _rank_pid
     if _world is not None:
         return _world
     plan_fd = os.environ.get("SHMCOLL_PLAN_FD")
+    if not plan_fd and (foreign := _foreign_launcher(os.environ)) is not None:
+        raise foreign
     if plan_fd:
         from .segment import Segment
         rank, fd, plan = int(os.environ["SHMCOLL_RANK"]), int(os.environ["SHMCOLL_FD"]), _read_plan(int(plan_fd))
@@ -509,13 +542,21 @@ def init():
 
 
 def run(nprocs, cmd, *, bind="core", map="compact", topology=None, timeout=None, options=None, grace=3.0,
-        fork=False):
+        fork=False, env=None, tag=None):
     """mpiexec: run cmd on every rank; return the first failing rank's exit
-    status (128 + signal for a signal), 0 if all succeed, 124 on timeout.
-    fork: Python commands (script.py, -m, -c) run in ranks forked from this
-    process (forkrun), which must then hold no other threads or foreign
-    state: the CLI's choice."""
+    status (128 + signal for a signal, as Open MPI's mpiexec), 0 if all
+    succeed, 124 on timeout, 127 (126) when cmd is not found (not
+    executable), said in one line and no rank started.  fork: Python
+    commands (script.py, -m, -c) run in ranks forked from this process
+    (forkrun), which must then hold no other threads or foreign state: the
+    CLI's choice.  env: variables added to every rank's environment.  tag:
+    a prefix for each line a rank writes, formatted with its rank and
+    stream ("stdout" or "stderr")."""
     nprocs, timeout = _check_nprocs(nprocs), _check_timeout(timeout)
+    missing = None if forkrun.is_python(cmd) else _unrunnable(cmd[0])
+    if missing:
+        print(f"shmcoll run: {missing[1]}", file=sys.stderr)
+        return missing[0]
     job = Job(nprocs, bind, map, topology, options)
     fork = fork and forkrun.is_python(cmd)
     if not fork and forkrun.is_python(cmd):
@@ -525,7 +566,7 @@ def run(nprocs, cmd, *, bind="core", map="compact", topology=None, timeout=None,
     sel = selectors.DefaultSelector()   # not select(): pidfds may be past FD_SETSIZE
     try:
         plan_fd = _plan_fd(job.plan)
-        env = dict(os.environ, SHMCOLL_SIZE=str(nprocs), SHMCOLL_FD=str(job.device.segment.fd),
+        env = dict(os.environ, **(env or {}), SHMCOLL_SIZE=str(nprocs), SHMCOLL_FD=str(job.device.segment.fd),
                    SHMCOLL_PLAN_FD=str(plan_fd), SHMCOLL_LAUNCHER_PID=str(parent))
         if fork:
             gate, gate_w = os.pipe()    # the ranks start once all are forked (see _wait_gate)
@@ -542,9 +583,10 @@ def run(nprocs, cmd, *, bind="core", map="compact", topology=None, timeout=None,
                                               preexec_fn=prep))
         # forwarders only now: a fork while one held sys.stdout's lock would
         # leave the lock held in the child
-        for p in procs:
-            for src, dst in ((p.stdout, sys.stdout), (p.stderr, sys.stderr)):
-                forwarders.append(threading.Thread(target=_forward, args=(src, dst), daemon=True))
+        for rank, p in enumerate(procs):
+            for src, dst, stream in ((p.stdout, sys.stdout, "stdout"), (p.stderr, sys.stderr, "stderr")):
+                prefix = tag.format(rank=rank, stream=stream).encode() if tag else b""
+                forwarders.append(threading.Thread(target=_forward, args=(src, dst, prefix), daemon=True))
                 forwarders[-1].start()
         job.device.segment.close_fd()
         os.close(plan_fd)
@@ -602,11 +644,22 @@ def run(nprocs, cmd, *, bind="core", map="compact", topology=None, timeout=None,
         job.close()
 
 
-def _forward(src, dst):
+def _unrunnable(program):
+    """(exit status, one line) when program cannot be started: 127 not
+    found, 126 not executable, as a shell says; else None."""
+    path = program if os.sep in program else shutil.which(program)
+    if path is None or not os.path.exists(path):
+        return 127, f"{program}: command not found" if os.sep not in program else f"{program}: no such file"
+    if os.path.isdir(path) or not os.access(path, os.X_OK):
+        return 126, f"{program}: not an executable file (permission denied)"
+    return None
+
+
+def _forward(src, dst, prefix=b""):
     """Copy a rank's output to ours a whole line at a time, as mpiexec does,
-    so lines of different ranks never interleave."""
+    so lines of different ranks never interleave; prefix: --tag-output's."""
     out = getattr(dst, "buffer", dst)
     for line in iter(src.readline, b""):
-        out.write(line)
+        out.write(prefix + line)
         out.flush()
     src.close()

@@ -45,6 +45,11 @@ def _itemsize(datatype):
     return np.dtype(datatype).itemsize
 
 
+def _element(datatype):
+    """The element type of an MPI datatype (duck-typed), else datatype."""
+    return datatype.base if hasattr(datatype, "base") and hasattr(datatype, "Get_size") else datatype
+
+
 class Status:
     """What a completed receive (or probe) found: source, tag, error and
     the message's size in bytes; count and elements per datatype."""
@@ -87,10 +92,13 @@ class Status:
             return 0 if self.nbytes == 0 else UNDEFINED
         return self.nbytes // size if self.nbytes % size == 0 else UNDEFINED
 
-    Get_elements = Get_count    # contiguous datatypes only: elements are items
+    def Get_elements(self, datatype):
+        """Basic elements in the message: an MPI datatype's items hold
+        .count elements of its .base each (contiguous datatypes)."""
+        return self.Get_count(_element(datatype))
 
     def Set_elements(self, datatype, count):
-        self.nbytes = count * _itemsize(datatype)
+        self.nbytes = count * _itemsize(_element(datatype))
 
     def Is_cancelled(self):
         return self.cancelled

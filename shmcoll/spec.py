@@ -29,9 +29,10 @@ from .buffers import IN_PLACE
 
 
 def is_datatype(x):
-    """What mpi4py takes as the datatype of a spec (here: anything numpy
-    names a dtype by: a typecode string, a dtype, a scalar type)."""
-    return isinstance(x, (str, np.dtype, type))
+    """What mpi4py takes as the datatype of a spec: an MPI datatype
+    (shmcoll.MPI.DOUBLE, ...: anything with .base and Get_size), or
+    anything numpy names a dtype by (a typecode string, a dtype, a type)."""
+    return isinstance(x, (str, np.dtype, type)) or hasattr(x, "base") and hasattr(x, "Get_size")
 
 
 def _index(x, name, what):
@@ -60,7 +61,10 @@ def _raw(buf, dtype, name, writable):
     if dtype is None:
         return raw, buffers.dtype_of(buf) if buf is not None else np.dtype(np.uint8)
     try:
-        dt = np.dtype(dtype)
+        if hasattr(dtype, "base") and hasattr(dtype, "Get_size"):     # an MPI datatype: .count elements of .base
+            dt = dtype.base if dtype.Get_size() == dtype.base.itemsize else np.dtype((dtype.base, (dtype.count,)))
+        else:
+            dt = np.dtype(dtype)
     except TypeError:
         raise TypeError(f"{name}: {dtype!r} is not a datatype") from None
     if dt.hasobject or dt.itemsize == 0:
@@ -116,7 +120,7 @@ def simple(spec, name, writable, blocks=0):
                              + (f" past displacement {at // ext}" if at else ""))
         if nbytes and buf is None:
             raise ValueError(f"{name}: the buffer is None but the count is {count}")
-    return raw[at:at + nbytes].view(dt)
+    return raw[at:at + nbytes].view(dt.base)    # a contiguous MPI datatype's elements
 
 
 def vector(spec, name, nranks, writable, derive=True):
