@@ -144,24 +144,20 @@ class _NullComm(_Comm):
 
 
 COMM_NULL = _NullComm()
-_lock = threading.Lock()
+_lock = threading.RLock()
 _comms = {}
 
 
 def _self():
     """A one-rank communicator of this process only (COMM_SELF)."""
-    job = launcher.Job(1, bind="none")
-    dev = job.device.for_rank(0)
-    launcher._register(dev, launcher.os.getpid())
-    return _Comm(dev)
+    return comms.comm_self(_comm("COMM_WORLD"))
 
 
 def _comm(name):
     with _lock:
         if name not in _comms:
             comm = _comms[name] = launcher.init() if name == "COMM_WORLD" else _self()
-            if hasattr(comm, "Set_name"):       # communicator names live with comms.py
-                comm.Set_name("MPI_" + name)
+            comm.Set_name("MPI_" + name)
         return _comms[name]
 
 
@@ -379,18 +375,8 @@ for _call in ("Open_port", "Close_port", "Publish_name", "Unpublish_name", "Look
               "Remove_error_code", "Remove_error_string", "Register_datarep", "Get_hw_resource_info"):
     globals()[_call] = _uncovered(_call)
 
-Group = getattr(comms, "Group", None)         # groups live with communicators (comms.py)
-GROUP_NULL = getattr(comms, "GROUP_NULL", None)
-if Group is None:
-    class Group(_Uncovered):
-        _calls = ()
-
-Message = getattr(p2p, "Message", None)
-MESSAGE_NULL = getattr(p2p, "MESSAGE_NULL", None)
-if Message is None:     # matched probes live with point-to-point (p2p.py)
-    class Message(_Uncovered):
-        _calls = ("Probe", "Iprobe")
-    MESSAGE_NULL = None
+Group, GROUP_NULL, GROUP_EMPTY = comms.Group, comms.GROUP_NULL, comms.GROUP_EMPTY
+Message, MESSAGE_NULL, MESSAGE_NO_PROC = p2p.Message, p2p.MESSAGE_NULL, p2p.MESSAGE_NO_PROC
 
 del _call
 # `from shmcoll.MPI import *`: MPI's names (COMM_WORLD and COMM_SELF made then), not this module's imports
