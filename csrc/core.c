@@ -444,6 +444,13 @@ static int nb_pending(sc_comm_t *c, const sc_wait_t *w)
 {
     sc_nbc_t *st = c->nbc;
     int64_t t = sc_now_ns();
+    int fresh = memcmp(st->wait, w, sizeof *w) != 0;
+    if (fresh) {                               /* a wait further on: its stall and checks count from now */
+        memcpy(st->wait, w, sizeof *w);
+        st->since = t;
+        st->next_live = t + c->liveness_ns;
+        st->next_check = t + CHECK_NS;
+    }
     int r = -1, rc = health(c, w->who, t, &st->next_live, &r);
     if (!rc && !w->nocheck && t >= st->next_check) {
         st->next_check = t + CHECK_NS;
@@ -457,10 +464,7 @@ static int nb_pending(sc_comm_t *c, const sc_wait_t *w)
         }
         return rc == SC_EABORT ? rc : sc_fail(c, SC_EDEAD, r, rc, 0);
     }
-    if (memcmp(st->wait, w, sizeof *w)) {      /* a wait further on: its stall counts from now */
-        memcpy(st->wait, w, sizeof *w);
-        st->since = t;
-    } else if (c->timeout_ns > 0 && t - st->since > c->timeout_ns) {
+    if (!fresh && c->timeout_ns > 0 && t - st->since > c->timeout_ns) {
         int s = stalled_rank(c, w->who);
         return sc_fail(c, SC_ETIMEOUT, s, (t - st->since) / 1000000, s == w->who ? -1 : w->who);
     }

@@ -93,7 +93,9 @@ struct sc_nbc {
     const int64_t *prog;         /* the program as started (a twin's run goes on with its pick) */
     char *sbuf, *rbuf, *tmp;
     int32_t background;          /* start the progress thread for it (a large call: it overlaps the caller's work) */
-    uint32_t done;
+    uint32_t done;               /* 1 once done (2: not yet, and a waiter sleeps on it) */
+    int32_t fast;                /* it ended inline in its start, with no error: nothing else to collect */
+    int32_t active;              /* a persistent request's: started and not yet completed (pyfast.c pstart) */
     sc_nbc_t *next;
     sc_run_t run;
     int32_t rc;

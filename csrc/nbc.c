@@ -51,13 +51,24 @@ static sc_nbc_t *head(sc_nbq_t *q)
 /* The head ended with rc: its outcome kept, out of the queue.  Its done
  * flag is set once busy is let go (done), so a caller that sees it done
  * finds the communicator free, and no one touches it after. */
-static void finish(sc_comm_t *c, sc_nbc_t *st, int rc)
+static void enqueue(sc_nbq_t *q, sc_nbc_t *st)
+{
+    pthread_mutex_lock(&q->lock);
+    if (q->tail) q->tail->next = st;
+    else q->head = st;
+    q->tail = st;
+    pthread_mutex_unlock(&q->lock);
+}
+
+/* queued: st is the head, taken out (a start that ended inline never was in) */
+static void finish(sc_comm_t *c, sc_nbc_t *st, int rc, int queued)
 {
     st->rc = rc;
     if (rc) {
         st->err_rank = c->err_rank, st->err_code = c->err_code, st->err_when = c->err_when;
         st->err_call = c->err_call, st->err_a = c->err_a, st->err_b = c->err_b;
     }
+    if (!queued) return;
     sc_nbq_t *q = c->nbq;
     pthread_mutex_lock(&q->lock);
     q->head = st->next;
@@ -67,11 +78,19 @@ static void finish(sc_comm_t *c, sc_nbc_t *st, int rc)
 
 static void done(sc_nbc_t *st)
 {
-    __atomic_store_n(&st->done, 1, __ATOMIC_RELEASE);
-    futex_wake(&st->done);
+    if (__atomic_exchange_n(&st->done, 1, __ATOMIC_RELEASE) == 2) futex_wake(&st->done);
 }
 
-static int is_done(sc_nbc_t *st) { return __atomic_load_n(&st->done, __ATOMIC_ACQUIRE); }
+static int is_done(sc_nbc_t *st) { return __atomic_load_n(&st->done, __ATOMIC_ACQUIRE) == 1; }
+
+/* Sleep until st is done (at most ns): a sleeper marks it first, so done
+ * wakes only where one sleeps. */
+static void sleep_on(sc_nbc_t *st, int64_t ns)
+{
+    uint32_t zero = 0;
+    if (__atomic_compare_exchange_n(&st->done, &zero, 2, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE) || zero == 2)
+        futex_wait(&st->done, 2, ns);
+}
 
 /* Step the queue without blocking until st is done or a step stops;
  * the caller owns busy, which this lets go.  Whether st is done. */
@@ -84,7 +103,7 @@ static int advance(sc_comm_t *c, sc_nbc_t *st)
             sc_disown(c);
             return is_done(st);
         }
-        finish(c, h, rc);
+        finish(c, h, rc, 1);
         sc_disown(c);
         done(h);
         if (h == st || sc_own(c)) return is_done(st);
@@ -131,7 +150,7 @@ static void *progress(void *arg)
         sc_nbc_t *h = head(q);
         int rc = h ? sc_exec_step(c, h, 1) : SC_PENDING;
         if (h && rc != SC_PENDING) {
-            finish(c, h, rc);
+            finish(c, h, rc, 1);
             sc_disown(c);
             done(h);
             continue;
@@ -161,8 +180,12 @@ static int start_thread(sc_comm_t *c)
 }
 
 /* Start st (Python filled prog, sbuf, rbuf, tmp, background): queued
- * behind the calls started before it, and stepped at once if it is the
- * head.  Never waits for a peer. */
+ * behind the calls started before it.  With none before it, it runs here
+ * at once, without blocking: a small one goes on while its peers arrive
+ * within the wait policy's spin (c->spin_ns, as a blocking wait spins
+ * before it yields), so a loop of them ends inline, as blocking calls
+ * would, while a peer that is late leaves it queued.  Never waits for a
+ * peer longer than that spin. */
 int sc_nb_start(sc_comm_t *c, sc_nbc_t *st)
 {
     if (!c->nbq) {
@@ -178,14 +201,34 @@ int sc_nb_start(sc_comm_t *c, sc_nbc_t *st)
     st->rc = 0;
     st->since = st->next_live = st->next_check = 0;
     memset(st->wait, 0, sizeof st->wait);
+    st->fast = 0;
     __atomic_store_n(&st->done, 0, __ATOMIC_RELAXED);
-    pthread_mutex_lock(&q->lock);
-    int first = !q->head;
-    if (q->tail) q->tail->next = st;
-    else q->head = st;
-    q->tail = st;
-    pthread_mutex_unlock(&q->lock);
-    if (first && !sc_own(c) && advance(c, st)) return SC_OK;
+    int rc = SC_PENDING;
+    if (!head(q) && !sc_own(c)) {          /* owned, the queue stays as it is: only an owner takes from it */
+        if (!head(q)) {
+            int64_t t0 = 0;
+            while ((rc = sc_exec_step(c, st, 1)) == SC_PENDING && !st->background) {
+                int64_t t = sc_now_ns();
+                if (!t0) t0 = t;
+                else if (t - t0 >= c->spin_ns) break;
+                sc_wait_t w;
+                memcpy(&w, st->wait, sizeof w);
+                for (int i = 0; i < 64 && !reached(&w); i++) cpu_relax();
+            }
+            if (rc != SC_PENDING) {
+                st->next = NULL;
+                finish(c, st, rc, 0);
+                st->fast = !rc;
+                sc_disown(c);
+                done(st);
+                return SC_OK;
+            }
+        }
+        enqueue(q, st);
+        sc_disown(c);
+    } else {
+        enqueue(q, st);
+    }
     if (!st->background) return SC_OK;
     if (!q->started && start_thread(c)) return SC_ENOMEM;
     atomic_fetch_add(&q->gen, 1);
@@ -209,7 +252,7 @@ int sc_nb_wait(sc_comm_t *c, sc_nbc_t *st)
 {
     while (!is_done(st)) {
         if (sc_own(c)) {
-            futex_wait(&st->done, 0, 50000);
+            sleep_on(st, 50000);
             continue;
         }
         sc_nbc_t *h = head(c->nbq);
@@ -218,7 +261,7 @@ int sc_nb_wait(sc_comm_t *c, sc_nbc_t *st)
             continue;
         }
         int rc = sc_exec_step(c, h, 0);
-        finish(c, h, rc);
+        finish(c, h, rc, 1);
         sc_disown(c);
         done(h);
     }

@@ -17,9 +17,12 @@ exchange of the root's counts, Reduce_scatter's of recvcounts when none
 are given, Allgatherv's of sizes when recvbuf has no counts) and user-op
 reductions, which fold in Python over blocking calls: the request is
 then complete when returned.  docs/nonblocking.md."""
+import functools
+import struct
 import weakref
 
 from ._core import ffi, lib
+from .device import _new_cfunction
 from .buffers import IN_PLACE
 from .request import Prequest, Request, register
 from . import spec
@@ -69,20 +72,25 @@ class _Collective:
         self._rc = None
 
     def _go(self):
+        self._comm._usable()
+        self._started(lib.sc_nb_start(self._comm._c, self._st))
+
+    def _started(self, rc):
+        """After C started st: unless it ended inline, it is pending."""
         comm = self._comm
-        comm._usable()
         self._rc = None
+        if rc:
+            raise MemoryError(f"{self._run.what}: no memory for the progress thread or the queue")
+        if self._st.fast:
+            return
         if not comm._pending:
             comm._pending = []
             _busy.add(comm)
         comm._pending.append(self)
         comm._c.closed |= PENDING
-        rc = lib.sc_nb_start(comm._c, self._st)
-        if rc:
-            self._collect(rc)
 
     def _test(self):
-        if self._st is None:
+        if self._st is None or self._st.fast:
             return True
         if self._rc is None:
             if not lib.sc_nb_test(self._comm._c, self._st):
@@ -91,7 +99,7 @@ class _Collective:
         return self._settled()
 
     def _wait(self):
-        if self._st is not None and self._rc is None:
+        if self._st is not None and not self._st.fast and self._rc is None:
             self._collect(lib.sc_nb_wait(self._comm._c, self._st))
         self._settled()
 
@@ -131,12 +139,22 @@ class PersistentCollective(_Collective, Prequest):
     at _init; each Start only runs it."""
 
     def __init__(self, comm, run):
-        Prequest.__init__(self)
         self._bind(comm, run)
-        self._args = None
+        Prequest.__init__(self)
+        info = struct.pack("PP", int(ffi.cast("uintptr_t", comm._c)), int(ffi.cast("uintptr_t", run.st)))
+        slow = (functools.partial(Prequest.Start, self), self._fast_pended, functools.partial(Prequest.Wait, self))
+        self.Start = _new_cfunction(int(ffi.cast("uintptr_t", lib.sc_py_entry(4))), (info,) + slow[:2], None)
+        self.Wait = _new_cfunction(int(ffi.cast("uintptr_t", lib.sc_py_entry(5))), (info,) + slow, None)
+
+    # active: in C, which the C Start and Wait (pyfast.c) read and set
+    _active = property(lambda self: bool(self._st.active), lambda self, v: setattr(self._st, "active", int(v)))
 
     def _start(self):
         self._go()
+
+    def _fast_pended(self, rc):
+        """The C Start started it but it did not end inline."""
+        self._started(rc)
 
     def Free(self):
         if self._active:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import shmcoll
+import shmcoll.request
 from shmcoll.request import Prequest, Request
 from conftest import SMALL, pattern, poison, run_ranks, shared_array
 
@@ -334,3 +335,26 @@ def _mismatch(comm):
 def test_different_collectives_raise_on_every_rank(n):
     got = run_ranks(_mismatch, n, timeout=60)
     assert None not in got and "mismatch" in got, got
+
+
+def _restart_active(comm):
+    a, r = np.ones(4), np.empty(4)
+    p = comm.Allreduce_init(a, r)
+    p.Start()
+    try:
+        p.Start()
+    except RuntimeError as e:
+        said = "still active" in str(e)
+    else:
+        said = False
+    p.Wait()
+    p.Start()
+    p.Wait(shmcoll.request.Status())
+    done = p.Test()
+    p.Free()
+    return said and done and bool(np.all(r == comm.size))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_starting_an_active_persistent_request_raises(n):
+    assert all(run_ranks(_restart_active, n))
