@@ -461,7 +461,7 @@ static inline int stages(sc_comm_t *c, sc_run_t *x)
         c->sig[1] = (uint64_t)SC_ARG(x->prog, SC_H_SIG1);
         int64_t tw = SC_ARG(x->prog, SC_H_TWIN);
         x->twin = tw && c->size > 1 ? (int64_t *)tw : NULL;
-        x->t0 = x->twin ? sc_now_ns() : 0;
+        x->t0 = !x->twin ? 0 : c->nbc ? -1 : sc_now_ns();    /* a nonblocking call's time is the caller's too: untimed */
         x->v = 0;
         x->stage = 1;
     }   /* fall through */
