@@ -358,3 +358,61 @@ def _restart_active(comm):
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_starting_an_active_persistent_request_raises(n):
     assert all(run_ranks(_restart_active, n))
+
+
+def _killed_polling(comm, out):
+    """The same death, seen by Test polling: each step checks liveness."""
+    a, r = np.ones(1000), np.empty(1000)
+    comm.Barrier()
+    if comm.rank == comm.size - 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    req = comm.Iallreduce(a, r)
+    t0 = time.monotonic()
+    try:
+        while not req.Test():
+            pass
+        out[comm.rank] = 1
+    except shmcoll.PeerDied as e:
+        out[comm.rank] = 2 if e.rank == comm.size - 1 else 3
+    except Exception:
+        out[comm.rank] = 4
+    out[comm.size + comm.rank] = int((time.monotonic() - t0) * 1000)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_peer_killed_during_test_polling_raises_peer_died(n):
+    out = shared_array(2 * n)
+    with pytest.raises(Exception):
+        run_ranks(_killed_polling, n, out, timeout=60)
+    assert list(out[:n - 1]) == [2] * (n - 1), out
+    assert max(out[n:2 * n - 1]) < 5000, out
+
+
+def _stalled(comm, flag):
+    """Rank 1 never starts the call until rank 0's Test loop has raised:
+    the stall timeout runs in nonblocking steps too."""
+    a, r = np.ones(8), np.empty(8)
+    if comm.rank == 1:
+        while not flag[0]:
+            pass
+        try:
+            comm.Barrier()
+        except shmcoll.PeerFailure:
+            return "aborted"
+        return None
+    req = comm.Iallreduce(a, r)
+    try:
+        while not req.Test():
+            pass
+    except shmcoll.PeerTimeout as e:
+        return "timeout", e.rank
+    except shmcoll.PeerFailure:
+        return "peer"
+    finally:
+        flag[0] = 1
+    return None
+
+
+def test_a_stalled_peer_times_out_in_test_polling():
+    got = run_ranks(_stalled, 2, shared_array(1), options={"timeout": 1}, timeout=60)
+    assert got == [("timeout", 1), "aborted"], got
