@@ -23,6 +23,7 @@ import weakref
 
 from ._core import ffi, lib
 from .device import _new_cfunction
+from .errors import ShmcollError
 from .buffers import IN_PLACE
 from .request import Prequest, Request, register
 from . import spec
@@ -34,6 +35,7 @@ COLLECTIVES = ("Barrier", "Bcast", "Allreduce", "Reduce", "Allgather", "Allgathe
                "Gatherv", "Scatter", "Scatterv", "Reduce_scatter", "Reduce_scatter_block", "Scan", "Exscan")
 # Ialltoallv / Alltoallv_init: once Comm has Alltoallv, add it here (no other change needed).
 
+_WHOLE = object()                # _held: a call that cannot be split into checks and one program
 _busy = weakref.WeakSet()       # communicators with started calls not yet collected
 
 
@@ -181,14 +183,23 @@ class Nonblocking:
 
     def _prepare(self, name, args, kw):
         kw.pop("info", None)
-        args, keep = self._held(name, list(args), kw)
+        self._usable()
+        try:
+            args, keep = self._held(name, list(args), kw)
+        except ShmcollError:
+            raise
+        except BaseException as e:      # as the blocking method's checks: the peers raise too
+            self._bad(e)
+        if keep is _WHOLE:
+            getattr(type(self), name)(self, *args, **kw)
+            return None
         got = self._plan_only(name, args, kw)
         return None if got is None else _Run(self, got, (args, kw, keep))
 
     def _held(self, name, args, kw):
         """IN_PLACE in a v-variant makes the blocking method build this
         rank's piece in a fresh array: built here, so the request keeps it.
-        (args, that array or None)."""
+        (args, that array or None; _WHOLE: the call runs whole, blocking)."""
         def arg(i, key, default=None):
             return args[i] if len(args) > i else kw.get(key, default)
 
@@ -197,12 +208,16 @@ class Nonblocking:
                 args[i] = value
             else:
                 kw[key] = value
-        if name == "Allgatherv" and arg(0, "sendbuf") is IN_PLACE:
+        if name == "Allgatherv":
+            inplace = arg(0, "sendbuf") is IN_PLACE
             ptr, _, item, dt, counts, displs = spec.vspec(arg(1, "recvbuf"), "recvbuf", self.size, True,
-                                                          derive=True)
-            piece = self._args.own_piece("Allgatherv", ptr, item, dt, counts, displs, self.rank)
-            put(0, "sendbuf", piece)
-            return args, piece
+                                                          derive=inplace)
+            if counts is None:
+                return args, _WHOLE     # sizes ride with the data over blocking calls: run whole now
+            if inplace:
+                piece = self._args.own_piece("Allgatherv", ptr, item, dt, counts, displs, self.rank)
+                put(0, "sendbuf", piece)
+                return args, piece
         root = arg(2, "root", 0)
         if name == "Gatherv" and arg(0, "sendbuf") is IN_PLACE:
             piece = self._args.own_piece("Gatherv", *self._args.root_spec("Gatherv", arg(1, "recvbuf"), "recvbuf",

@@ -416,3 +416,38 @@ def _stalled(comm, flag):
 def test_a_stalled_peer_times_out_in_test_polling():
     got = run_ranks(_stalled, 2, shared_array(1), options={"timeout": 1}, timeout=60)
     assert got == [("timeout", 1), "aborted"], got
+
+
+def _allgatherv_sizes(comm):
+    """Iallgatherv with no counts: sizes ride with the data (pieces larger
+    than the combined block take a second, exact round), run whole."""
+    mine = pattern(3000 + 1000 * comm.rank, np.float64, comm.rank)
+    r = poison(sum(3000 + 1000 * k for k in range(comm.size)), np.float64)
+    comm.Iallgatherv(mine, r).Wait()
+    return np.array_equal(r, np.concatenate([pattern(3000 + 1000 * k, np.float64, k) for k in range(comm.size)]))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_iallgatherv_without_counts(n):
+    assert all(run_ranks(_allgatherv_sizes, n))
+
+
+def _bad_in_place(comm):
+    """IN_PLACE off the root of Igatherv: that rank raises ValueError and
+    the others raise too, not wait."""
+    a = np.ones(2)
+    try:
+        send = shmcoll.IN_PLACE if comm.rank == 1 else a
+        recv = [np.empty(2 * comm.size), [2] * comm.size] if comm.rank == 0 else None
+        comm.Igatherv(send, recv, 0).Wait()
+    except ValueError:
+        return "ValueError"
+    except shmcoll.PeerFailure:
+        return "peer"
+    return None
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_bad_argument_to_an_icall_raises_on_every_rank(n):
+    got = run_ranks(_bad_in_place, n, timeout=60)
+    assert got[1] == "ValueError" and all(g in ("ValueError", "peer") for g in got), got
