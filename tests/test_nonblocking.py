@@ -440,6 +440,7 @@ def _bad_in_place(comm):
         send = shmcoll.IN_PLACE if comm.rank == 1 else a
         recv = [np.empty(2 * comm.size), [2] * comm.size] if comm.rank == 0 else None
         comm.Igatherv(send, recv, 0).Wait()
+        comm.Barrier()          # a sender's gather may end before the abort: the next call sees it
     except ValueError:
         return "ValueError"
     except shmcoll.PeerFailure:
