@@ -315,7 +315,7 @@ def test_a_peer_killed_during_a_wait_raises_peer_died(n):
     with pytest.raises(Exception):
         run_ranks(_killed, n, out, timeout=60)
     assert list(out[:n - 1]) == [2] * (n - 1), out
-    assert max(out[n:2 * n - 1]) < 5000, out
+    assert max(out[n:2 * n - 1]) < 2000, out       # the issue: within 2 s
 
 
 def _mismatch(comm):
@@ -385,7 +385,7 @@ def test_a_peer_killed_during_test_polling_raises_peer_died(n):
     with pytest.raises(Exception):
         run_ranks(_killed_polling, n, out, timeout=60)
     assert list(out[:n - 1]) == [2] * (n - 1), out
-    assert max(out[n:2 * n - 1]) < 5000, out
+    assert max(out[n:2 * n - 1]) < 2000, out       # the issue: within 2 s
 
 
 def _stalled(comm, flag):
