@@ -484,9 +484,46 @@ static void let_go(sc_comm_t *c)
  * awaited rank's arrival record is compared with ours (a rank in another
  * collective, or with other arguments, never arrives where we wait),
  * signals are polled (Ctrl-C) and the stall timeout runs. */
+/* A nonblocking call's wait (c->nbc) that is not reached: no waiting.
+ * What a slow wait checks is checked here on each step that stops at it
+ * (liveness every liveness_ns, the awaited record every CHECK_NS, the
+ * stall timeout from the first step that stopped at this wait); the wait
+ * is kept for whoever parks on it (nbc.c), and SC_PENDING returned. */
+static int nb_pending(sc_comm_t *c, const sc_wait_t *w)
+{
+    sc_nbc_t *st = c->nbc;
+    int64_t t = sc_now_ns();
+    int fresh = memcmp(st->wait, w, sizeof *w) != 0;
+    if (fresh) {                               /* a wait further on: its stall and checks count from now */
+        memcpy(st->wait, w, sizeof *w);
+        st->since = t;
+        st->next_live = t + c->liveness_ns;
+        st->next_check = t + CHECK_NS;
+    }
+    int r = -1, rc = health(c, w->who, t, &st->next_live, &r);
+    if (!rc && !w->nocheck && t >= st->next_check) {
+        st->next_check = t + CHECK_NS;
+        if (sc_check_line(c, w->who)) rc = SC_EMISMATCH;
+    }
+    if (rc) {
+        if (reached(w)) return SC_OK;
+        if (rc == SC_EMISMATCH) {
+            sc_abort_mismatch(c);
+            return rc;
+        }
+        return rc == SC_EABORT ? rc : sc_fail(c, SC_EDEAD, r, rc, 0);
+    }
+    if (!fresh && c->timeout_ns > 0 && t - st->since > c->timeout_ns) {
+        int s = stalled_rank(c, w->who);
+        return sc_fail(c, SC_ETIMEOUT, s, (t - st->since) / 1000000, s == w->who ? -1 : w->who);
+    }
+    return SC_PENDING;
+}
+
 static int wait_slow(sc_comm_t *c, const sc_wait_t *w)
 {
     settle(c, post_line(c, c->rank));        /* no one may sleep on us while we wait */
+    if (c->nbc) return reached(w) ? SC_OK : nb_pending(c, w);
     int64_t t0 = sc_now_ns(), next_live = t0 + c->liveness_ns, next_poll = t0 + POLL_NS, next_check = t0 + CHECK_NS;
     if (!c->gil_ns) let_go(c);
     int batch = w->spin_ns ? 32 : 1;          /* oversubscribed: yield at once, the peer needs this core */

@@ -34,8 +34,9 @@ enum { SC_TW_PROG = 0, SC_TW_LAST = 2, SC_TW_PREV = 4, SC_TW_RUNS = 6, SC_TW_CUR
 #define SC_EKERNEL -10  /* no reduction kernel for a program's op and type (a planning bug): the job is aborted */
 #define SC_ETRUNCATE -11 /* a receive buffer shorter than its message (point-to-point) */
 #define SC_EAGAIN -12    /* a point-to-point send found no room in its ring yet */
-#define SC_FALLBACK -100
-#define SC_TAG_UB 536870911  /* point-to-point tags 0 .. this (MPICH's) */ /* fast entry declined: take the checked Python path */
+#define SC_PENDING -13   /* a nonblocking call's wait would block: its state is kept, resume it later (csrc/nbc.c) */
+#define SC_FALLBACK -100 /* fast entry declined: take the checked Python path */
+#define SC_TAG_UB 536870911  /* point-to-point tags 0 .. this (MPICH's) */
 
 /* The instruction set (opcodes, operand fields, flags, spaces, debt sets,
  * program header, signature, fast key): isa.h, generated from shmcoll/isa.py. */
@@ -71,6 +72,44 @@ typedef struct { int64_t key[SC_KEY]; const int64_t *prog; } sc_entry_t;
 typedef struct sc_peers sc_peers_t;
 typedef struct sc_comm sc_comm_t;
 typedef struct sc_p2p sc_p2p_t;   /* a rank's private point-to-point state (csrc/p2p.c) */
+
+/* One call's run through the executor's stages (exec.c), kept between
+ * steps when it is nonblocking: the program, its buffers, the stage and
+ * instruction to go on from, and what the stages carry (a twin's block,
+ * pick and start time; whether the call ends with a look). */
+typedef struct {
+    const int64_t *prog;
+    char *sbuf, *rbuf;
+    int64_t *twin;
+    int64_t t0;
+    int32_t stage, pc, v, look;
+} sc_run_t;
+
+/* A nonblocking or persistent collective (csrc/nbc.c): its program,
+ * buffers and scratch (c->tmp while it runs), set by Python; a link in its
+ * communicator's queue (one program at a time, in call order), its run,
+ * and once done its rc and the failure's fields (as sc_comm_t's err_*).  wait: the sc_wait_t it last
+ * stopped at, since: when it first stopped there (the stall timeout),
+ * next_live/next_check: when a stopped step next checks liveness and the
+ * awaited record.  Python owns the memory until done. */
+typedef struct sc_nbc sc_nbc_t;
+struct sc_nbc {
+    const int64_t *prog;         /* the program as started (a twin's run goes on with its pick) */
+    char *sbuf, *rbuf, *tmp;
+    int32_t background;          /* start the progress thread for it (a large call: it overlaps the caller's work) */
+    uint32_t done;               /* 1 once done (2: not yet, and a waiter sleeps on it) */
+    int32_t fast;                /* it ended inline in its start, with no error: nothing else to collect */
+    int32_t active;              /* a persistent request's: started and not yet completed (pyfast.c pstart) */
+    sc_nbc_t *next;
+    sc_run_t run;
+    int32_t rc;
+    int32_t err_rank, err_code, err_when;
+    uint64_t err_call;
+    int64_t err_a, err_b;
+    int64_t since, next_live, next_check;
+    int64_t wait[10];
+};
+typedef struct sc_nbq sc_nbq_t;
 
 /* The one way up from the engine's waits into the Python layer
  * (csrc/core.c wait_slow calls it; csrc/pyfast.c sets it for the length
@@ -197,6 +236,10 @@ struct sc_comm {
         uint32_t *job_abort;
         void *holder;            /* the thread that holds this rank's liveness mutex (sc_register, sc_release) */
     };
+    struct {                 /* nonblocking collectives (nbc.c) */
+        sc_nbc_t *nbc;           /* the call a step runs without blocking: a wait that would block stops it */
+        sc_nbq_t *nbq;           /* the queue of started calls and the progress thread, made on first use */
+    };
 };
 
 int64_t sc_layout(sc_comm_t *c);
@@ -214,6 +257,10 @@ void sc_mismatch_of(sc_comm_t *c, int32_t rank, int64_t *out);
 int sc_probe_cma(sc_comm_t *c);
 
 int sc_last_look(sc_comm_t *c);
+int sc_nb_start(sc_comm_t *c, sc_nbc_t *st);
+int sc_nb_test(sc_comm_t *c, sc_nbc_t *st);
+int sc_nb_wait(sc_comm_t *c, sc_nbc_t *st);
+void sc_nb_stop(sc_comm_t *c);
 int sc_own(sc_comm_t *c);
 void sc_disown(sc_comm_t *c);
 

@@ -287,11 +287,17 @@ static int agree(sc_comm_t *c)
     return SC_OK;
 }
 
-static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
+/* The program's instructions from r->pc on.  Every wait is where its
+ * instruction begins, or repeats harmlessly (a drain's earlier acks are
+ * reached), so a nonblocking call stopped at a wait (SC_PENDING) goes on
+ * from that instruction. */
+static int run(sc_comm_t *c, sc_run_t *x)
 {
     uint64_t call = c->call;
     sc_line_t *me = post_line(c, c->rank);
-    const int64_t *in = prog + SC_HEAD, *end = in + SC_ARG(prog, SC_H_INSNS) * SC_INSN;
+    const int64_t *prog = x->prog, *start = prog + SC_HEAD, *end = start + SC_ARG(prog, SC_H_INSNS) * SC_INSN;
+    const int64_t *in = start + (int64_t)x->pc * SC_INSN;
+    char *sbuf = x->sbuf, *rbuf = x->rbuf;
     int rc = SC_OK;
     for (; in < end && !rc; in += SC_INSN) {
         switch (SC_ARG(in, SC_OPCODE)) {
@@ -380,6 +386,7 @@ static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
         }
         }
     }
+    if (rc == SC_PENDING) x->pc = (int32_t)((in - start) / SC_INSN - 1);
     return rc;
 }
 
@@ -432,59 +439,102 @@ int sc_last_look(sc_comm_t *c)
 }
 
 /* One collective call (program header: isa.h SC_H_*; a twin's block
- * picks which of two programs runs: twins.c).  The caller owns c->busy. */
-int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
+ * picks which of two programs runs: twins.c), as stages: 0 begin the
+ * call, 1 rank 0's twin pick (may wait) and arrive, 2 the check round,
+ * 3 a follower's twin pick, 4 the program, 5 the recheck.  A blocking
+ * call runs them straight through; a nonblocking one (c->nbc) stops at a
+ * wait that would block (SC_PENDING, before anything of that stage that
+ * must happen once) and goes on from x->stage.  The caller owns c->busy. */
+static inline int stages(sc_comm_t *c, sc_run_t *x)
 {
-    int rc = aborted_at(c, c->call + 1);
-    if (rc) return rc;
-    int look = !c->quiet;                     /* this call ends with a look at the pending (recheck) */
-    int32_t checks = (int32_t)SC_ARG(prog, SC_H_CHECKS), ahead = look ? c->pending | checks : 0;
-    for (int k = 0; ahead && k < c->nnb; k++)   /* their lines arrive while we work */
-        if (ahead >> k & 1) __builtin_prefetch(post_line(c, c->nb[k]));
-    c->call++;
-    c->sig[0] = (uint64_t)SC_ARG(prog, SC_H_SIG0);        /* a twin's programs share it */
-    c->sig[1] = (uint64_t)SC_ARG(prog, SC_H_SIG1);
-    int64_t tw = SC_ARG(prog, SC_H_TWIN);
-    int64_t *twin = tw && c->size > 1 ? (int64_t *)tw : NULL, t0 = twin ? sc_now_ns() : 0;
-    int v = 0;
-    if (c->rank == 0) rc = sc_twin_lead(c, twin, &v);
-    if (!rc) {
-        arrive(c, twin ? 0 : (uint64_t)SC_ARG(prog, SC_H_FIRST), sbuf, rbuf, (uint64_t)v);   /* a twin's first post waits for the pick */
-        if (c->check && c->size > 1) rc = agree(c);
-    }
-    if (!rc && twin) {
-        if (c->rank) rc = sc_twin_follow(c, &v);
+    int rc = SC_OK;
+    int32_t checks;
+    switch (x->stage) {
+    case 0: {
+        if ((rc = aborted_at(c, c->call + 1))) return rc;
+        x->look = !c->quiet;                      /* this call ends with a look at the pending (recheck) */
+        int32_t ahead = x->look ? c->pending | (int32_t)SC_ARG(x->prog, SC_H_CHECKS) : 0;
+        for (int k = 0; ahead && k < c->nnb; k++)   /* their lines arrive while we work */
+            if (ahead >> k & 1) __builtin_prefetch(post_line(c, c->nb[k]));
+        c->call++;
+        c->sig[0] = (uint64_t)SC_ARG(x->prog, SC_H_SIG0);        /* a twin's programs share it */
+        c->sig[1] = (uint64_t)SC_ARG(x->prog, SC_H_SIG1);
+        int64_t tw = SC_ARG(x->prog, SC_H_TWIN);
+        x->twin = tw && c->size > 1 ? (int64_t *)tw : NULL;
+        x->t0 = !x->twin ? 0 : c->nbc ? -1 : sc_now_ns();    /* a nonblocking call's time is the caller's too: untimed */
+        x->v = 0;
+        x->stage = 1;
+    }   /* fall through */
+    case 1:
+        if (c->rank == 0 && (rc = sc_twin_lead(c, x->twin, &x->v)) == SC_PENDING) return rc;
         if (!rc) {
-            prog = (const int64_t *)twin[SC_TW_PROG + v];
-            sc_twin_ran(twin, v);
-            if (SC_ARG(prog, SC_H_FIRST)) {
-                post_event(post_line(c, c->rank), (uint64_t)SC_ARG(prog, SC_H_FIRST));
-                c->owe = 0;
+            arrive(c, x->twin ? 0 : (uint64_t)SC_ARG(x->prog, SC_H_FIRST), x->sbuf, x->rbuf, (uint64_t)x->v);
+            x->stage = 2;                                       /* a twin's first post waits for the pick */
+        }
+        /* fall through */
+    case 2:
+        if (!rc && c->check && c->size > 1 && (rc = agree(c)) == SC_PENDING) return rc;
+        if (!rc) x->stage = 3;
+        /* fall through */
+    case 3:
+        if (!rc && x->twin) {
+            if (c->rank && (rc = sc_twin_follow(c, &x->v)) == SC_PENDING) return rc;
+            if (!rc) {
+                x->prog = (const int64_t *)x->twin[SC_TW_PROG + x->v];
+                sc_twin_ran(x->twin, x->v);
+                if (SC_ARG(x->prog, SC_H_FIRST)) {
+                    post_event(post_line(c, c->rank), (uint64_t)SC_ARG(x->prog, SC_H_FIRST));
+                    c->owe = 0;
+                }
             }
         }
-    }
-    if (!rc) rc = run(c, prog, sbuf, rbuf);
-    if (!rc && twin) {
-        sc_twin_done(c, twin, v, t0);
-    }
-    checks = (int32_t)SC_ARG(prog, SC_H_CHECKS);   /* of the program that ran (a twin's may differ) */
-    if (!rc && checks && !c->check) {
-        for (int k = 0; k < c->nnb; k++) {
-            if (!(checks >> k & 1)) continue;
-            if (!(c->pending >> k & 1)) c->since[k] = c->call;
-            c->due[k] = c->call;
+        if (!rc) x->stage = 4;
+        /* fall through */
+    case 4:
+        if (!rc && (rc = run(c, x)) == SC_PENDING) return rc;
+        if (!rc && x->twin) sc_twin_done(c, x->twin, x->v, x->t0);
+        checks = (int32_t)SC_ARG(x->prog, SC_H_CHECKS);   /* of the program that ran (a twin's may differ) */
+        if (!rc && checks && !c->check) {
+            for (int k = 0; k < c->nnb; k++) {
+                if (!(checks >> k & 1)) continue;
+                if (!(c->pending >> k & 1)) c->since[k] = c->call;
+                c->due[k] = c->call;
+            }
+            c->pending |= checks;
         }
-        c->pending |= checks;
-    }
-    if (!rc && c->pending) {
-        rc = recheck(c, 1, look);
-        c->quiet = (c->quiet + 1) % SC_LOOK;
+        if (!rc) x->stage = 5;
+        /* fall through */
+    case 5:
+        if (!rc && c->pending) {
+            if ((rc = recheck(c, 1, x->look)) == SC_PENDING) return rc;
+            c->quiet = (c->quiet + 1) % SC_LOOK;
+        }
     }
     if (rc && rc != SC_EDIFFER) sc_shut(c);
     settle(c, post_line(c, c->rank));
     c->hist = sc_mix(c->hist, c->prev);
     c->prev[0] = c->sig[0];
     c->prev[1] = c->sig[1] | (rc == SC_EDIFFER ? REFUSED : 0);
+    return rc;
+}
+
+int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
+{
+    sc_run_t x = { .prog = prog, .sbuf = sbuf, .rbuf = rbuf };
+    return stages(c, &x);
+}
+
+/* A step of a nonblocking call: its stages, from where it stopped, until
+ * done or a wait would block (SC_PENDING); blocking (nb 0): to the end.
+ * Its own scratch while it runs.  The caller owns c->busy. */
+int sc_exec_step(sc_comm_t *c, sc_nbc_t *st, int nb)
+{
+    char *tmp = c->tmp;
+    if (st->tmp) c->tmp = st->tmp;
+    c->nbc = nb ? st : NULL;
+    int rc = stages(c, &st->run);
+    c->nbc = NULL;
+    c->tmp = tmp;
     return rc;
 }
 

@@ -7,6 +7,7 @@
  *    (a miss, a buffer spec, a read-only buffer, a bad argument) goes to the
  *    Python method, which checks, plans, fills the cache and runs exec().
  *  - exec(): run a given program on given buffer addresses.
+ *  - Start and Wait of a persistent collective (below).
  * Both release the GIL once a wait has lasted a while (arm) or is about to
  * sleep, and then poll for signals, so Ctrl-C interrupts a waiting rank. */
 #include <Python.h>
@@ -442,6 +443,41 @@ static PyObject *py_learn(PyObject *mod, PyObject *const *args, Py_ssize_t n)
     Py_RETURN_NONE;
 }
 
+/* A persistent collective's Start and Wait (shmcoll/nonblocking.py binds
+ * them per request; self: (the bytes of {context, its sc_nbc_t}, the
+ * Python Start, what Python does after a start that did not end inline,
+ * the Python Wait)).  With nothing pending on the communicator, a start
+ * runs the program inline; when it ends there (its peers were there),
+ * the Wait only marks the request inactive: no Python frame either way.
+ * Anything else goes to Python. */
+typedef struct { sc_comm_t *c; sc_nbc_t *st; } preq_t;
+
+static PyObject *pstart(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
+{
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf) + (kw ? PyTuple_GET_SIZE(kw) : 0);
+    const preq_t *p = (const preq_t *)PyBytes_AS_STRING(PyTuple_GET_ITEM(self, 0));
+    sc_comm_t *c = p->c;
+    sc_nbc_t *st = p->st;
+    if (n || c->closed || st->active) return PyObject_Vectorcall(PyTuple_GET_ITEM(self, 1), args, nargsf, kw);
+    st->active = 1;
+    int rc = sc_nb_start(c, st);
+    if (!rc && st->fast) Py_RETURN_NONE;
+    PyObject *r = PyLong_FromLong(rc), *out = r ? PyObject_CallOneArg(PyTuple_GET_ITEM(self, 2), r) : NULL;
+    Py_XDECREF(r);
+    return out;
+}
+
+static PyObject *pwait(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
+{
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf) + (kw ? PyTuple_GET_SIZE(kw) : 0);
+    sc_nbc_t *st = ((const preq_t *)PyBytes_AS_STRING(PyTuple_GET_ITEM(self, 0)))->st;
+    if (!n && st->active && st->fast) {
+        st->active = 0;
+        Py_RETURN_TRUE;
+    }
+    return PyObject_Vectorcall(PyTuple_GET_ITEM(self, 3), args, nargsf, kw);
+}
+
 PyObject *sc_py_huge_arrays(PyObject *mod, PyObject *const *args, Py_ssize_t n);   /* pages.c */
 
 static PyMethodDef defs[] = {
@@ -450,6 +486,8 @@ static PyMethodDef defs[] = {
     {"learn", (PyCFunction)(void (*)(void))py_learn, METH_FASTCALL, "learn(dtype, itemsize, numpy.ndarray)"},
     {"huge_arrays", (PyCFunction)(void (*)(void))sc_py_huge_arrays, METH_FASTCALL,
      "huge_arrays(numpy _ARRAY_API, min_bytes, slot_bytes)"},
+    {"Start", (PyCFunction)(void (*)(void))pstart, METH_FASTCALL | METH_KEYWORDS, "start the persistent collective"},
+    {"Wait", (PyCFunction)(void (*)(void))pwait, METH_FASTCALL | METH_KEYWORDS, "wait for the persistent collective"},
 };
 
 /* Method definition i, for Python to bind with PyCFunction_NewEx. */

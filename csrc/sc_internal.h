@@ -190,6 +190,8 @@ static inline uint64_t sc_mix(uint64_t h, const uint64_t *s)
 }
 int64_t sc_now_ns(void);       /* CLOCK_MONOTONIC */
 int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf);
+int sc_exec_step(sc_comm_t *c, sc_nbc_t *st, int nb);
+_Static_assert(sizeof(sc_wait_t) <= sizeof(((sc_nbc_t *)0)->wait), "a stopped call keeps its wait");
 
 /* Twins (csrc/twins.c): which of a twin call's two programs runs, and
  * what carries the pick from rank 0 to the others.  exec.c, per call:

@@ -216,13 +216,14 @@ int sc_twin_choose(sc_comm_t *c, int64_t *twin)
     return promised(c) ? (int)post_line(c, 0)->next_variant : sc_twin_pick(twin);
 }
 
-/* After a twin call ran (t0: when it began): every rank publishes its
- * time in its record of the call; rank 0 queues the call's times to learn
- * and promises its pick for the next call. */
+/* After a twin call ran (t0: when it began; -1: untimed, a nonblocking
+ * call, which rank 0 does not learn from): every rank publishes its time
+ * in its record of the call; rank 0 queues the call's times to learn and
+ * promises its pick for the next call. */
 void sc_twin_done(sc_comm_t *c, int64_t *twin, int v, int64_t t0)
 {
-    int64_t took = sc_now_ns() - t0;
-    atomic_store_explicit(&rec_of(c, c->rank, c->call)->took, took > 0 ? took : 1, memory_order_release);
+    int64_t took = t0 < 0 ? -1 : sc_now_ns() - t0;
+    atomic_store_explicit(&rec_of(c, c->rank, c->call)->took, took > 0 || t0 < 0 ? took : 1, memory_order_release);
     if (c->rank) return;
     if (!c->twin_due) c->twin_first = c->call;
     c->twin_last = c->call;

@@ -217,13 +217,19 @@ class Comm(PointToPoint, Communicators, Nonblocking):
         cid, what = select.TABLE[op][0], select.method(op)
         sigbytes = None if counts is None else hash(counts) & ((1 << 61) - 1) | COUNTS_HASH
         code = 0 if dtype is None else buffers.dtype_code(dtype)
-        if lib.sc_own(self._c):     # another thread is running a call: touch nothing it uses
-            self._fail(lib.SC_EBUSY, what)
+        capture = self._capture == op       # a nonblocking call's program, started by nonblocking.py
+        if self._pending and not capture:
+            self._complete_pending()        # the nonblocking calls before this blocking one end first
+        if lib.sc_own(self._c) and not self._owned(capture):     # another thread is running a call: touch
+            self._fail(lib.SC_EBUSY, what)                       # nothing it uses
         try:
             prog = self._dev.program(key, cid, select.IDS[op][name], lambda: select.plan(op, name, call), code,
                                      sigbytes, tail, opcode, alt)
         finally:
             lib.sc_disown(self._c)
+        if capture:
+            self._capture = (prog, saddr, raddr, what, nbytes)
+            return
         rc = self._dev.execute(prog, saddr, raddr)
         if rc:
             self._fail(rc, what)
@@ -531,6 +537,7 @@ class Comm(PointToPoint, Communicators, Nonblocking):
         if self._freed:
             return
         self._freed = True
+        self._free_pending()
         rc = lib.sc_last_look(self._c) if self._broken is None else 0
         other = self._dev.deregister(self._broken is None and not rc)
         self._break(MPIError(ERR_COMM, f"{self._label()} was freed on rank {self.rank}; it cannot be used"))

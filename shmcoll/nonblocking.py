@@ -1,7 +1,285 @@
 """Nonblocking (Ibcast, ...) and persistent (Bcast_init, ...) collectives:
-a mixin of Comm.  They run the same compiled programs as the blocking
-calls, completed through requests (shmcoll/request.py)."""
+a mixin of Comm.  Each checks and plans exactly as its blocking method
+does (it runs that method with the program captured instead of run:
+Comm._run), then starts the same compiled program as a resumable run of
+the executor, queued on the communicator behind the calls started before
+it (csrc/nbc.c).  A start never waits for a peer; Test steps the queue
+without blocking, Wait runs it, and for calls of BACKGROUND_BYTES and
+more a progress thread of the communicator steps it while the caller
+computes.  A blocking call first completes the nonblocking ones started
+before it (MPI orders a communicator's collectives alike on every rank);
+the C fast entries decline to the Python path while any are pending
+(bit PENDING of the closed word, one test they already make).
+
+What runs at the start, blocking, before the nonblocking program: the
+helper calls some blocking methods make (Gatherv's and Scatterv's
+exchange of the root's counts, Reduce_scatter's of recvcounts when none
+are given, Allgatherv's of sizes when recvbuf has no counts) and user-op
+reductions, which fold in Python over blocking calls: the request is
+then complete when returned.  docs/nonblocking.md."""
+import functools
+import struct
+import weakref
+
+from ._core import ffi, lib
+from .device import _new_cfunction
+from .errors import ShmcollError
+from .buffers import IN_PLACE
+from .request import Prequest, Request, register
+from . import spec
+
+BACKGROUND_BYTES = 64 << 10     # from here a call's run overlaps the caller's work on the progress thread
+PENDING = 2                     # the bit of sc_comm_t.closed that sends the fast entries to Python
+
+COLLECTIVES = ("Barrier", "Bcast", "Allreduce", "Reduce", "Allgather", "Allgatherv", "Alltoall", "Gather",
+               "Gatherv", "Scatter", "Scatterv", "Reduce_scatter", "Reduce_scatter_block", "Scan", "Exscan")
+# Ialltoallv / Alltoallv_init: once Comm has Alltoallv, add it here (no other change needed).
+
+_WHOLE = object()                # _held: a call that cannot be split into checks and one program
+_busy = weakref.WeakSet()       # communicators with started calls not yet collected
+
+
+def _poll():
+    """request.progress: step every communicator's queue without blocking."""
+    for comm in list(_busy):
+        if comm._pending and comm._broken is None:
+            lib.sc_nb_test(comm._c, comm._pending[-1]._st)
+
+
+register(_poll)
+
+
+class _Run:
+    """One started program: its C state (sc_nbc_t) and what must outlive
+    it (the program, a twin's block, the scratch, the caller's buffers)."""
+
+    def __init__(self, comm, got, keep):
+        prog, saddr, raddr, self.what, nbytes = got
+        dev = comm._dev
+        twin = next((t for t in dev._twins.values() if t[0].ctypes.data == prog[7]), None) if prog[7] else None
+        self.keep = (prog, twin, dev._tmp, keep)
+        st = self.st = ffi.new("sc_nbc_t *")
+        st.prog = ffi.cast("int64_t *", prog.ctypes.data)
+        st.sbuf, st.rbuf = ffi.cast("char *", saddr), ffi.cast("char *", raddr)
+        st.tmp = ffi.NULL if dev._tmp is None else ffi.cast("char *", dev._tmp.ctypes.data)
+        st.background = nbytes >= BACKGROUND_BYTES
+
+
+class _Collective:
+    """What a nonblocking and a persistent collective request share: run
+    st on comm, and complete (collect) it once C says it is done."""
+
+    def _bind(self, comm, run):
+        self._comm, self._run, self._st = comm, run, run.st if run else None
+        self._rc = None
+
+    def _go(self):
+        self._comm._usable()
+        self._started(lib.sc_nb_start(self._comm._c, self._st))
+
+    def _started(self, rc):
+        """After C started st: unless it ended inline, it is pending."""
+        comm = self._comm
+        self._rc = None
+        if rc:
+            raise MemoryError(f"{self._run.what}: no memory for the progress thread or the queue")
+        if self._st.fast:
+            return
+        if not comm._pending:
+            comm._pending = []
+            _busy.add(comm)
+        comm._pending.append(self)
+        comm._c.closed |= PENDING
+
+    def _test(self):
+        if self._st is None or self._st.fast:
+            return True
+        if self._rc is None:
+            if not lib.sc_nb_test(self._comm._c, self._st):
+                return False
+            self._collect(self._st.rc)
+        return self._settled()
+
+    def _wait(self):
+        if self._st is not None and not self._st.fast and self._rc is None:
+            self._collect(lib.sc_nb_wait(self._comm._c, self._st))
+        self._settled()
+
+    def _collect(self, rc):
+        """C is done with st: out of the pending list; a failure raises as
+        the blocking call would (the communicator is then broken)."""
+        comm = self._comm
+        self._rc = rc
+        comm._pending.remove(self)
+        if not comm._pending and comm._broken is None:
+            comm._c.closed &= ~PENDING
+        if rc:
+            st, c = self._st, comm._c
+            c.err_rank, c.err_code, c.err_when = st.err_rank, st.err_code, st.err_when
+            c.err_call, c.err_a, c.err_b = st.err_call, st.err_a, st.err_b
+            comm._fail(rc, self._run.what)
+
+    def _settled(self):
+        if self._rc:
+            self._comm._usable()        # raised at collection; any later look raises what broke it
+        return True
+
+
+class CollectiveRequest(_Collective, Request):
+    """A started nonblocking collective."""
+
+    def __init__(self, comm, run):
+        Request.__init__(self)
+        self._bind(comm, run)
+        if run is None:
+            return                      # it ran blocking at the start (see the module's docstring)
+        self._go()
+
+
+class PersistentCollective(_Collective, Prequest):
+    """A persistent collective: the program compiled and its buffers bound
+    at _init; each Start only runs it."""
+
+    def __init__(self, comm, run):
+        self._bind(comm, run)
+        Prequest.__init__(self)
+        info = struct.pack("PP", int(ffi.cast("uintptr_t", comm._c)), int(ffi.cast("uintptr_t", run.st)))
+        slow = (functools.partial(Prequest.Start, self), self._fast_pended, functools.partial(Prequest.Wait, self))
+        self.Start = _new_cfunction(int(ffi.cast("uintptr_t", lib.sc_py_entry(4))), (info,) + slow[:2], None)
+        self.Wait = _new_cfunction(int(ffi.cast("uintptr_t", lib.sc_py_entry(5))), (info,) + slow, None)
+
+    # active: in C, which the C Start and Wait (pyfast.c) read and set
+    _active = property(lambda self: bool(self._st.active), lambda self, v: setattr(self._st, "active", int(v)))
+
+    def _start(self):
+        self._go()
+
+    def _fast_pended(self, rc):
+        """The C Start started it but it did not end inline."""
+        self._started(rc)
+
+    def Free(self):
+        if self._active:
+            self.Wait()
+        super().Free()
 
 
 class Nonblocking:
     """Comm's nonblocking and persistent collective methods."""
+    _capture = None                 # Comm._run: the collective whose program to capture, then the capture
+    _pending = ()                   # requests started and not yet collected, in call order
+
+    def _plan_only(self, name, args, kw):
+        """Check and plan as the blocking method does; the captured program
+        (None if the method ran to the end: a user op)."""
+        self._usable()
+        self._capture = name.lower()
+        try:
+            getattr(type(self), name)(self, *args, **kw)
+            got = self._capture
+        finally:
+            self._capture = None
+        return got if isinstance(got, tuple) else None
+
+    def _prepare(self, name, args, kw):
+        kw.pop("info", None)
+        self._usable()
+        try:
+            args, keep = self._held(name, list(args), kw)
+        except ShmcollError:
+            raise
+        except BaseException as e:      # as the blocking method's checks: the peers raise too
+            self._bad(e)
+        if keep is _WHOLE:
+            getattr(type(self), name)(self, *args, **kw)
+            return None
+        got = self._plan_only(name, args, kw)
+        return None if got is None else _Run(self, got, (args, kw, keep))
+
+    def _held(self, name, args, kw):
+        """IN_PLACE in a v-variant makes the blocking method build this
+        rank's piece in a fresh array: built here, so the request keeps it.
+        (args, that array or None; _WHOLE: the call runs whole, blocking)."""
+        def arg(i, key, default=None):
+            return args[i] if len(args) > i else kw.get(key, default)
+
+        def put(i, key, value):
+            if len(args) > i:
+                args[i] = value
+            else:
+                kw[key] = value
+        if name == "Allgatherv":
+            inplace = arg(0, "sendbuf") is IN_PLACE
+            ptr, _, item, dt, counts, displs = spec.vspec(arg(1, "recvbuf"), "recvbuf", self.size, True,
+                                                          derive=inplace)
+            if counts is None:
+                return args, _WHOLE     # sizes ride with the data over blocking calls: run whole now
+            if inplace:
+                piece = self._args.own_piece("Allgatherv", ptr, item, dt, counts, displs, self.rank)
+                put(0, "sendbuf", piece)
+                return args, piece
+        root = arg(2, "root", 0)
+        if name == "Gatherv" and arg(0, "sendbuf") is IN_PLACE:
+            piece = self._args.own_piece("Gatherv", *self._args.root_spec("Gatherv", arg(1, "recvbuf"), "recvbuf",
+                                                                          self._args.root(root)), self.rank)
+            put(0, "sendbuf", piece)
+            return args, piece
+        if name == "Scatterv" and arg(1, "recvbuf") is IN_PLACE:
+            piece = self._args.own_piece("Scatterv", *self._args.root_spec("Scatterv", arg(0, "sendbuf"), "sendbuf",
+                                                                           self._args.root(root)), self.rank,
+                                         copy=False)
+            put(1, "recvbuf", piece)
+            return args, piece
+        return args, None
+
+    def _owned(self, capture):
+        """Comm._run found the context owned: by our progress thread for a
+        step (a nonblocking call's planning waits it out), or by another
+        thread of the user's (an error).  Whether we own it now."""
+        if not (capture and self._pending):
+            return False
+        while lib.sc_own(self._c):
+            pass                        # a step never waits for a peer
+        return True
+
+    def _complete_pending(self):
+        """Before a blocking call: wait for every started call (a failure
+        raises here, as it will in its own Wait)."""
+        for r in list(self._pending):
+            r._wait()
+
+    def _free_pending(self):
+        """Free: the started calls end first (MPI: freeing a communicator
+        with pending calls is erroneous; here they complete), then the
+        progress thread."""
+        try:
+            if self._broken is None:
+                self._complete_pending()
+        finally:
+            lib.sc_nb_stop(self._c)
+            _busy.discard(self)
+
+
+def _nonblocking(name):
+    def method(self, *args, **kw):
+        return CollectiveRequest(self, self._prepare(name, args, kw))
+    method.__name__ = method.__qualname__ = "I" + name[0].lower() + name[1:]
+    method.__doc__ = f"Nonblocking {name}: the same arguments; a Request, complete at Wait."
+    return method
+
+
+def _persistent(name):
+    def method(self, *args, **kw):
+        run = self._prepare(name, args, kw)
+        if run is None:     # every rank ran it (the same call everywhere): the communicator is as it was
+            raise NotImplementedError(f"{name}_init with a user op, or without counts: it ran once, blocking; "
+                                      f"a persistent request cannot repeat it")
+        return PersistentCollective(self, run)
+    method.__name__ = method.__qualname__ = name + "_init"
+    method.__doc__ = f"Persistent {name} (MPI-4): planned and compiled once, buffers bound; Start runs it."
+    return method
+
+
+for _name in COLLECTIVES:
+    setattr(Nonblocking, "I" + _name[0].lower() + _name[1:], _nonblocking(_name))
+    setattr(Nonblocking, _name + "_init", _persistent(_name))
