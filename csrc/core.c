@@ -500,7 +500,7 @@ static int nb_pending(sc_comm_t *c, const sc_wait_t *w)
         st->next_live = t + c->liveness_ns;
         st->next_check = t + CHECK_NS;
     }
-    int r = -1, rc = health(c, w->who, t, &st->next_live, &r);
+    int r = -1, rc = health(c, w->who, w->anyabort, t, &st->next_live, &r);
     if (!rc && !w->nocheck && t >= st->next_check) {
         st->next_check = t + CHECK_NS;
         if (sc_check_line(c, w->who)) rc = SC_EMISMATCH;
