@@ -326,6 +326,10 @@ class _P2PRequest(Request):
                 return
             comm._p2p_check(_idle(comm._ctx, seen, self._who, 0 if alone else SHARED_NS), self._what)
 
+    def _idle(self):
+        comm = self._comm
+        comm._p2p_check(_idle(comm._ctx, _bell(comm._ctx), self._who, SHARED_NS), self._what)
+
 
 class _SendRequest(_P2PRequest):
     def __init__(self, comm, buf, dest, tag, sync, what):

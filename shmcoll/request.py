@@ -151,6 +151,11 @@ class Request:
     def _cancel(self):
         """Cancel if still possible; the status then reads cancelled."""
 
+    def _idle(self):
+        """Let the CPU go a moment while waiting on several requests (Waitany,
+        Waitsome); an override also checks that the peers it waits on live."""
+        os.sched_yield()
+
     # -- mpi4py's interface -------------------------------------------------------
     def _complete(self):
         """Deactivate and hand back (status, result)."""
@@ -263,7 +268,7 @@ class Request:
                 return i
             spins += 1
             if spins > 64:
-                os.sched_yield()
+                _idle(requests)
 
     @staticmethod
     def Testany(requests, status=None):
@@ -296,7 +301,7 @@ class Request:
                     return j, res
             spins += 1
             if spins > 64:
-                os.sched_yield()
+                _idle(requests)
 
     @staticmethod
     def Waitsome(requests, statuses=None):
@@ -308,7 +313,7 @@ class Request:
                 return got
             spins += 1
             if spins > 64:
-                os.sched_yield()
+                _idle(requests)
 
     @staticmethod
     def Testsome(requests, statuses=None):
@@ -327,6 +332,11 @@ class Request:
     def Cancel_all(requests):
         for r in requests:
             r.Cancel()
+
+
+def _idle(requests):
+    """The first active request's idle: a peer's death there raises."""
+    next((r for r in requests if r._active), _NULL_IDLE)._idle()
 
 
 def _store(statuses, i, st):
@@ -374,4 +384,4 @@ class _Null(Request):
         return True
 
 
-REQUEST_NULL = _Null()
+REQUEST_NULL = _NULL_IDLE = _Null()

@@ -263,7 +263,7 @@ def test_proc_null():
     assert run(job, 2) == [((PROC_NULL, ANY_TAG, 0), (PROC_NULL, ANY_TAG), True, None, True)] * 2
 
 
-@pytest.mark.parametrize("wait", ["recv", "any_source", "wait", "rendezvous", "shared_wait"])
+@pytest.mark.parametrize("wait", ["recv", "any_source", "wait", "rendezvous", "shared_wait", "waitany", "waitsome"])
 def test_peer_killed_while_waiting(wait):
     """shared_wait: another engine is registered, so Wait also advances it
     (timed waits) and must still see the death."""
@@ -280,6 +280,9 @@ def test_peer_killed_while_waiting(wait):
             comm.Recv(np.zeros(1), ANY_SOURCE)
         elif wait == "wait":
             comm.Irecv(np.zeros(1), n - 1).Wait()
+        elif wait in ("waitany", "waitsome"):
+            from shmcoll.request import Request
+            getattr(Request, wait.capitalize())([comm.Irecv(np.zeros(1), n - 1), comm.Irecv(np.zeros(1), n - 1)])
         else:
             comm.Send(np.zeros(RING), n - 1)
     assert_killed_mid(waits, n)
