@@ -231,10 +231,11 @@ static int ints(PyObject *seq, int n, int64_t *out)
 }
 
 /* A v-variant's buffer spec, mpi4py's [buf, counts], [buf, counts,
- * displs], [buf, counts, dtype] or [buf, counts, displs, dtype] (dtype:
- * the array's own dtype object; counts and displacements: lists or tuples
- * of one int per rank): its array, with counts then displacements (packed
- * when not given) in vec; NULL when not that simple. */
+ * dtype] or [buf, counts, displs, dtype] (dtype: the array's own dtype
+ * object; counts and displacements: lists or tuples of one int per rank):
+ * its array, with counts then displacements (packed when not given) in
+ * vec; NULL when not that simple ([buf, counts, displs], which mpi4py
+ * refuses, included: Python raises). */
 static PyObject *vspec(PyObject *v, int n, int64_t *vec)
 {
     if (!PyList_Check(v) && !PyTuple_Check(v)) return NULL;
@@ -242,8 +243,9 @@ static PyObject *vspec(PyObject *v, int n, int64_t *vec)
     PyObject **it = PySequence_Fast_ITEMS(v);
     /* a tuple where the counts go may be mpi4py's (counts, displs): the Python path reads it */
     if (k < 2 || k > 4 || (k < 4 && PyTuple_Check(it[1])) || !ints(it[1], n, vec)) return NULL;
-    int displs = k == 4 || (k == 3 && (PyList_Check(it[2]) || PyTuple_Check(it[2])));
-    PyObject *dtype = k == 4 ? it[3] : k == 3 && !displs ? it[2] : NULL;
+    if (k == 3 && (PyList_Check(it[2]) || PyTuple_Check(it[2]))) return NULL;
+    int displs = k == 4;
+    PyObject *dtype = k == 4 ? it[3] : k == 3 ? it[2] : NULL;
     if (dtype && (Py_TYPE(it[0]) != ndarray || dtype != ((np_array *)it[0])->descr)) return NULL;
     if (displs) {
         if (!ints(it[2], n, vec + n)) return NULL;

@@ -61,6 +61,28 @@ class Args:
         apart(buffers.address(sptr), sbytes, buffers.address(rptr), rbytes)
         return sptr, sbytes, rptr, rbytes, sitem
 
+    def alltoallv(self, sendbuf, recvbuf, w=False):
+        """(send pointer, bytes, recv pointer, bytes, this rank's row of
+        the pieces table: bytes to each rank, their byte displacements,
+        bytes from each rank, theirs) of v-specs (w: Alltoallw's w-specs);
+        sendbuf IN_PLACE: recvbuf's pieces, copied."""
+        p = self.size
+        if w:
+            rraw, rn, rd = spec.wvector(recvbuf, "recvbuf", p, True)
+        else:
+            rraw, rdt, rc, rd = spec.vector(recvbuf, "recvbuf", p, True)
+            rn, rd = [c * rdt.itemsize for c in rc], [d * rdt.itemsize for d in rd]
+        if sendbuf is IN_PLACE:
+            sraw, sn, sd = rraw.copy(), rn, rd
+        elif w:
+            sraw, sn, sd = spec.wvector(sendbuf, "sendbuf", p, False)
+        else:
+            sraw, sdt, sc, sd = spec.vector(sendbuf, "sendbuf", p, False)
+            sn, sd = [c * sdt.itemsize for c in sc], [d * sdt.itemsize for d in sd]
+        sptr, rptr = ffi.from_buffer(sraw), ffi.from_buffer(rraw, require_writable=True)
+        apart(buffers.address(sptr), sraw.size, buffers.address(rptr), rraw.size)
+        return sptr, sraw.size, rptr, rraw.size, np.array([*sn, *sd, *rn, *rd], np.int64)
+
     def allgather(self, sendbuf, recvbuf):
         return self._collected("Allgather", sendbuf, spec.simple(recvbuf, "recvbuf", True, self.size), self.rank)
 

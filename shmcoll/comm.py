@@ -338,6 +338,38 @@ class Comm(PointToPoint, Communicators, Nonblocking):
                                                                    buffers.dtype_of(recvbuf))
         self._vrun("scatterv", algorithm, root, sptr, sbytes, rptr, rbytes, sitem, dt, counts, displs, "recvbuf")
 
+    @collective
+    def Alltoallv(self, sendbuf, recvbuf, algorithm=None):
+        """sendbuf, recvbuf: mpi4py's v-specs ([buf, (counts, displs),
+        datatype], ...; items of the datatype); sendbuf IN_PLACE: recvbuf's
+        pieces are sent."""
+        self._pieces("alltoallv", self._args.alltoallv(sendbuf, recvbuf), algorithm)
+
+    @collective
+    def Alltoallw(self, sendbuf, recvbuf, algorithm=None):
+        """sendbuf, recvbuf: [buf, (counts, displs), datatypes], a
+        (contiguous) datatype per rank, displacements in bytes (MPI's)."""
+        self._pieces("alltoallw", self._args.alltoallv(sendbuf, recvbuf, True), algorithm)
+
+    def _pieces(self, op, checked, algorithm):
+        """Run an Alltoallv/w: every rank's row of pieces goes to every rank
+        first (one Allgather), so all plan from the same table, and a piece
+        whose size its two ranks disagree on raises on every rank alike."""
+        sptr, sbytes, rptr, rbytes, row = checked
+        p = self.size
+        every = np.empty((p, row.size), np.int64)
+        self.Allgather(row, every)
+        bad = [(i, j) for i in range(p) for j in range(p) if every[i, j] != every[j, 2 * p + i]]
+        if bad:
+            i, j = bad[0]
+            raise MismatchError(f"{select.method(op)}: rank {i} sends rank {j} {every[i, j]} bytes but rank {j} "
+                                f"receives {every[j, 2 * p + i]} from rank {i} ({len(bad)} pairs disagree)")
+        table = tuple(tuple((int(every[i, j]), int(every[i, p + j]), int(every[j, 3 * p + i])) for j in range(p))
+                      for i in range(p))
+        alg = -1 if algorithm is None else select.IDS[op][select.check_name(op, algorithm)]
+        self._run(op, (select.TABLE[op][0], alg, table), int(every[:, :p].max(initial=0)), 0, algorithm,
+                  _addr(sptr), _addr(rptr), counts=table)
+
     # -- reductions ------------------------------------------------------------
     @collective
     def Allreduce(self, sendbuf, recvbuf, op=SUM, algorithm=None):

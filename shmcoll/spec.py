@@ -17,7 +17,12 @@ root's sendbuf): [buf, counts], [buf, dtype], [buf, counts, dtype], [buf,
 dtype]; counts one int per rank or one int for every rank (None: the
 buffer split as evenly as it goes, the lower ranks one more), displs one
 per rank, one stride (rank r at r x stride) or None (packed).  [buf,
-counts, displs] (a list or array third) is taken too, as the C entry does."""
+counts, displs] is refused, as mpi4py refuses it.  A w-spec (Alltoallw):
+[buf, (counts, displs), types] or [buf, counts, displs, types], counts in
+items of each rank's datatype, displacements in bytes (MPI's).
+
+A datatype is an MPI datatype (.base, .count, Get_size: contiguous ones)
+or anything numpy names a dtype by."""
 import itertools
 import operator
 
@@ -29,9 +34,29 @@ from .buffers import IN_PLACE
 
 
 def is_datatype(x):
-    """What mpi4py takes as the datatype of a spec (here: anything numpy
-    names a dtype by: a typecode string, a dtype, a scalar type)."""
-    return isinstance(x, (str, np.dtype, type))
+    """What mpi4py takes as the datatype of a spec: an MPI datatype (duck
+    typed: .base, .count, Get_size), or anything numpy names a dtype by
+    (a typecode string, a dtype, a scalar type)."""
+    return isinstance(x, (str, np.dtype, type)) or hasattr(x, "base") and hasattr(x, "Get_size")
+
+
+def datatype(x, name):
+    """The numpy dtype of a spec's datatype: an MPI datatype of count
+    items of its base (Create_contiguous) as a subarray dtype, whose
+    arrays are plain arrays of the base, count items per element."""
+    if hasattr(x, "base") and hasattr(x, "Get_size"):
+        base, count = np.dtype(x.base), int(getattr(x, "count", 1))
+        dt = base if count == 1 else np.dtype((base, (count,)))
+        if dt.itemsize != x.Get_size():
+            raise TypeError(f"{name}: datatype {x!r} is not contiguous ({x.Get_size()} bytes, {dt.itemsize} of data)")
+    else:
+        try:
+            dt = np.dtype(x)
+        except TypeError:
+            raise TypeError(f"{name}: {x!r} is not a datatype") from None
+    if dt.hasobject or dt.itemsize == 0:
+        raise TypeError(f"{name}: datatype {dt} is not plain data of whole bytes")
+    return dt
 
 
 def _index(x, name, what):
@@ -59,13 +84,7 @@ def _raw(buf, dtype, name, writable):
         raw = np.asarray(b).reshape(-1).view(np.uint8) if isinstance(b, np.ndarray) else np.frombuffer(b, np.uint8)
     if dtype is None:
         return raw, buffers.dtype_of(buf) if buf is not None else np.dtype(np.uint8)
-    try:
-        dt = np.dtype(dtype)
-    except TypeError:
-        raise TypeError(f"{name}: {dtype!r} is not a datatype") from None
-    if dt.hasobject or dt.itemsize == 0:
-        raise TypeError(f"{name}: datatype {dt} is not plain data of whole bytes")
-    return raw, dt
+    return raw, datatype(dtype, name)
 
 
 def _simple_items(spec, name):
@@ -137,8 +156,9 @@ def vector(spec, name, nranks, writable, derive=True):
             buf, counts, dtype = spec
             if isinstance(counts, tuple):
                 counts, displs = _pair(counts, name, "counts, displacements")
-            elif dtype is not None and not is_datatype(dtype):       # [buf, counts, displs]
-                displs, dtype = dtype, None
+            if dtype is not None and not is_datatype(dtype):        # [buf, counts, displs]: mpi4py's TypeError
+                raise TypeError(f"{name}: the third item of [buf, counts, datatype] must be a datatype, not "
+                                f"{dtype!r} (displacements go in [buf, (counts, displs), datatype])")
         elif n == 4:
             buf, counts, displs, dtype = spec
         else:
@@ -165,15 +185,22 @@ def vector(spec, name, nranks, writable, derive=True):
         displs = [r * stride for r in range(nranks)]
     else:
         displs = _per_rank(displs, f"{name}: displacements", nranks)
-    r = max(range(nranks), key=lambda i: displs[i] + counts[i], default=None)
-    if r is not None and displs[r] + counts[r] > items:
-        raise ValueError(f"{name}: rank {r}'s {counts[r]} items at displacement {displs[r]} end past the buffer's "
-                         f"{items} {dt} items")
+    ranges(name, counts, displs, items, f"{dt} items", writable)
+    return raw, dt, tuple(counts), tuple(displs)
+
+
+def ranges(name, counts, displs, size, unit, writable):
+    """Every rank's range (counts[r] at displs[r]) within the buffer's
+    size; ranges written must not overlap (MPI's rule for receive
+    buffers; ranges only read may, as a Scatterv root's)."""
+    r = max(range(len(counts)), key=lambda i: displs[i] + counts[i], default=None)
+    if r is not None and displs[r] + counts[r] > size:
+        raise ValueError(f"{name}: rank {r}'s {counts[r]} at displacement {displs[r]} end past the buffer's "
+                         f"{size} {unit}")
     live = sorted((d, c, r) for r, (d, c) in enumerate(zip(displs, counts)) if c)
-    for (d0, c0, r0), (d1, _, r1) in zip(live, live[1:]):
+    for (d0, c0, r0), (d1, _, r1) in zip(live, live[1:]) if writable else ():
         if d0 + c0 > d1:
             raise ValueError(f"{name}: the ranges of ranks {r0} and {r1} overlap (displacements {d0} and {d1})")
-    return raw, dt, tuple(counts), tuple(displs)
 
 
 def _per_rank(seq, what, n):
@@ -202,3 +229,28 @@ def root_only(spec, rank, root):
     """An argument that counts on the root only: a spec elsewhere is not
     read (mpi4py's), so it is taken as absent."""
     return None if rank != root and isinstance(spec, (list, tuple)) else spec
+
+
+def wvector(spec, name, nranks, writable):
+    """A w-spec: (the whole buffer as bytes, bytes per rank, byte
+    displacements per rank), checked against the buffer."""
+    if spec is IN_PLACE:
+        raise ValueError(f"{name}: IN_PLACE is not allowed here")
+    if not isinstance(spec, (list, tuple)) or len(spec) not in (3, 4):
+        raise ValueError(f"{name}: Alltoallw takes [buf, (counts, displs), datatypes] or "
+                         f"[buf, counts, displs, datatypes], not {spec!r}")
+    if len(spec) == 3:
+        buf, (counts, displs), types = spec[0], _pair(spec[1], name, "counts, displacements"), spec[2]
+    else:
+        buf, counts, displs, types = spec
+    raw = _raw(buf, None, name, writable)[0]
+    if is_datatype(types):
+        types = [types] * nranks
+    if not isinstance(types, (list, tuple)) or len(types) != nranks:
+        raise ValueError(f"{name}: datatypes must be {nranks}, one per rank, not {types!r}")
+    sizes = [datatype(t, name).itemsize for t in types]
+    counts = _per_rank(counts, f"{name}: counts", nranks)
+    nbytes = [c * z for c, z in zip(counts, sizes)]
+    displs = _per_rank(displs, f"{name}: displacements (bytes)", nranks)
+    ranges(name, nbytes, displs, raw.size, "bytes", writable)
+    return raw, tuple(nbytes), tuple(displs)
