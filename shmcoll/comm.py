@@ -193,11 +193,12 @@ class Comm(PointToPoint, Communicators, Nonblocking):
         return self._dev.traffic
 
     def _run(self, op, key, nbytes, root, algorithm, saddr=0, raddr=0, dtype=None, counts=None, tail=None,
-             red=None):
+             red=None, agreed=None):
         """Plan (cached by key), then run this rank's program.  dtype: the
         datatype the signature holds; counts: a v-variant's (bytes,
-        displacement) per rank, held in the signature by a hash; red: a
-        reduction's (op, kernel, in place)."""
+        displacement) per rank; agreed: what of them every rank must
+        pass alike (default: counts), held in the signature by a hash;
+        red: a reduction's (op, kernel, in place)."""
         call = self._call(nbytes, root)
         call.counts = counts
         opcode = 0
@@ -209,7 +210,8 @@ class Comm(PointToPoint, Communicators, Nonblocking):
         name, call, staged = select.resolve(op, call, algorithm, self._forced[op])
         alt = staged and (nbytes, functools.partial(select.plan, op, *staged))
         cid, what = select.TABLE[op][0], select.method(op)
-        sigbytes = None if counts is None else hash(counts) & ((1 << 61) - 1) | COUNTS_HASH
+        agreed = counts if agreed is None else agreed
+        sigbytes = None if agreed is None else hash(agreed) & ((1 << 61) - 1) | COUNTS_HASH
         code = 0 if dtype is None else buffers.dtype_code(dtype)
         if lib.sc_own(self._c):     # another thread is running a call: touch nothing it uses
             self._fail(lib.SC_EBUSY, what)
@@ -537,13 +539,15 @@ class Comm(PointToPoint, Communicators, Nonblocking):
         s0, r0 = _addr(sptr), _addr(rptr)
         if sptr is not None and rptr is not None:
             apart(s0, sbytes, r0, rbytes)
-        if op == "allgatherv":          # the fast entry's key: it has the same counts on every rank
+        agreed = None
+        if op == "allgatherv":          # the fast entry's key: this rank's counts and displacements
             tail = list(counts) + list(displs)
             key = self._key(op, algorithm, 0, sbytes, rbytes, self._dkey(dt))[:-1] + (fingerprint(counts, displs),)
+            agreed = tuple(n for n, _ in pieces)    # displacements are each rank's own layout (MPI)
         else:
             alg = -1 if algorithm is None else select.IDS[op][select.check_name(op, algorithm)]
             key, tail = (select.TABLE[op][0], alg, root, buffers.dtype_code(dt), pieces), None
-        self._run(op, key, sum(n for n, _ in pieces), root, algorithm, s0, r0, dt, pieces, tail)
+        self._run(op, key, sum(n for n, _ in pieces), root, algorithm, s0, r0, dt, pieces, tail, agreed=agreed)
 
     # -- lifetime -------------------------------------------------------------
     def Free(self):

@@ -302,3 +302,114 @@ def test_refused_forms_raise_on_every_rank(case, p):
     etype, words = REFUSED[case]
     for r, g in enumerate(got):
         assert g is not None and g[0] == etype and all(w in g[1] for w in words), (r, got)
+
+
+# -- legal uses: each rank's v-layout is its own; reads may overlap; any
+# contiguous memory ----------------------------------------------------------
+def _local_layout(p, me):
+    """Rank me's own displacements for counts r + 1: packed from a rank-
+    dependent start, in an order that turns with the rank."""
+    counts = [r + 1 for r in range(p)]
+    displs, at = [0] * p, me + 1
+    for r in sorted(range(p), key=lambda r: (r - me) % p):
+        displs[r], at = at, at + counts[r] + me % 2
+    return counts, displs, at
+
+
+def _expect(p, me, counts, displs, size, what):
+    want = np.full(size, SENT, np.int32)
+    for r in range(p):
+        want[displs[r]:displs[r] + counts[r]] = what(r)
+    return want
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_allgatherv_displacements_differ_from_rank_to_rank(p):
+    """MPI: recvcounts must agree, displs are each rank's own layout."""
+    def job(comm):
+        out = []
+        for seq, alg_bytes in enumerate([1, 30000]):       # inline-sized and single-copy-sized pieces
+            counts, displs, size = _local_layout(comm.size, comm.rank)
+            counts = [c * alg_bytes for c in counts]
+            displs = [d * alg_bytes for d in displs]
+            size *= alg_bytes
+            for _ in range(2):                                # the Python path, then the C entry
+                recv = np.full(size, SENT, np.int32)
+                comm.Allgatherv(data(comm.rank, counts[comm.rank]), [recv, (counts, displs), "i"])
+                out.append(np.array_equal(recv, _expect(comm.size, comm.rank, counts, displs, size,
+                                                        lambda r: data(r, counts[r]))))
+        return out
+    assert run_ranks(job, p, timeout=60) == [[True] * 4] * p
+
+
+@pytest.mark.parametrize("p", [2, 3])
+def test_gatherv_root_layout_with_other_ranks_passing_their_own(p):
+    """Only the root's recvbuf counts; the others may pass specs of their
+    own layouts (not read, as in mpi4py)."""
+    def job(comm):
+        res = []
+        for root in range(comm.size):
+            counts, displs, size = _local_layout(comm.size, comm.rank)
+            recv = np.full(size, SENT, np.int32)
+            comm.Gatherv(data(comm.rank, counts[comm.rank]), [recv, (counts, displs), "i"], root)
+            if comm.rank == root:
+                res.append(np.array_equal(recv, _expect(comm.size, root, counts, displs, size,
+                                                        lambda r: data(r, counts[r]))))
+        return res
+    assert run_ranks(job, p, timeout=60) == [[True]] * p
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_scatterv_overlapping_send_ranges(p):
+    """A Scatterv root's sendbuf ranges may overlap (they are only read)."""
+    def job(comm):
+        src = data(9, 8)
+        counts = [r % 3 + 2 for r in range(comm.size)]
+        displs = [r % 2 for r in range(comm.size)]          # all start within the first two items
+        recv = np.full(counts[comm.rank], SENT, np.int32)
+        comm.Scatterv([src, (counts, displs), "i"] if comm.rank == 0 else None, recv, 0)
+        d = displs[comm.rank]
+        return np.array_equal(recv, src[d:d + counts[comm.rank]])
+    assert run_ranks(job, p, timeout=30) == [True] * p
+
+
+def test_overlapping_receive_ranges_still_refused():
+    def job(comm):
+        recv = np.zeros(8, np.int32)
+        try:
+            comm.Allgatherv(data(comm.rank, 2), [recv, ([2, 2], [0, 1]), "i"])
+        except ValueError as e:
+            return str(e)
+    assert all("overlap" in m for m in run_ranks(job, 2, timeout=30))
+
+
+@pytest.mark.parametrize("p", [1, 2, 3])
+def test_fortran_ordered_arrays(p):
+    """F-contiguous arrays are contiguous memory: plain and in specs, sent
+    and received, their bytes in memory order (mpi4py's)."""
+    def job(comm):
+        n = comm.size
+        a = np.asfortranarray(np.arange(12, dtype=np.float64).reshape(3, 4) + comm.rank)
+        b = np.asfortranarray(np.arange(12, dtype=np.float64).reshape(3, 4)) if comm.rank == 0 else \
+            np.zeros((3, 4), order="F")
+        comm.Bcast(b, 0)
+        ok = [np.array_equal(b, np.arange(12, dtype=np.float64).reshape(3, 4))]
+        g = np.zeros((n, 3, 4), order="F")
+        comm.Allgather([a, "d"], [g, "d"])
+        flat = g.ravel(order="K").reshape(n, 12)
+        ok.append(all(np.array_equal(flat[r], (np.arange(12).reshape(3, 4) + r).ravel(order="F"))
+                      for r in range(n)))
+        s = np.zeros((3, 4), order="F")
+        comm.Allreduce(a, s)
+        ok.append(np.allclose(s, sum(np.arange(12).reshape(3, 4) + r for r in range(n))))
+        return ok
+    assert run_ranks(job, p, timeout=30) == [[True] * 3] * p
+
+
+def test_non_contiguous_arrays_raise_naming_contiguity():
+    def job(comm):
+        try:
+            comm.Bcast(np.zeros((4, 4))[:, 1])
+        except ValueError as e:
+            return str(e)
+    assert "contiguous" in run_ranks(job, 1, timeout=30)[0]
