@@ -230,6 +230,90 @@ static int ints(PyObject *seq, int n, int64_t *out)
     return 1;
 }
 
+/* The first fields of numpy's PyArray_Descr, the same in numpy 1.x and
+ * 2.x (ndarraytypes.h): the scalar type, kind, typecode and byte order. */
+typedef struct {
+    PyObject_HEAD
+    PyTypeObject *typeobj;
+    char kind, type, byteorder;
+} np_descr;
+
+static PyObject *s_base, *s_count, *s_get_size;     /* interned attribute names */
+#define NTYPES 16
+static struct { PyObject *type, *descr; } types[NTYPES];     /* MPI datatypes seen to name a dtype */
+static int next_type;
+
+/* Whether datatype t names exactly array a's dtype, as spec.datatype
+ * reads it: the dtype object itself, its one-character typecode or its
+ * scalar type (native byte order, not structured), or an MPI datatype
+ * (duck typed: .base, .count, Get_size) of one item of it.  0 for
+ * anything else, equal dtypes that are other objects included: the
+ * Python path reads those. */
+static int same_type(PyObject *t, PyObject *a)
+{
+    PyObject *descr = ((np_array *)a)->descr;
+    const np_descr *d = (const np_descr *)descr;
+    if (t == descr) return 1;
+    int native = d->byteorder == '=' || d->byteorder == '|';
+    if (PyUnicode_Check(t))
+        return native && PyUnicode_GET_LENGTH(t) == 1 && PyUnicode_READ_CHAR(t, 0) == (Py_UCS4)(unsigned char)d->type;
+    if (PyType_Check(t)) return native && d->kind != 'V' && (PyTypeObject *)t == d->typeobj;
+    for (int i = 0; i < NTYPES && types[i].type; i++)
+        if (types[i].type == t && types[i].descr == descr) return 1;
+    PyObject *base = PyObject_GetAttr(t, s_base);
+    if (!base) return 0;
+    PyObject *count = base == descr ? PyObject_GetAttr(t, s_count) : NULL;
+    int ok = count && PyLong_CheckExact(count) && PyLong_AsLong(count) == 1 && PyObject_HasAttr(t, s_get_size);
+    Py_DECREF(base);
+    Py_XDECREF(count);
+    if (ok) {       /* held, so its address names it while cached; datatypes do not change their items */
+        int i = next_type;
+        next_type = (next_type + 1) % NTYPES;
+        Py_XDECREF(types[i].type);
+        Py_XDECREF(types[i].descr);
+        types[i].type = Py_NewRef(t), types[i].descr = Py_NewRef(descr);
+    }
+    return ok;
+}
+
+/* A non-negative exact int into *out; 0 if not that. */
+static int index_of(PyObject *v, int64_t *out)
+{
+    int overflow = 0;
+    if (!PyLong_CheckExact(v)) return 0;
+    *out = PyLong_AsLongLongAndOverflow(v, &overflow);
+    return !overflow && *out >= 0;
+}
+
+/* A simple buffer spec over a numpy array in the forms mpi4py programs
+ * use ([buf, type], [buf, count], [buf, count, type], [buf, (count,
+ * displ)], [buf, (count, displ), type], [buf, count, displ, type]), its
+ * type naming the array's own dtype: the array, with count (-1: left
+ * out) and displ in items.  NULL when not that simple (the Python path,
+ * spec.simple, reads or refuses it). */
+static PyObject *simple_spec(PyObject *v, int64_t *count, int64_t *displ)
+{
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(v);
+    PyObject **it = PySequence_Fast_ITEMS(v), *type = NULL, *a = it[0];
+    if (k < 2 || k > 4 || Py_TYPE(a) != ndarray) return NULL;
+    *count = -1, *displ = 0;
+    PyObject *c = it[1];
+    if (k == 4) {
+        if (!index_of(c, count) || !index_of(it[2], displ)) return NULL;
+        type = it[3];
+    } else if (PyList_Check(c) || PyTuple_Check(c)) {
+        if (PySequence_Fast_GET_SIZE(c) != 2 || !index_of(PySequence_Fast_ITEMS(c)[0], count)
+                || !index_of(PySequence_Fast_ITEMS(c)[1], displ)) return NULL;
+        type = k == 3 ? it[2] : NULL;
+    } else if (PyLong_Check(c)) {
+        if (!index_of(c, count)) return NULL;
+        type = k == 3 ? it[2] : NULL;
+    } else if (k == 2) {
+        type = c;
+    } else return NULL;
+    return !type || same_type(type, a) ? a : NULL;
+}
+
 /* A v-variant's buffer spec, mpi4py's [buf, counts], [buf, counts,
  * dtype] or [buf, counts, displs, dtype] (dtype: the array's own dtype
  * object; counts and displacements: lists or tuples of one int per rank):
@@ -246,7 +330,7 @@ static PyObject *vspec(PyObject *v, int n, int64_t *vec)
     if (k == 3 && (PyList_Check(it[2]) || PyTuple_Check(it[2]))) return NULL;
     int displs = k == 4;
     PyObject *dtype = k == 4 ? it[3] : k == 3 ? it[2] : NULL;
-    if (dtype && (Py_TYPE(it[0]) != ndarray || dtype != ((np_array *)it[0])->descr)) return NULL;
+    if (dtype && (Py_TYPE(it[0]) != ndarray || !same_type(dtype, it[0]))) return NULL;
     if (displs) {
         if (!ints(it[2], n, vec + n)) return NULL;
     } else {
@@ -286,6 +370,9 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
     char *sbuf = NULL, *rbuf = NULL;
     int typed = info->typed, reduction = info->reduction, inplace = 0;
     if (c->closed || !parse(args, nargsf, kw, PyTuple_GET_ITEM(desc, 0), a)) return decline(self, args, nargsf, kw);
+    if (!s_base && !((s_base = PyUnicode_InternFromString("base")) && (s_count = PyUnicode_InternFromString("count"))
+                     && (s_get_size = PyUnicode_InternFromString("Get_size"))))
+        return NULL;
     for (int i = 0; roles[i] && ok; i++) {
         PyObject *v = a[i];
         switch (roles[i]) {
@@ -311,6 +398,16 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
             int w = roles[i] != 'i' && roles[i] != 'I', out = roles[i] == 'o' || roles[i] == 'O' || roles[i] == 'v';
             char *p;
             Py_ssize_t len, isz;
+            int64_t count = -1, displ = 0, blocks = 1;
+            int spec = v && (PyList_Check(v) || PyTuple_Check(v));
+            if (spec) {
+                /* a spec: optional buffers (read on the root only) and IN_PLACE calls go to Python */
+                if (roles[i] == 'I' || roles[i] == 'O' || inplace || !(v = simple_spec(v, &count, &displ))) {
+                    ok = 0;
+                    break;
+                }
+                if (PyLong_AsLong(PyTuple_GET_ITEM(desc, 4)) >> i & 1) blocks = c->size;   /* count per block */
+            }
             if (!quick(v, w, &p, &len, &isz)) {
                 if (!v || PyObject_GetBuffer(v, &b[nb], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (w ? PyBUF_WRITABLE : 0))) {
                     ok = 0;
@@ -319,6 +416,12 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
                 if (!plain(&b[nb++])) { ok = 0; break; }
                 learn(v, &b[nb - 1]);
                 p = b[nb - 1].buf, len = b[nb - 1].len, isz = b[nb - 1].itemsize;
+            }
+            if (spec) {     /* the spec's items, as spec.simple takes them; anything it refuses goes to it */
+                if (displ > len / isz) { ok = 0; break; }
+                Py_ssize_t at = (Py_ssize_t)displ * isz, n = len - at;
+                if (count < 0 ? (n / isz) % blocks : count > n / isz / blocks) { ok = 0; break; }
+                p += at, len = count < 0 ? n : (Py_ssize_t)count * isz * blocks;
             }
             if (i == typed && !(key[SC_K_TYPE] = dtype_word(v))) { ok = 0; break; }   /* not an array Python keys alike */
             if (reduction && nbuf && dtype_word(v) != key[SC_K_TYPE]) { ok = 0; break; }   /* Python refuses two dtypes */

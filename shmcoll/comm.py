@@ -76,8 +76,9 @@ class Comm(PointToPoint, Communicators, Nonblocking):
                 continue
             method = getattr(Comm, name).__get__(self)
             handler = functools.partial(self._failed, name)
+            blocked = sum(1 << argnames.index(a) for a in spec.BLOCKED.get(op, ()))
             self.__dict__[name] = device.entry(method, handler, select.IDS[op], cid, roles,
-                                               (argnames, OPCODES, IN_PLACE, SUM))
+                                               (argnames, OPCODES, IN_PLACE, SUM, blocked))
 
     def _probe_cma(self):
         """Single copies need every rank able to read every other: each

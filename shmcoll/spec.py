@@ -33,6 +33,14 @@ from ._core import ffi
 from .buffers import IN_PLACE
 
 
+#: the arguments that hold one block per rank, where a spec's count is per
+#: block (and Reduce_scatter_block's recvbuf with IN_PLACE, which the C
+#: entries leave to Python): args.py reads them so, and so do the C
+#: entries (Comm passes them, csrc/pyfast.c simple_spec)
+BLOCKED = {"alltoall": ("sendbuf", "recvbuf"), "allgather": ("recvbuf",), "gather": ("recvbuf",),
+           "scatter": ("sendbuf",), "reduce_scatter_block": ("sendbuf",)}
+
+
 def is_datatype(x):
     """What mpi4py takes as the datatype of a spec: an MPI datatype (duck
     typed: .base, .count, Get_size), or anything numpy names a dtype by

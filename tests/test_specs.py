@@ -413,3 +413,80 @@ def test_non_contiguous_arrays_raise_naming_contiguity():
         except ValueError as e:
             return str(e)
     assert "contiguous" in run_ranks(job, 1, timeout=30)[0]
+
+
+# -- the C entries take the common spec forms: the same results as plain
+# arrays, and no Python frame of shmcoll's on a warm call ----------------------
+class MPIType:
+    """An MPI datatype as shmcoll.MPI's (duck typed: .base, .count, Get_size)."""
+    def __init__(self, base, count=1):
+        self.base, self.count = np.dtype(base), count
+
+    def Get_size(self):
+        return self.base.itemsize * self.count
+
+
+INT = MPIType(np.int32)
+FAST_FORMS = {      # spec(buf, count, displ) over items [displ, displ + count x blocks)
+    "[buf, MPI]": lambda b, c, d: [b[d:], INT],
+    "[buf, char]": lambda b, c, d: [b[d:], "i"],
+    "[buf, scalar type]": lambda b, c, d: [b[d:], np.int32],
+    "[buf, count, MPI]": lambda b, c, d: [b[d:], c, INT],
+    "[buf, count, displ, MPI]": lambda b, c, d: [b, c, d, INT],
+    "[buf, (count, displ), dtype]": lambda b, c, d: [b, (c, d), b.dtype],
+    "[buf, count]": lambda b, c, d: [b[d:], c],
+}
+FAST_COLLS = {      # (blocks of sendbuf, of recvbuf: 0 none, 1 one, p one per rank), call
+    "Bcast": (1, 0, lambda comm, s, r: comm.Bcast(s, 1 % comm.size)),
+    "Allreduce": (1, 1, lambda comm, s, r: comm.Allreduce(s, r)),
+    "Alltoall": ("p", "p", lambda comm, s, r: comm.Alltoall(s, r)),
+    "Allgather": (1, "p", lambda comm, s, r: comm.Allgather(s, r)),
+    "Reduce_scatter_block": ("p", 1, lambda comm, s, r: comm.Reduce_scatter_block(s, r)),
+    "Scan": (1, 1, lambda comm, s, r: comm.Scan(s, r)),
+}
+
+
+def _python_frames(fn):
+    """fn(), and the Python functions of shmcoll that ran in it."""
+    import sys
+    seen = []
+
+    def prof(frame, event, arg):
+        if event == "call" and "shmcoll" in frame.f_code.co_filename:
+            seen.append(frame.f_code.co_name)
+    sys.setprofile(prof)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+def _fast(comm, coll, form):
+    """(spec and plain results equal, shmcoll's Python functions the spec
+    call ran) for three calls of each."""
+    p = comm.size
+    sblocks, rblocks, call = FAST_COLLS[coll]
+    ks = [p if x == "p" else x for x in (sblocks, rblocks)]
+    spare = 2 if "count" in form else 0     # without a count the spec spans the buffer past displ
+    out = []
+    for _ in range(3):
+        bufs = [np.full(D + C * k + spare, SENT, np.int32) if k else None for k in ks]
+        bufs[0][D:D + C * ks[0]] = data(comm.rank, C * ks[0])
+        plain = [b.copy() if k else None for b, k in zip(bufs, ks)]
+        call(comm, *[b[D:D + C * k] if k else None for b, k in zip(plain, ks)])
+        specs = [FAST_FORMS[form](b, C, D) if k else None for b, k in zip(bufs, ks)]
+        frames = _python_frames(lambda: call(comm, *specs))
+        out.append((all(k == 0 or np.array_equal(b, q) for b, q, k in zip(bufs, plain, ks)), frames))
+    return out
+
+
+@pytest.mark.parametrize("p", [2, 3])
+@pytest.mark.parametrize("form", list(FAST_FORMS))
+@pytest.mark.parametrize("coll", list(FAST_COLLS))
+def test_common_specs_take_the_c_entry(coll, form, p):
+    """A spec call gives what the plain call on its slice gives; warm, it
+    runs no Python function of shmcoll's (the C entry parsed it)."""
+    for r, runs in enumerate(run_ranks(_fast, p, coll, form, timeout=60)):
+        assert all(same for same, _ in runs), (r, runs)
+        assert runs[-1][1] == [], (r, runs[-1][1])
