@@ -368,7 +368,7 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
     int64_t key[SC_KEY] = { [SC_K_COLLECTIVE] = info->coll, [SC_K_ALGORITHM] = SC_KEY_NONE };
     int64_t vec[2 * 1024];      /* a v-spec's counts and displacements (MAX_RANKS) */
     char *sbuf = NULL, *rbuf = NULL;
-    int typed = info->typed, reduction = info->reduction, inplace = 0;
+    int typed = info->typed, reduction = info->reduction, inplace = 0, rootspec = -1;
     if (c->closed || !parse(args, nargsf, kw, PyTuple_GET_ITEM(desc, 0), a)) return decline(self, args, nargsf, kw);
     if (!s_base && !((s_base = PyUnicode_InternFromString("base")) && (s_count = PyUnicode_InternFromString("count"))
                      && (s_get_size = PyUnicode_InternFromString("Get_size"))))
@@ -401,11 +401,12 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
             int64_t count = -1, displ = 0, blocks = 1;
             int spec = v && (PyList_Check(v) || PyTuple_Check(v));
             if (spec) {
-                /* a spec: optional buffers (read on the root only) and IN_PLACE calls go to Python */
-                if (roles[i] == 'I' || roles[i] == 'O' || inplace || !(v = simple_spec(v, &count, &displ))) {
+                /* a spec: IN_PLACE calls go to Python */
+                if (inplace || !(v = simple_spec(v, &count, &displ))) {
                     ok = 0;
                     break;
                 }
+                if (roles[i] == 'I' || roles[i] == 'O') rootspec = i;
                 if (PyLong_AsLong(PyTuple_GET_ITEM(desc, 4)) >> i & 1) blocks = c->size;   /* count per block */
             }
             if (!quick(v, w, &p, &len, &isz)) {
@@ -454,6 +455,12 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
             }
             break;
         }
+    }
+    if (ok && rootspec >= 0 && key[SC_K_ROOT] != c->rank) {    /* a spec off the root is not read (spec.root_only) */
+        int out = roles[rootspec] == 'O';
+        key[out ? SC_K_RECV : SC_K_SEND] = SC_KEY_NONE;
+        *(out ? &rbuf : &sbuf) = NULL;
+        nbuf--;
     }
     if (inplace) sbuf = rbuf;
     /* two buffers (not Bcast's one) that overlap, the same one included: Python refuses */

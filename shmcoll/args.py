@@ -29,6 +29,11 @@ class Args:
     def __init__(self, rank, size):
         self.rank, self.size = rank, size
 
+    def blocks_of(self, op, name):
+        """The blocks a spec's count is per in argument name of op
+        (spec.BLOCKED; 0: the count is the whole message)."""
+        return self.size if name in spec.BLOCKED.get(op, ()) else 0
+
     def root(self, root):
         if isinstance(root, (bool, np.bool_)) or not isinstance(root, (int, np.integer)) \
                 or not 0 <= root < self.size:
@@ -45,8 +50,8 @@ class Args:
 
     def alltoall(self, sendbuf, recvbuf):
         """(..., sendbuf's item size): sendbuf IN_PLACE: recvbuf's blocks, copied."""
-        recvbuf = spec.simple(recvbuf, "recvbuf", True, self.size)
-        sendbuf = spec.simple(sendbuf, "sendbuf", False, self.size)
+        recvbuf = spec.simple(recvbuf, "recvbuf", True, self.blocks_of("alltoall", "recvbuf"))
+        sendbuf = spec.simple(sendbuf, "sendbuf", False, self.blocks_of("alltoall", "sendbuf"))
         if sendbuf is IN_PLACE:
             ptr, nbytes, _ = buffers.view(recvbuf, "recvbuf", writable=True)
             sendbuf = own(ptr, 0, nbytes, buffers.dtype_of(recvbuf))
@@ -84,10 +89,12 @@ class Args:
         return sptr, sraw.size, rptr, rraw.size, np.array([*sn, *sd, *rn, *rd], np.int64)
 
     def allgather(self, sendbuf, recvbuf):
-        return self._collected("Allgather", sendbuf, spec.simple(recvbuf, "recvbuf", True, self.size), self.rank)
+        return self._collected("Allgather", sendbuf, spec.simple(recvbuf, "recvbuf", True, self.blocks_of("allgather", "recvbuf")),
+                              self.rank)
 
     def gather(self, sendbuf, recvbuf, root):
-        recvbuf = spec.simple(spec.root_only(recvbuf, self.rank, root), "recvbuf", True, self.size)
+        recvbuf = spec.simple(spec.root_only(recvbuf, self.rank, root), "recvbuf", True,
+                              self.blocks_of("gather", "recvbuf"))
         return self._collected("Gather", sendbuf, recvbuf, root)
 
     def _collected(self, what, sendbuf, recvbuf, root):
@@ -104,7 +111,8 @@ class Args:
         return sptr, sbytes, rptr, rbytes, buffers.dtype_of(sendbuf)
 
     def scatter(self, sendbuf, recvbuf, root):
-        sendbuf = spec.simple(spec.root_only(sendbuf, self.rank, root), "sendbuf", False, self.size)
+        sendbuf = spec.simple(spec.root_only(sendbuf, self.rank, root), "sendbuf", False,
+                              self.blocks_of("scatter", "sendbuf"))
         recvbuf = spec.simple(recvbuf, "recvbuf", True)
         if recvbuf is IN_PLACE:
             recvbuf = self.own_block("Scatter", sendbuf, root, "sendbuf", copy=False)
@@ -125,7 +133,7 @@ class Args:
         what = select.method(kind)
         inplace = sendbuf is IN_PLACE
         unused = kind == "reduce" and self.rank != root
-        blocks = self.size if kind == "reduce_scatter_block" else 0       # of a spec's count
+        blocks = self.blocks_of(kind, "sendbuf")       # of a spec's count
         recvbuf = spec.simple(spec.root_only(recvbuf, self.rank, root) if kind == "reduce" else recvbuf, "recvbuf",
                               not unused, blocks if inplace else 0)
         sendbuf = spec.simple(sendbuf, "sendbuf", False, blocks)

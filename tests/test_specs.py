@@ -443,6 +443,9 @@ FAST_COLLS = {      # (blocks of sendbuf, of recvbuf: 0 none, 1 one, p one per r
     "Allgather": (1, "p", lambda comm, s, r: comm.Allgather(s, r)),
     "Reduce_scatter_block": ("p", 1, lambda comm, s, r: comm.Reduce_scatter_block(s, r)),
     "Scan": (1, 1, lambda comm, s, r: comm.Scan(s, r)),
+    "Gather": (1, "p", lambda comm, s, r: comm.Gather(s, r, 1 % comm.size)),       # recvbuf read on the root only
+    "Scatter": ("p", 1, lambda comm, s, r: comm.Scatter(s, r, 1 % comm.size)),
+    "Reduce": (1, 1, lambda comm, s, r: comm.Reduce(s, r, root=1 % comm.size)),
 }
 
 
