@@ -22,7 +22,7 @@ def own(ptr, start, nbytes, dt):
     items): a copy of ptr's bytes from start, or scratch when ptr is None."""
     raw = np.empty(nbytes, np.uint8) if ptr is None else \
         np.frombuffer(ffi.buffer(ptr + start, nbytes), np.uint8).copy()
-    return raw.view(dt) if nbytes % dt.itemsize == 0 else raw
+    return raw.view(dt.base) if nbytes % dt.itemsize == 0 else raw
 
 
 class Args:

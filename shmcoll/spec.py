@@ -143,7 +143,7 @@ def simple(spec, name, writable, blocks=0):
                              + (f" past displacement {at // ext}" if at else ""))
         if nbytes and buf is None:
             raise ValueError(f"{name}: the buffer is None but the count is {count}")
-    return raw[at:at + nbytes].view(dt)
+    return raw[at:at + nbytes].view(dt.base)       # a contiguous type's items: its base's
 
 
 def vector(spec, name, nranks, writable, derive=True):

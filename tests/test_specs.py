@@ -493,3 +493,41 @@ def test_common_specs_take_the_c_entry(coll, form, p):
     for r, runs in enumerate(run_ranks(_fast, p, coll, form, timeout=60)):
         assert all(same for same, _ in runs), (r, runs)
         assert runs[-1][1] == [], (r, runs[-1][1])
+
+
+@pytest.mark.parametrize("p", [1, 2, 3])
+def test_contiguous_mpi_datatypes(p):
+    """An MPI datatype of n items (Create_contiguous) counts n base items
+    per item, displacements too; reductions fold the base elementwise."""
+    PAIR, TRIPLE = MPIType(np.int32, 2), MPIType(np.int32, 3)
+
+    def job(comm):
+        a = np.arange(12, dtype=np.int32) + comm.rank
+        b = np.full(12, SENT, np.int32)
+        comm.Allreduce([a, 2, 1, PAIR], [b, (2, 1), PAIR])
+        c = np.arange(12, dtype=np.int32) + comm.rank
+        comm.Bcast([c, (1, 2), TRIPLE], 0)
+        g = np.full(2 * comm.size + 2, SENT, np.int32)
+        comm.Allgatherv(data(comm.rank, 2), [g, ([1] * comm.size, None), PAIR])
+        return b, c, g
+    for r, (b, c, g) in enumerate(run_ranks(job, p, timeout=30)):
+        want = np.full(12, SENT, np.int32)
+        want[2:6] = sum(np.arange(2, 6) + q for q in range(p))
+        assert np.array_equal(b, want)
+        want = np.arange(12, dtype=np.int32) + r
+        want[6:9] = np.arange(6, 9)
+        assert np.array_equal(c, want)
+        assert np.array_equal(g[:2 * p], np.concatenate([data(q, 2) for q in range(p)])) and (g[2 * p:] == SENT).all()
+
+
+def test_non_contiguous_datatype_refused():
+    class Strided(MPIType):
+        def Get_size(self):
+            return 2 * self.base.itemsize * self.count
+
+    def job(comm):
+        try:
+            comm.Bcast([np.zeros(8, np.int32), 1, Strided(np.int32, 2)])
+        except TypeError as e:
+            return str(e)
+    assert "not contiguous" in run_ranks(job, 1, timeout=30)[0]
