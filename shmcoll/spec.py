@@ -193,18 +193,19 @@ def vector(spec, name, nranks, writable, derive=True):
         displs = [r * stride for r in range(nranks)]
     else:
         displs = _per_rank(displs, f"{name}: displacements", nranks)
-    ranges(name, counts, displs, items, f"{dt} items", writable)
+    ranges(name, counts, displs, items, dt, writable)
     return raw, dt, tuple(counts), tuple(displs)
 
 
 def ranges(name, counts, displs, size, unit, writable):
     """Every rank's range (counts[r] at displs[r]) within the buffer's
-    size; ranges written must not overlap (MPI's rule for receive
-    buffers; ranges only read may, as a Scatterv root's)."""
+    size (in items of dtype unit, or bytes); ranges written must not
+    overlap (MPI's rule for receive buffers; ranges only read may, as a
+    Scatterv root's)."""
     r = max(range(len(counts)), key=lambda i: displs[i] + counts[i], default=None)
     if r is not None and displs[r] + counts[r] > size:
         raise ValueError(f"{name}: rank {r}'s {counts[r]} at displacement {displs[r]} end past the buffer's "
-                         f"{size} {unit}")
+                         f"{size} {unit if isinstance(unit, str) else f'{unit} items'}")
     live = sorted((d, c, r) for r, (d, c) in enumerate(zip(displs, counts)) if c)
     for (d0, c0, r0), (d1, _, r1) in zip(live, live[1:]) if writable else ():
         if d0 + c0 > d1:
