@@ -243,37 +243,47 @@ static PyObject *s_base, *s_count, *s_get_size;     /* interned attribute names 
 static struct { PyObject *type, *descr; } types[NTYPES];     /* MPI datatypes seen to name a dtype */
 static int next_type;
 
-/* Whether datatype t names exactly array a's dtype, as spec.datatype
- * reads it: the dtype object itself, its one-character typecode or its
- * scalar type (native byte order, not structured), or an MPI datatype
- * (duck typed: .base, .count, Get_size) of one item of it.  0 for
- * anything else, equal dtypes that are other objects included: the
- * Python path reads those. */
-static int same_type(PyObject *t, PyObject *a)
+/* The dtype a spec's datatype t names, as spec.datatype reads it, as an
+ * index into dtypes[] (-1: none learned, or not simple): a dtype object
+ * itself; a one-character typecode or a scalar type naming buffer a's
+ * own dtype (a numpy array's, native byte order, not structured); an MPI
+ * datatype (duck typed: .base, .count, Get_size) of one item of a dtype.
+ * The Python path learns the dtypes of the specs it reads. */
+static int type_index(PyObject *t, PyObject *a)
 {
-    PyObject *descr = ((np_array *)a)->descr;
-    const np_descr *d = (const np_descr *)descr;
-    if (t == descr) return 1;
-    int native = d->byteorder == '=' || d->byteorder == '|';
-    if (PyUnicode_Check(t))
-        return native && PyUnicode_GET_LENGTH(t) == 1 && PyUnicode_READ_CHAR(t, 0) == (Py_UCS4)(unsigned char)d->type;
-    if (PyType_Check(t)) return native && d->kind != 'V' && (PyTypeObject *)t == d->typeobj;
-    for (int i = 0; i < NTYPES && types[i].type; i++)
-        if (types[i].type == t && types[i].descr == descr) return 1;
+    int i = known(t);
+    if (i >= 0) return i;
+    if (PyUnicode_Check(t) || PyType_Check(t)) {
+        if (Py_TYPE(a) != ndarray) return -1;
+        PyObject *descr = ((np_array *)a)->descr;
+        const np_descr *d = (const np_descr *)descr;
+        if (d->byteorder != '=' && d->byteorder != '|') return -1;
+        int same = PyUnicode_Check(t) ? PyUnicode_GET_LENGTH(t) == 1
+                                         && PyUnicode_READ_CHAR(t, 0) == (Py_UCS4)(unsigned char)d->type
+                                      : d->kind != 'V' && (PyTypeObject *)t == d->typeobj;
+        return same ? known(descr) : -1;
+    }
+    for (int j = 0; j < NTYPES && types[j].type; j++)
+        if (types[j].type == t) return known(types[j].descr);
     PyObject *base = PyObject_GetAttr(t, s_base);
-    if (!base) return 0;
-    PyObject *count = base == descr ? PyObject_GetAttr(t, s_count) : NULL;
+    if (!base) {
+        PyErr_Clear();
+        return -1;
+    }
+    i = known(base);
+    PyObject *count = i >= 0 ? PyObject_GetAttr(t, s_count) : NULL;
     int ok = count && PyLong_CheckExact(count) && PyLong_AsLong(count) == 1 && PyObject_HasAttr(t, s_get_size);
+    PyErr_Clear();
+    if (ok) {       /* held, so its address names it while cached; datatypes do not change their items */
+        int j = next_type;
+        next_type = (next_type + 1) % NTYPES;
+        Py_XDECREF(types[j].type);
+        Py_XDECREF(types[j].descr);
+        types[j].type = Py_NewRef(t), types[j].descr = Py_NewRef(base);
+    }
     Py_DECREF(base);
     Py_XDECREF(count);
-    if (ok) {       /* held, so its address names it while cached; datatypes do not change their items */
-        int i = next_type;
-        next_type = (next_type + 1) % NTYPES;
-        Py_XDECREF(types[i].type);
-        Py_XDECREF(types[i].descr);
-        types[i].type = Py_NewRef(t), types[i].descr = Py_NewRef(descr);
-    }
-    return ok;
+    return ok ? i : -1;
 }
 
 /* A non-negative exact int into *out; 0 if not that. */
@@ -285,18 +295,18 @@ static int index_of(PyObject *v, int64_t *out)
     return !overflow && *out >= 0;
 }
 
-/* A simple buffer spec over a numpy array in the forms mpi4py programs
- * use ([buf, type], [buf, count], [buf, count, type], [buf, (count,
- * displ)], [buf, (count, displ), type], [buf, count, displ, type]), its
- * type naming the array's own dtype: the array, with count (-1: left
- * out) and displ in items.  NULL when not that simple (the Python path,
- * spec.simple, reads or refuses it). */
-static PyObject *simple_spec(PyObject *v, int64_t *count, int64_t *displ)
+/* A simple buffer spec in the forms mpi4py programs use ([buf, type],
+ * [buf, count], [buf, count, type], [buf, (count, displ)], [buf, (count,
+ * displ), type], [buf, count, displ, type]): its buffer, with count (-1:
+ * left out) and displ in items of its type, *tix the type's dtype
+ * (type_index; -1: none given, the buffer's own).  NULL when not that
+ * simple (the Python path, spec.simple, reads or refuses it). */
+static PyObject *simple_spec(PyObject *v, int64_t *count, int64_t *displ, int *tix)
 {
     Py_ssize_t k = PySequence_Fast_GET_SIZE(v);
     PyObject **it = PySequence_Fast_ITEMS(v), *type = NULL, *a = it[0];
-    if (k < 2 || k > 4 || Py_TYPE(a) != ndarray) return NULL;
-    *count = -1, *displ = 0;
+    if (k < 2 || k > 4) return NULL;
+    *count = -1, *displ = 0, *tix = -1;
     PyObject *c = it[1];
     if (k == 4) {
         if (!index_of(c, count) || !index_of(it[2], displ)) return NULL;
@@ -311,7 +321,7 @@ static PyObject *simple_spec(PyObject *v, int64_t *count, int64_t *displ)
     } else if (k == 2) {
         type = c;
     } else return NULL;
-    return !type || same_type(type, a) ? a : NULL;
+    return !type || (*tix = type_index(type, a)) >= 0 ? a : NULL;
 }
 
 /* A v-variant's buffer spec, mpi4py's [buf, counts], [buf, counts,
@@ -330,7 +340,8 @@ static PyObject *vspec(PyObject *v, int n, int64_t *vec)
     if (k == 3 && (PyList_Check(it[2]) || PyTuple_Check(it[2]))) return NULL;
     int displs = k == 4;
     PyObject *dtype = k == 4 ? it[3] : k == 3 ? it[2] : NULL;
-    if (dtype && (Py_TYPE(it[0]) != ndarray || !same_type(dtype, it[0]))) return NULL;
+    int own = Py_TYPE(it[0]) == ndarray ? known(((np_array *)it[0])->descr) : -1;
+    if (dtype && (own < 0 || type_index(dtype, it[0]) != own)) return NULL;     /* a v-spec of its own dtype */
     if (displs) {
         if (!ints(it[2], n, vec + n)) return NULL;
     } else {
@@ -399,10 +410,10 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
             char *p;
             Py_ssize_t len, isz;
             int64_t count = -1, displ = 0, blocks = 1;
-            int spec = v && (PyList_Check(v) || PyTuple_Check(v));
+            int spec = v && (PyList_Check(v) || PyTuple_Check(v)), tix = -1;
             if (spec) {
                 /* a spec: IN_PLACE calls go to Python */
-                if (inplace || !(v = simple_spec(v, &count, &displ))) {
+                if (inplace || !(v = simple_spec(v, &count, &displ, &tix))) {
                     ok = 0;
                     break;
                 }
@@ -419,13 +430,15 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
                 p = b[nb - 1].buf, len = b[nb - 1].len, isz = b[nb - 1].itemsize;
             }
             if (spec) {     /* the spec's items, as spec.simple takes them; anything it refuses goes to it */
-                if (displ > len / isz) { ok = 0; break; }
-                Py_ssize_t at = (Py_ssize_t)displ * isz, n = len - at;
-                if (count < 0 ? (n / isz) % blocks : count > n / isz / blocks) { ok = 0; break; }
-                p += at, len = count < 0 ? n : (Py_ssize_t)count * isz * blocks;
+                Py_ssize_t unit = tix >= 0 ? dtypes[tix].itemsize : isz;
+                if (displ > len / unit) { ok = 0; break; }
+                Py_ssize_t at = (Py_ssize_t)displ * unit, n = len - at;
+                if (count < 0 ? n % unit || (n / unit) % blocks : count > n / unit / blocks) { ok = 0; break; }
+                p += at, len = count < 0 ? n : (Py_ssize_t)count * unit * blocks, isz = unit;
             }
-            if (i == typed && !(key[SC_K_TYPE] = dtype_word(v))) { ok = 0; break; }   /* not an array Python keys alike */
-            if (reduction && nbuf && dtype_word(v) != key[SC_K_TYPE]) { ok = 0; break; }   /* Python refuses two dtypes */
+            int64_t word = i == typed || (reduction && nbuf) ? tix >= 0 ? (int64_t)dtypes[tix].hash : dtype_word(v) : 0;
+            if (i == typed && !(key[SC_K_TYPE] = word)) { ok = 0; break; }      /* not an array Python keys alike */
+            if (reduction && nbuf && word != key[SC_K_TYPE]) { ok = 0; break; }   /* Python refuses two dtypes */
             key[out ? SC_K_RECV : SC_K_SEND] = len;
             if (!nbuf++) {
                 isz0 = isz;

@@ -31,6 +31,7 @@ import numpy as np
 from . import buffers
 from ._core import ffi
 from .buffers import IN_PLACE
+from .device import learn_dtype
 
 
 #: the arguments that hold one block per rank, where a spec's count is per
@@ -64,6 +65,8 @@ def datatype(x, name):
             raise TypeError(f"{name}: {x!r} is not a datatype") from None
     if dt.hasobject or dt.itemsize == 0:
         raise TypeError(f"{name}: datatype {dt} is not plain data of whole bytes")
+    if dt.subdtype is None:
+        learn_dtype(dt, dt.itemsize, np.ndarray)   # the C entries take specs of it from now on
     return dt
 
 

@@ -531,3 +531,40 @@ def test_non_contiguous_datatype_refused():
         except TypeError as e:
             return str(e)
     assert "not contiguous" in run_ranks(job, 1, timeout=30)[0]
+
+
+BYTE = MPIType(np.uint8)
+
+
+def _bytes_specs(comm, kind):
+    """osu_*.py's specs: [buf, size, MPI.BYTE] over an mmap (or over an
+    int32 array: its bytes); results against numpy uint8 arrays."""
+    import mmap
+    p, n = comm.size, 12
+    out = []
+    for _ in range(3):
+        if kind == "mmap":
+            s, r = mmap.mmap(-1, n * p), mmap.mmap(-1, n * p)
+        else:
+            s, r = np.zeros(n * p // 4, np.int32), np.zeros(n * p // 4, np.int32)
+        sv, rv = np.frombuffer(s, np.uint8), np.frombuffer(r, np.uint8)
+        sv[:] = np.arange(n * p, dtype=np.uint8) + 16 * comm.rank
+        ps, pr = sv.copy(), rv.copy()
+        steps = [(lambda a, b: comm.Bcast(a[:n], 1 % p), lambda: comm.Bcast([s, n, BYTE], 1 % p)),
+                 (lambda a, b: comm.Alltoall(a, b), lambda: comm.Alltoall([s, n, BYTE], [r, n, BYTE])),
+                 (lambda a, b: comm.Allgather(a[:n], b), lambda: comm.Allgather([s, n, BYTE], [r, n, BYTE])),
+                 (lambda a, b: comm.Gather(a[:n], b, 0), lambda: comm.Gather([s, n, BYTE], [r, n, BYTE], 0))]
+        frames = []
+        for plain, spec_call in steps:
+            plain(ps, pr)
+            frames += _python_frames(spec_call)
+        out.append((np.array_equal(sv, ps) and np.array_equal(rv, pr), frames))
+    return out
+
+
+@pytest.mark.parametrize("p", [1, 2, 3])
+@pytest.mark.parametrize("kind", ["mmap", "int32 array"])
+def test_byte_specs_over_any_buffer_take_the_c_entry(kind, p):
+    for r, runs in enumerate(run_ranks(_bytes_specs, p, kind, timeout=60)):
+        assert all(same for same, _ in runs), (r, runs)
+        assert runs[-1][1] == [], (r, runs[-1][1])
