@@ -3,9 +3,11 @@
  *  - entry(): one per collective method of a Comm (Barrier, Bcast, ...),
  *    generic over collectives: it parses the arguments by a role string,
  *    looks the compiled program up in the communicator's cache and runs it,
- *    so a common call costs one C call and no Python frame.  Anything else
- *    (a miss, a buffer spec, a read-only buffer, a bad argument) goes to the
- *    Python method, which checks, plans, fills the cache and runs exec().
+ *    so a common call costs one C call and no Python frame; the common
+ *    buffer specs ([buf, count, MPI.DOUBLE], ...) are cut to their slice
+ *    here.  Anything else (a miss, an unusual spec, a read-only buffer, a
+ *    bad argument) goes to the Python method, which checks, plans, fills
+ *    the cache and runs exec().
  *  - exec(): run a given program on given buffer addresses.
  * Both release the GIL once a wait has lasted a while (arm) or is about to
  * sleep, and then poll for signals, so Ctrl-C interrupts a waiting rank. */
