@@ -3,9 +3,11 @@
  *  - entry(): one per collective method of a Comm (Barrier, Bcast, ...),
  *    generic over collectives: it parses the arguments by a role string,
  *    looks the compiled program up in the communicator's cache and runs it,
- *    so a common call costs one C call and no Python frame.  Anything else
- *    (a miss, a buffer spec, a read-only buffer, a bad argument) goes to the
- *    Python method, which checks, plans, fills the cache and runs exec().
+ *    so a common call costs one C call and no Python frame; the common
+ *    buffer specs ([buf, count, MPI.DOUBLE], ...) are cut to their slice
+ *    here.  Anything else (a miss, an unusual spec, a read-only buffer, a
+ *    bad argument) goes to the Python method, which checks, plans, fills
+ *    the cache and runs exec().
  *  - exec(): run a given program on given buffer addresses.
  *  - Start and Wait of a persistent collective (below).
  * Both release the GIL once a wait has lasted a while (arm) or is about to
@@ -261,11 +263,106 @@ static int ints(PyObject *seq, int n, int64_t *out)
     return 1;
 }
 
+/* The first fields of numpy's PyArray_Descr, the same in numpy 1.x and
+ * 2.x (ndarraytypes.h): the scalar type, kind, typecode and byte order. */
+typedef struct {
+    PyObject_HEAD
+    PyTypeObject *typeobj;
+    char kind, type, byteorder;
+} np_descr;
+
+static PyObject *s_base, *s_count, *s_get_size;     /* interned attribute names */
+#define NTYPES 16
+static struct { PyObject *type, *descr; } types[NTYPES];     /* MPI datatypes seen to name a dtype */
+static int next_type;
+
+/* The dtype a spec's datatype t names, as spec.datatype reads it, as an
+ * index into dtypes[] (-1: none learned, or not simple): a dtype object
+ * itself; a one-character typecode or a scalar type naming buffer a's
+ * own dtype (a numpy array's, native byte order, not structured); an MPI
+ * datatype (duck typed: .base, .count, Get_size) of one item of a dtype.
+ * The Python path learns the dtypes of the specs it reads. */
+static int type_index(PyObject *t, PyObject *a)
+{
+    int i = known(t);
+    if (i >= 0) return i;
+    if (PyUnicode_Check(t) || PyType_Check(t)) {
+        if (Py_TYPE(a) != ndarray) return -1;
+        PyObject *descr = ((np_array *)a)->descr;
+        const np_descr *d = (const np_descr *)descr;
+        if (d->byteorder != '=' && d->byteorder != '|') return -1;
+        int same = PyUnicode_Check(t) ? PyUnicode_GET_LENGTH(t) == 1
+                                         && PyUnicode_READ_CHAR(t, 0) == (Py_UCS4)(unsigned char)d->type
+                                      : d->kind != 'V' && (PyTypeObject *)t == d->typeobj;
+        return same ? known(descr) : -1;
+    }
+    for (int j = 0; j < NTYPES && types[j].type; j++)
+        if (types[j].type == t) return known(types[j].descr);
+    PyObject *base = PyObject_GetAttr(t, s_base);
+    if (!base) {
+        PyErr_Clear();
+        return -1;
+    }
+    i = known(base);
+    PyObject *count = i >= 0 ? PyObject_GetAttr(t, s_count) : NULL;
+    int ok = count && PyLong_CheckExact(count) && PyLong_AsLong(count) == 1 && PyObject_HasAttr(t, s_get_size);
+    PyErr_Clear();
+    if (ok) {       /* held, so its address names it while cached; datatypes do not change their items */
+        int j = next_type;
+        next_type = (next_type + 1) % NTYPES;
+        Py_XDECREF(types[j].type);
+        Py_XDECREF(types[j].descr);
+        types[j].type = Py_NewRef(t), types[j].descr = Py_NewRef(base);
+    }
+    Py_DECREF(base);
+    Py_XDECREF(count);
+    return ok ? i : -1;
+}
+
+/* A non-negative exact int into *out; 0 if not that. */
+static int index_of(PyObject *v, int64_t *out)
+{
+    int overflow = 0;
+    if (!PyLong_CheckExact(v)) return 0;
+    *out = PyLong_AsLongLongAndOverflow(v, &overflow);
+    return !overflow && *out >= 0;
+}
+
+/* A simple buffer spec in the forms mpi4py programs use ([buf, type],
+ * [buf, count], [buf, count, type], [buf, (count, displ)], [buf, (count,
+ * displ), type], [buf, count, displ, type]): its buffer, with count (-1:
+ * left out) and displ in items of its type, *tix the type's dtype
+ * (type_index; -1: none given, the buffer's own).  NULL when not that
+ * simple (the Python path, spec.simple, reads or refuses it). */
+static PyObject *simple_spec(PyObject *v, int64_t *count, int64_t *displ, int *tix)
+{
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(v);
+    PyObject **it = PySequence_Fast_ITEMS(v), *type = NULL, *a = it[0];
+    if (k < 2 || k > 4) return NULL;
+    *count = -1, *displ = 0, *tix = -1;
+    PyObject *c = it[1];
+    if (k == 4) {
+        if (!index_of(c, count) || !index_of(it[2], displ)) return NULL;
+        type = it[3];
+    } else if (PyList_Check(c) || PyTuple_Check(c)) {
+        if (PySequence_Fast_GET_SIZE(c) != 2 || !index_of(PySequence_Fast_ITEMS(c)[0], count)
+                || !index_of(PySequence_Fast_ITEMS(c)[1], displ)) return NULL;
+        type = k == 3 ? it[2] : NULL;
+    } else if (PyLong_Check(c)) {
+        if (!index_of(c, count)) return NULL;
+        type = k == 3 ? it[2] : NULL;
+    } else if (k == 2) {
+        type = c;
+    } else return NULL;
+    return !type || (*tix = type_index(type, a)) >= 0 ? a : NULL;
+}
+
 /* A v-variant's buffer spec, mpi4py's [buf, counts], [buf, counts,
- * displs], [buf, counts, dtype] or [buf, counts, displs, dtype] (dtype:
- * the array's own dtype object; counts and displacements: lists or tuples
- * of one int per rank): its array, with counts then displacements (packed
- * when not given) in vec; NULL when not that simple. */
+ * dtype] or [buf, counts, displs, dtype] (dtype: the array's own dtype
+ * object; counts and displacements: lists or tuples of one int per rank):
+ * its array, with counts then displacements (packed when not given) in
+ * vec; NULL when not that simple ([buf, counts, displs], which mpi4py
+ * refuses, included: Python raises). */
 static PyObject *vspec(PyObject *v, int n, int64_t *vec)
 {
     if (!PyList_Check(v) && !PyTuple_Check(v)) return NULL;
@@ -273,9 +370,11 @@ static PyObject *vspec(PyObject *v, int n, int64_t *vec)
     PyObject **it = PySequence_Fast_ITEMS(v);
     /* a tuple where the counts go may be mpi4py's (counts, displs): the Python path reads it */
     if (k < 2 || k > 4 || (k < 4 && PyTuple_Check(it[1])) || !ints(it[1], n, vec)) return NULL;
-    int displs = k == 4 || (k == 3 && (PyList_Check(it[2]) || PyTuple_Check(it[2])));
-    PyObject *dtype = k == 4 ? it[3] : k == 3 && !displs ? it[2] : NULL;
-    if (dtype && (Py_TYPE(it[0]) != ndarray || dtype != ((np_array *)it[0])->descr)) return NULL;
+    if (k == 3 && (PyList_Check(it[2]) || PyTuple_Check(it[2]))) return NULL;
+    int displs = k == 4;
+    PyObject *dtype = k == 4 ? it[3] : k == 3 ? it[2] : NULL;
+    int own = Py_TYPE(it[0]) == ndarray ? known(((np_array *)it[0])->descr) : -1;
+    if (dtype && (own < 0 || type_index(dtype, it[0]) != own)) return NULL;     /* a v-spec of its own dtype */
     if (displs) {
         if (!ints(it[2], n, vec + n)) return NULL;
     } else {
@@ -313,8 +412,11 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
     int64_t key[SC_KEY] = { [SC_K_COLLECTIVE] = info->coll, [SC_K_ALGORITHM] = SC_KEY_NONE };
     int64_t vec[2 * 1024];      /* a v-spec's counts and displacements (MAX_RANKS) */
     char *sbuf = NULL, *rbuf = NULL;
-    int typed = info->typed, reduction = info->reduction, inplace = 0;
+    int typed = info->typed, reduction = info->reduction, inplace = 0, rootspec = -1;
     if (c->closed || !parse(args, nargsf, kw, PyTuple_GET_ITEM(desc, 0), a)) return decline(self, args, nargsf, kw);
+    if (!s_base && !((s_base = PyUnicode_InternFromString("base")) && (s_count = PyUnicode_InternFromString("count"))
+                     && (s_get_size = PyUnicode_InternFromString("Get_size"))))
+        return NULL;
     for (int i = 0; roles[i] && ok; i++) {
         PyObject *v = a[i];
         switch (roles[i]) {
@@ -340,6 +442,17 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
             int w = roles[i] != 'i' && roles[i] != 'I', out = roles[i] == 'o' || roles[i] == 'O' || roles[i] == 'v';
             char *p;
             Py_ssize_t len, isz;
+            int64_t count = -1, displ = 0, blocks = 1;
+            int spec = v && (PyList_Check(v) || PyTuple_Check(v)), tix = -1;
+            if (spec) {
+                /* a spec: IN_PLACE calls go to Python */
+                if (inplace || !(v = simple_spec(v, &count, &displ, &tix))) {
+                    ok = 0;
+                    break;
+                }
+                if (roles[i] == 'I' || roles[i] == 'O') rootspec = i;
+                if (PyLong_AsLong(PyTuple_GET_ITEM(desc, 4)) >> i & 1) blocks = c->size;   /* count per block */
+            }
             if (!quick(v, w, &p, &len, &isz)) {
                 if (!v || PyObject_GetBuffer(v, &b[nb], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (w ? PyBUF_WRITABLE : 0))) {
                     ok = 0;
@@ -349,8 +462,16 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
                 learn(v, &b[nb - 1]);
                 p = b[nb - 1].buf, len = b[nb - 1].len, isz = b[nb - 1].itemsize;
             }
-            if (i == typed && !(key[SC_K_TYPE] = dtype_word(v))) { ok = 0; break; }   /* not an array Python keys alike */
-            if (reduction && nbuf && dtype_word(v) != key[SC_K_TYPE]) { ok = 0; break; }   /* Python refuses two dtypes */
+            if (spec) {     /* the spec's items, as spec.simple takes them; anything it refuses goes to it */
+                Py_ssize_t unit = tix >= 0 ? dtypes[tix].itemsize : isz;
+                if (displ > len / unit) { ok = 0; break; }
+                Py_ssize_t at = (Py_ssize_t)displ * unit, n = len - at;
+                if (count < 0 ? n % unit || (n / unit) % blocks : count > n / unit / blocks) { ok = 0; break; }
+                p += at, len = count < 0 ? n : (Py_ssize_t)count * unit * blocks, isz = unit;
+            }
+            int64_t word = i == typed || (reduction && nbuf) ? tix >= 0 ? (int64_t)dtypes[tix].hash : dtype_word(v) : 0;
+            if (i == typed && !(key[SC_K_TYPE] = word)) { ok = 0; break; }      /* not an array Python keys alike */
+            if (reduction && nbuf && word != key[SC_K_TYPE]) { ok = 0; break; }   /* Python refuses two dtypes */
             key[out ? SC_K_RECV : SC_K_SEND] = len;
             if (!nbuf++) {
                 isz0 = isz;
@@ -380,6 +501,12 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
             }
             break;
         }
+    }
+    if (ok && rootspec >= 0 && key[SC_K_ROOT] != c->rank) {    /* a spec off the root is not read (spec.root_only) */
+        int out = roles[rootspec] == 'O';
+        key[out ? SC_K_RECV : SC_K_SEND] = SC_KEY_NONE;
+        *(out ? &rbuf : &sbuf) = NULL;
+        nbuf--;
     }
     if (inplace) sbuf = rbuf;
     /* two buffers (not Bcast's one) that overlap, the same one included: Python refuses */

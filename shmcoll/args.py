@@ -22,12 +22,17 @@ def own(ptr, start, nbytes, dt):
     items): a copy of ptr's bytes from start, or scratch when ptr is None."""
     raw = np.empty(nbytes, np.uint8) if ptr is None else \
         np.frombuffer(ffi.buffer(ptr + start, nbytes), np.uint8).copy()
-    return raw.view(dt) if nbytes % dt.itemsize == 0 else raw
+    return raw.view(dt.base) if nbytes % dt.itemsize == 0 else raw
 
 
 class Args:
     def __init__(self, rank, size):
         self.rank, self.size = rank, size
+
+    def blocks_of(self, op, name):
+        """The blocks a spec's count is per in argument name of op
+        (spec.BLOCKED; 0: the count is the whole message)."""
+        return self.size if name in spec.BLOCKED.get(op, ()) else 0
 
     def root(self, root):
         if isinstance(root, (bool, np.bool_)) or not isinstance(root, (int, np.integer)) \
@@ -45,8 +50,8 @@ class Args:
 
     def alltoall(self, sendbuf, recvbuf):
         """(..., sendbuf's item size): sendbuf IN_PLACE: recvbuf's blocks, copied."""
-        recvbuf = spec.simple(recvbuf, "recvbuf", True, self.size)
-        sendbuf = spec.simple(sendbuf, "sendbuf", False, self.size)
+        recvbuf = spec.simple(recvbuf, "recvbuf", True, self.blocks_of("alltoall", "recvbuf"))
+        sendbuf = spec.simple(sendbuf, "sendbuf", False, self.blocks_of("alltoall", "sendbuf"))
         if sendbuf is IN_PLACE:
             ptr, nbytes, _ = buffers.view(recvbuf, "recvbuf", writable=True)
             sendbuf = own(ptr, 0, nbytes, buffers.dtype_of(recvbuf))
@@ -61,11 +66,35 @@ class Args:
         apart(buffers.address(sptr), sbytes, buffers.address(rptr), rbytes)
         return sptr, sbytes, rptr, rbytes, sitem
 
+    def alltoallv(self, sendbuf, recvbuf, w=False):
+        """(send pointer, bytes, recv pointer, bytes, this rank's row of
+        the pieces table: bytes to each rank, their byte displacements,
+        bytes from each rank, theirs) of v-specs (w: Alltoallw's w-specs);
+        sendbuf IN_PLACE: recvbuf's pieces, copied."""
+        p = self.size
+        if w:
+            rraw, rn, rd = spec.wvector(recvbuf, "recvbuf", p, True)
+        else:
+            rraw, rdt, rc, rd = spec.vector(recvbuf, "recvbuf", p, True)
+            rn, rd = [c * rdt.itemsize for c in rc], [d * rdt.itemsize for d in rd]
+        if sendbuf is IN_PLACE:
+            sraw, sn, sd = rraw.copy(), rn, rd
+        elif w:
+            sraw, sn, sd = spec.wvector(sendbuf, "sendbuf", p, False)
+        else:
+            sraw, sdt, sc, sd = spec.vector(sendbuf, "sendbuf", p, False)
+            sn, sd = [c * sdt.itemsize for c in sc], [d * sdt.itemsize for d in sd]
+        sptr, rptr = ffi.from_buffer(sraw), ffi.from_buffer(rraw, require_writable=True)
+        apart(buffers.address(sptr), sraw.size, buffers.address(rptr), rraw.size)
+        return sptr, sraw.size, rptr, rraw.size, np.array([*sn, *sd, *rn, *rd], np.int64)
+
     def allgather(self, sendbuf, recvbuf):
-        return self._collected("Allgather", sendbuf, spec.simple(recvbuf, "recvbuf", True, self.size), self.rank)
+        return self._collected("Allgather", sendbuf, spec.simple(recvbuf, "recvbuf", True, self.blocks_of("allgather", "recvbuf")),
+                              self.rank)
 
     def gather(self, sendbuf, recvbuf, root):
-        recvbuf = spec.simple(spec.root_only(recvbuf, self.rank, root), "recvbuf", True, self.size)
+        recvbuf = spec.simple(spec.root_only(recvbuf, self.rank, root), "recvbuf", True,
+                              self.blocks_of("gather", "recvbuf"))
         return self._collected("Gather", sendbuf, recvbuf, root)
 
     def _collected(self, what, sendbuf, recvbuf, root):
@@ -82,7 +111,8 @@ class Args:
         return sptr, sbytes, rptr, rbytes, buffers.dtype_of(sendbuf)
 
     def scatter(self, sendbuf, recvbuf, root):
-        sendbuf = spec.simple(spec.root_only(sendbuf, self.rank, root), "sendbuf", False, self.size)
+        sendbuf = spec.simple(spec.root_only(sendbuf, self.rank, root), "sendbuf", False,
+                              self.blocks_of("scatter", "sendbuf"))
         recvbuf = spec.simple(recvbuf, "recvbuf", True)
         if recvbuf is IN_PLACE:
             recvbuf = self.own_block("Scatter", sendbuf, root, "sendbuf", copy=False)
@@ -103,7 +133,7 @@ class Args:
         what = select.method(kind)
         inplace = sendbuf is IN_PLACE
         unused = kind == "reduce" and self.rank != root
-        blocks = self.size if kind == "reduce_scatter_block" else 0       # of a spec's count
+        blocks = self.blocks_of(kind, "sendbuf")       # of a spec's count
         recvbuf = spec.simple(spec.root_only(recvbuf, self.rank, root) if kind == "reduce" else recvbuf, "recvbuf",
                               not unused, blocks if inplace else 0)
         sendbuf = spec.simple(sendbuf, "sendbuf", False, blocks)

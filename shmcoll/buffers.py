@@ -48,7 +48,8 @@ def view(buf, name, writable):
 
 def checked(buf, name, writable):
     """(the array or a memoryview, nbytes, itemsize) of a buffer argument
-    that C can take as it is: plain data, contiguous, writable where
+    that C can take as it is: plain data, contiguous (Fortran order too,
+    as in mpi4py: made a 1-D array over the same memory), writable where
     written; anything else raises, naming it."""
     if buf is IN_PLACE:
         raise ValueError(f"{name}: IN_PLACE is not allowed here")
@@ -58,7 +59,10 @@ def checked(buf, name, writable):
             raise TypeError(f"{name} holds Python objects (dtype {buf.dtype}); only plain data can be "
                             f"shared between processes")
         if not buf.flags.c_contiguous:
-            raise ValueError(f"{name} must be C-contiguous (got strides {buf.strides}); pass np.ascontiguousarray(...)")
+            if not buf.flags.f_contiguous:
+                raise ValueError(f"{name} must be contiguous (got strides {buf.strides}); pass "
+                                 f"np.ascontiguousarray(...)")
+            buf = buf.ravel(order="K")      # Fortran order: contiguous memory, its bytes in memory order
         if writable and not buf.flags.writeable:
             raise ValueError(f"{name} is read-only but this collective writes into it")
         nbytes, itemsize = buf.nbytes, buf.itemsize
@@ -71,8 +75,10 @@ def checked(buf, name, writable):
         if "O" in mv.format:
             raise TypeError(f"{name} holds Python objects (format {mv.format!r}); only plain data can be "
                             f"shared between processes")
-        if not mv.c_contiguous:
-            raise ValueError(f"{name} must be C-contiguous")
+        if not mv.contiguous:
+            raise ValueError(f"{name} must be contiguous")
+        if not mv.c_contiguous:             # Fortran order: as the array over it
+            return checked(np.asarray(mv), name, writable)
         if writable and mv.readonly:
             raise ValueError(f"{name} is read-only but this collective writes into it")
         nbytes, itemsize = mv.nbytes, mv.itemsize

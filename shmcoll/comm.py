@@ -79,8 +79,9 @@ class Comm(PointToPoint, Communicators, Nonblocking):
                 continue
             method = getattr(Comm, name).__get__(self)
             handler = functools.partial(self._failed, name)
+            blocked = sum(1 << argnames.index(a) for a in spec.BLOCKED.get(op, ()))
             self.__dict__[name] = device.entry(method, handler, select.IDS[op], cid, roles,
-                                               (argnames, OPCODES, IN_PLACE, SUM))
+                                               (argnames, OPCODES, IN_PLACE, SUM, blocked))
         self._p2p_bind()
 
     def _probe_cma(self):
@@ -199,11 +200,12 @@ class Comm(PointToPoint, Communicators, Nonblocking):
         return self._dev.traffic
 
     def _run(self, op, key, nbytes, root, algorithm, saddr=0, raddr=0, dtype=None, counts=None, tail=None,
-             red=None):
+             red=None, agreed=None):
         """Plan (cached by key), then run this rank's program.  dtype: the
         datatype the signature holds; counts: a v-variant's (bytes,
-        displacement) per rank, held in the signature by a hash; red: a
-        reduction's (op, kernel, in place)."""
+        displacement) per rank; agreed: what of them every rank must
+        pass alike (default: counts), held in the signature by a hash;
+        red: a reduction's (op, kernel, in place)."""
         call = self._call(nbytes, root)
         call.counts = counts
         opcode = 0
@@ -215,7 +217,8 @@ class Comm(PointToPoint, Communicators, Nonblocking):
         name, call, staged = select.resolve(op, call, algorithm, self._forced[op])
         alt = staged and (nbytes, functools.partial(select.plan, op, *staged))
         cid, what = select.TABLE[op][0], select.method(op)
-        sigbytes = None if counts is None else hash(counts) & ((1 << 61) - 1) | COUNTS_HASH
+        agreed = counts if agreed is None else agreed
+        sigbytes = None if agreed is None else hash(agreed) & ((1 << 61) - 1) | COUNTS_HASH
         code = 0 if dtype is None else buffers.dtype_code(dtype)
         capture = self._capture == op       # a nonblocking call's program, started by nonblocking.py
         if self._pending and not capture:
@@ -349,6 +352,38 @@ class Comm(PointToPoint, Communicators, Nonblocking):
         sptr, sbytes, sitem, dt, counts, displs = self._root_vspec("Scatterv", sendbuf, "sendbuf", root, False, ritem,
                                                                    buffers.dtype_of(recvbuf))
         self._vrun("scatterv", algorithm, root, sptr, sbytes, rptr, rbytes, sitem, dt, counts, displs, "recvbuf")
+
+    @collective
+    def Alltoallv(self, sendbuf, recvbuf, algorithm=None):
+        """sendbuf, recvbuf: mpi4py's v-specs ([buf, (counts, displs),
+        datatype], ...; items of the datatype); sendbuf IN_PLACE: recvbuf's
+        pieces are sent."""
+        self._pieces("alltoallv", self._args.alltoallv(sendbuf, recvbuf), algorithm)
+
+    @collective
+    def Alltoallw(self, sendbuf, recvbuf, algorithm=None):
+        """sendbuf, recvbuf: [buf, (counts, displs), datatypes], a
+        (contiguous) datatype per rank, displacements in bytes (MPI's)."""
+        self._pieces("alltoallw", self._args.alltoallv(sendbuf, recvbuf, True), algorithm)
+
+    def _pieces(self, op, checked, algorithm):
+        """Run an Alltoallv/w: every rank's row of pieces goes to every rank
+        first (one Allgather), so all plan from the same table, and a piece
+        whose size its two ranks disagree on raises on every rank alike."""
+        sptr, sbytes, rptr, rbytes, row = checked
+        p = self.size
+        every = np.empty((p, row.size), np.int64)
+        self.Allgather(row, every)
+        bad = [(i, j) for i in range(p) for j in range(p) if every[i, j] != every[j, 2 * p + i]]
+        if bad:
+            i, j = bad[0]
+            raise MismatchError(f"{select.method(op)}: rank {i} sends rank {j} {every[i, j]} bytes but rank {j} "
+                                f"receives {every[j, 2 * p + i]} from rank {i} ({len(bad)} pairs disagree)")
+        table = tuple(tuple((int(every[i, j]), int(every[i, p + j]), int(every[j, 3 * p + i])) for j in range(p))
+                      for i in range(p))
+        alg = -1 if algorithm is None else select.IDS[op][select.check_name(op, algorithm)]
+        self._run(op, (select.TABLE[op][0], alg, table), int(every[:, :p].max(initial=0)), 0, algorithm,
+                  _addr(sptr), _addr(rptr), counts=table)
 
     # -- reductions ------------------------------------------------------------
     @collective
@@ -517,13 +552,15 @@ class Comm(PointToPoint, Communicators, Nonblocking):
         s0, r0 = _addr(sptr), _addr(rptr)
         if sptr is not None and rptr is not None:
             apart(s0, sbytes, r0, rbytes)
-        if op == "allgatherv":          # the fast entry's key: it has the same counts on every rank
+        agreed = None
+        if op == "allgatherv":          # the fast entry's key: this rank's counts and displacements
             tail = list(counts) + list(displs)
             key = self._key(op, algorithm, 0, sbytes, rbytes, self._dkey(dt))[:-1] + (fingerprint(counts, displs),)
+            agreed = tuple(n for n, _ in pieces)    # displacements are each rank's own layout (MPI)
         else:
             alg = -1 if algorithm is None else select.IDS[op][select.check_name(op, algorithm)]
             key, tail = (select.TABLE[op][0], alg, root, buffers.dtype_code(dt), pieces), None
-        self._run(op, key, sum(n for n, _ in pieces), root, algorithm, s0, r0, dt, pieces, tail)
+        self._run(op, key, sum(n for n, _ in pieces), root, algorithm, s0, r0, dt, pieces, tail, agreed=agreed)
 
     # -- lifetime -------------------------------------------------------------
     def Free(self):

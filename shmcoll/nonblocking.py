@@ -31,9 +31,9 @@ from . import spec
 BACKGROUND_BYTES = 64 << 10     # from here a call's run overlaps the caller's work on the progress thread
 PENDING = 2                     # the bit of sc_comm_t.closed that sends the fast entries to Python
 
-COLLECTIVES = ("Barrier", "Bcast", "Allreduce", "Reduce", "Allgather", "Allgatherv", "Alltoall", "Gather",
-               "Gatherv", "Scatter", "Scatterv", "Reduce_scatter", "Reduce_scatter_block", "Scan", "Exscan")
-# Ialltoallv / Alltoallv_init: once Comm has Alltoallv, add it here (no other change needed).
+COLLECTIVES = ("Barrier", "Bcast", "Allreduce", "Reduce", "Allgather", "Allgatherv", "Alltoall", "Alltoallv",
+               "Alltoallw", "Gather", "Gatherv", "Scatter", "Scatterv", "Reduce_scatter", "Reduce_scatter_block", "Scan",
+               "Exscan")
 
 _WHOLE = object()                # _held: a call that cannot be split into checks and one program
 _busy = weakref.WeakSet()       # communicators with started calls not yet collected

@@ -17,7 +17,12 @@ root's sendbuf): [buf, counts], [buf, dtype], [buf, counts, dtype], [buf,
 dtype]; counts one int per rank or one int for every rank (None: the
 buffer split as evenly as it goes, the lower ranks one more), displs one
 per rank, one stride (rank r at r x stride) or None (packed).  [buf,
-counts, displs] (a list or array third) is taken too, as the C entry does."""
+counts, displs] is refused, as mpi4py refuses it.  A w-spec (Alltoallw):
+[buf, (counts, displs), types] or [buf, counts, displs, types], counts in
+items of each rank's datatype, displacements in bytes (MPI's).
+
+A datatype is an MPI datatype (.base, .count, Get_size: contiguous ones)
+or anything numpy names a dtype by."""
 import itertools
 import operator
 
@@ -26,13 +31,43 @@ import numpy as np
 from . import buffers
 from ._core import ffi
 from .buffers import IN_PLACE
+from .device import learn_dtype
+
+
+#: the arguments that hold one block per rank, where a spec's count is per
+#: block (and Reduce_scatter_block's recvbuf with IN_PLACE, which the C
+#: entries leave to Python): args.py reads them so, and so do the C
+#: entries (Comm passes them, csrc/pyfast.c simple_spec)
+BLOCKED = {"alltoall": ("sendbuf", "recvbuf"), "allgather": ("recvbuf",), "gather": ("recvbuf",),
+           "scatter": ("sendbuf",), "reduce_scatter_block": ("sendbuf",)}
 
 
 def is_datatype(x):
-    """What mpi4py takes as the datatype of a spec: an MPI datatype
-    (shmcoll.MPI.DOUBLE, ...: anything with .base and Get_size), or
-    anything numpy names a dtype by (a typecode string, a dtype, a type)."""
+    """What mpi4py takes as the datatype of a spec: an MPI datatype (duck
+    typed: .base, .count, Get_size), or anything numpy names a dtype by
+    (a typecode string, a dtype, a scalar type)."""
     return isinstance(x, (str, np.dtype, type)) or hasattr(x, "base") and hasattr(x, "Get_size")
+
+
+def datatype(x, name):
+    """The numpy dtype of a spec's datatype: an MPI datatype of count
+    items of its base (Create_contiguous) as a subarray dtype, whose
+    arrays are plain arrays of the base, count items per element."""
+    if hasattr(x, "base") and hasattr(x, "Get_size"):
+        base, count = np.dtype(x.base), int(getattr(x, "count", 1))
+        dt = base if count == 1 else np.dtype((base, (count,)))
+        if dt.itemsize != x.Get_size():
+            raise TypeError(f"{name}: datatype {x!r} is not contiguous ({x.Get_size()} bytes, {dt.itemsize} of data)")
+    else:
+        try:
+            dt = np.dtype(x)
+        except TypeError:
+            raise TypeError(f"{name}: {x!r} is not a datatype") from None
+    if dt.hasobject or dt.itemsize == 0:
+        raise TypeError(f"{name}: datatype {dt} is not plain data of whole bytes")
+    if dt.subdtype is None:
+        learn_dtype(dt, dt.itemsize, np.ndarray)   # the C entries take specs of it from now on
+    return dt
 
 
 def _index(x, name, what):
@@ -60,16 +95,7 @@ def _raw(buf, dtype, name, writable):
         raw = np.asarray(b).reshape(-1).view(np.uint8) if isinstance(b, np.ndarray) else np.frombuffer(b, np.uint8)
     if dtype is None:
         return raw, buffers.dtype_of(buf) if buf is not None else np.dtype(np.uint8)
-    try:
-        if hasattr(dtype, "base") and hasattr(dtype, "Get_size"):     # an MPI datatype: .count elements of .base
-            dt = dtype.base if dtype.Get_size() == dtype.base.itemsize else np.dtype((dtype.base, (dtype.count,)))
-        else:
-            dt = np.dtype(dtype)
-    except TypeError:
-        raise TypeError(f"{name}: {dtype!r} is not a datatype") from None
-    if dt.hasobject or dt.itemsize == 0:
-        raise TypeError(f"{name}: datatype {dt} is not plain data of whole bytes")
-    return raw, dt
+    return raw, datatype(dtype, name)
 
 
 def _simple_items(spec, name):
@@ -120,7 +146,7 @@ def simple(spec, name, writable, blocks=0):
                              + (f" past displacement {at // ext}" if at else ""))
         if nbytes and buf is None:
             raise ValueError(f"{name}: the buffer is None but the count is {count}")
-    return raw[at:at + nbytes].view(dt.base)    # a contiguous MPI datatype's elements
+    return raw[at:at + nbytes].view(dt.base)       # a contiguous type's items: its base's
 
 
 def vector(spec, name, nranks, writable, derive=True):
@@ -141,8 +167,9 @@ def vector(spec, name, nranks, writable, derive=True):
             buf, counts, dtype = spec
             if isinstance(counts, tuple):
                 counts, displs = _pair(counts, name, "counts, displacements")
-            elif dtype is not None and not is_datatype(dtype):       # [buf, counts, displs]
-                displs, dtype = dtype, None
+            if dtype is not None and not is_datatype(dtype):        # [buf, counts, displs]: mpi4py's TypeError
+                raise TypeError(f"{name}: the third item of [buf, counts, datatype] must be a datatype, not "
+                                f"{dtype!r} (displacements go in [buf, (counts, displs), datatype])")
         elif n == 4:
             buf, counts, displs, dtype = spec
         else:
@@ -169,15 +196,23 @@ def vector(spec, name, nranks, writable, derive=True):
         displs = [r * stride for r in range(nranks)]
     else:
         displs = _per_rank(displs, f"{name}: displacements", nranks)
-    r = max(range(nranks), key=lambda i: displs[i] + counts[i], default=None)
-    if r is not None and displs[r] + counts[r] > items:
-        raise ValueError(f"{name}: rank {r}'s {counts[r]} items at displacement {displs[r]} end past the buffer's "
-                         f"{items} {dt} items")
+    ranges(name, counts, displs, items, dt, writable)
+    return raw, dt, tuple(counts), tuple(displs)
+
+
+def ranges(name, counts, displs, size, unit, writable):
+    """Every rank's range (counts[r] at displs[r]) within the buffer's
+    size (in items of dtype unit, or bytes); ranges written must not
+    overlap (MPI's rule for receive buffers; ranges only read may, as a
+    Scatterv root's)."""
+    r = max(range(len(counts)), key=lambda i: displs[i] + counts[i], default=None)
+    if r is not None and displs[r] + counts[r] > size:
+        raise ValueError(f"{name}: rank {r}'s {counts[r]} at displacement {displs[r]} end past the buffer's "
+                         f"{size} {unit if isinstance(unit, str) else f'{unit} items'}")
     live = sorted((d, c, r) for r, (d, c) in enumerate(zip(displs, counts)) if c)
-    for (d0, c0, r0), (d1, _, r1) in zip(live, live[1:]):
+    for (d0, c0, r0), (d1, _, r1) in zip(live, live[1:]) if writable else ():
         if d0 + c0 > d1:
             raise ValueError(f"{name}: the ranges of ranks {r0} and {r1} overlap (displacements {d0} and {d1})")
-    return raw, dt, tuple(counts), tuple(displs)
 
 
 def _per_rank(seq, what, n):
@@ -206,3 +241,28 @@ def root_only(spec, rank, root):
     """An argument that counts on the root only: a spec elsewhere is not
     read (mpi4py's), so it is taken as absent."""
     return None if rank != root and isinstance(spec, (list, tuple)) else spec
+
+
+def wvector(spec, name, nranks, writable):
+    """A w-spec: (the whole buffer as bytes, bytes per rank, byte
+    displacements per rank), checked against the buffer."""
+    if spec is IN_PLACE:
+        raise ValueError(f"{name}: IN_PLACE is not allowed here")
+    if not isinstance(spec, (list, tuple)) or len(spec) not in (3, 4):
+        raise ValueError(f"{name}: Alltoallw takes [buf, (counts, displs), datatypes] or "
+                         f"[buf, counts, displs, datatypes], not {spec!r}")
+    if len(spec) == 3:
+        buf, (counts, displs), types = spec[0], _pair(spec[1], name, "counts, displacements"), spec[2]
+    else:
+        buf, counts, displs, types = spec
+    raw = _raw(buf, None, name, writable)[0]
+    if is_datatype(types):
+        types = [types] * nranks
+    if not isinstance(types, (list, tuple)) or len(types) != nranks:
+        raise ValueError(f"{name}: datatypes must be {nranks}, one per rank, not {types!r}")
+    sizes = [datatype(t, name).itemsize for t in types]
+    counts = _per_rank(counts, f"{name}: counts", nranks)
+    nbytes = [c * z for c, z in zip(counts, sizes)]
+    displs = _per_rank(displs, f"{name}: displacements (bytes)", nranks)
+    ranges(name, nbytes, displs, raw.size, "bytes", writable)
+    return raw, tuple(nbytes), tuple(displs)

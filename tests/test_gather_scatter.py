@@ -501,17 +501,19 @@ def test_allgatherv_fingerprint_collision_reruns_nothing_stale():
     assert run_ranks(job, 3, timeout=30) == [[[10, 11, 12]] * 2] * 3
 
 
-def test_allgatherv_counts_displs_form_cold_and_warm():
-    """[buf, counts, displs] (mpi4py's form) is accepted whether or not the
-    C entry has seen the call before."""
+def test_allgatherv_counts_displs_form_refused_cold_and_warm():
+    """[buf, counts, displs] without a datatype: mpi4py (4.1.2) raises
+    TypeError, so does shmcoll, whether or not the C entry has run the
+    same call with a datatype before."""
     def job(comm):
-        got = []
-        for _ in range(3):
-            recv = np.zeros(9, np.int16)
-            comm.Allgatherv(np.full(3, comm.rank, np.int16), [recv, [3, 3, 3], [6, 0, 3]])
-            got.append(recv.tolist())
-        return got
-    assert run_ranks(job, 3, timeout=30) == [[[1] * 3 + [2] * 3 + [0] * 3] * 3] * 3
+        recv = np.zeros(9, np.int16)
+        comm.Allgatherv(np.full(3, comm.rank, np.int16), [recv, [3, 3, 3], [6, 0, 3], recv.dtype])
+        warm = recv.tolist()
+        return warm, attempt(comm, "Allgatherv",
+                             lambda: comm.Allgatherv(np.full(3, comm.rank, np.int16), [recv, [3, 3, 3], [6, 0, 3]]))
+    for warm, refused in run_ranks(job, 3, timeout=30):
+        assert warm == [1] * 3 + [2] * 3 + [0] * 3
+        assert refused[:2] == ("Allgatherv", "TypeError") and "datatype" in refused[2]
 
 
 def test_equal_fresh_dtypes_share_one_program():

@@ -185,8 +185,9 @@ def test_algorithms_lists():
                                                "all_at_once"]
     assert shmcoll.algorithms("allreduce") == ["all_at_once", "reduce_scatter_allgather", "numa"]
     assert shmcoll.algorithms("reduce") == ["flat", "reduce_scatter_gather", "numa"]
-    with pytest.raises(ValueError, match="alltoallv"):
-        shmcoll.algorithms("alltoallv")
+    assert shmcoll.algorithms("alltoallv") == shmcoll.algorithms("alltoallw") == ["pairwise", "all_at_once"]
+    with pytest.raises(ValueError, match="neighbor_alltoallv"):
+        shmcoll.algorithms("neighbor_alltoallv")
 
 
 def test_environment_is_read_at_launch(monkeypatch):

@@ -302,3 +302,269 @@ def test_refused_forms_raise_on_every_rank(case, p):
     etype, words = REFUSED[case]
     for r, g in enumerate(got):
         assert g is not None and g[0] == etype and all(w in g[1] for w in words), (r, got)
+
+
+# -- legal uses: each rank's v-layout is its own; reads may overlap; any
+# contiguous memory ----------------------------------------------------------
+def _local_layout(p, me):
+    """Rank me's own displacements for counts r + 1: packed from a rank-
+    dependent start, in an order that turns with the rank."""
+    counts = [r + 1 for r in range(p)]
+    displs, at = [0] * p, me + 1
+    for r in sorted(range(p), key=lambda r: (r - me) % p):
+        displs[r], at = at, at + counts[r] + me % 2
+    return counts, displs, at
+
+
+def _expect(p, me, counts, displs, size, what):
+    want = np.full(size, SENT, np.int32)
+    for r in range(p):
+        want[displs[r]:displs[r] + counts[r]] = what(r)
+    return want
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_allgatherv_displacements_differ_from_rank_to_rank(p):
+    """MPI: recvcounts must agree, displs are each rank's own layout."""
+    def job(comm):
+        out = []
+        for seq, alg_bytes in enumerate([1, 30000]):       # inline-sized and single-copy-sized pieces
+            counts, displs, size = _local_layout(comm.size, comm.rank)
+            counts = [c * alg_bytes for c in counts]
+            displs = [d * alg_bytes for d in displs]
+            size *= alg_bytes
+            for _ in range(2):                                # the Python path, then the C entry
+                recv = np.full(size, SENT, np.int32)
+                comm.Allgatherv(data(comm.rank, counts[comm.rank]), [recv, (counts, displs), "i"])
+                out.append(np.array_equal(recv, _expect(comm.size, comm.rank, counts, displs, size,
+                                                        lambda r: data(r, counts[r]))))
+        return out
+    assert run_ranks(job, p, timeout=60) == [[True] * 4] * p
+
+
+@pytest.mark.parametrize("p", [2, 3])
+def test_gatherv_root_layout_with_other_ranks_passing_their_own(p):
+    """Only the root's recvbuf counts; the others may pass specs of their
+    own layouts (not read, as in mpi4py)."""
+    def job(comm):
+        res = []
+        for root in range(comm.size):
+            counts, displs, size = _local_layout(comm.size, comm.rank)
+            recv = np.full(size, SENT, np.int32)
+            comm.Gatherv(data(comm.rank, counts[comm.rank]), [recv, (counts, displs), "i"], root)
+            if comm.rank == root:
+                res.append(np.array_equal(recv, _expect(comm.size, root, counts, displs, size,
+                                                        lambda r: data(r, counts[r]))))
+        return res
+    assert run_ranks(job, p, timeout=60) == [[True]] * p
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_scatterv_overlapping_send_ranges(p):
+    """A Scatterv root's sendbuf ranges may overlap (they are only read)."""
+    def job(comm):
+        src = data(9, 8)
+        counts = [r % 3 + 2 for r in range(comm.size)]
+        displs = [r % 2 for r in range(comm.size)]          # all start within the first two items
+        recv = np.full(counts[comm.rank], SENT, np.int32)
+        comm.Scatterv([src, (counts, displs), "i"] if comm.rank == 0 else None, recv, 0)
+        d = displs[comm.rank]
+        return np.array_equal(recv, src[d:d + counts[comm.rank]])
+    assert run_ranks(job, p, timeout=30) == [True] * p
+
+
+def test_overlapping_receive_ranges_still_refused():
+    def job(comm):
+        recv = np.zeros(8, np.int32)
+        try:
+            comm.Allgatherv(data(comm.rank, 2), [recv, ([2, 2], [0, 1]), "i"])
+        except ValueError as e:
+            return str(e)
+    assert all("overlap" in m for m in run_ranks(job, 2, timeout=30))
+
+
+@pytest.mark.parametrize("p", [1, 2, 3])
+def test_fortran_ordered_arrays(p):
+    """F-contiguous arrays are contiguous memory: plain and in specs, sent
+    and received, their bytes in memory order (mpi4py's)."""
+    def job(comm):
+        n = comm.size
+        a = np.asfortranarray(np.arange(12, dtype=np.float64).reshape(3, 4) + comm.rank)
+        b = np.asfortranarray(np.arange(12, dtype=np.float64).reshape(3, 4)) if comm.rank == 0 else \
+            np.zeros((3, 4), order="F")
+        comm.Bcast(b, 0)
+        ok = [np.array_equal(b, np.arange(12, dtype=np.float64).reshape(3, 4))]
+        g = np.zeros((n, 3, 4), order="F")
+        comm.Allgather([a, "d"], [g, "d"])
+        flat = g.ravel(order="K").reshape(n, 12)
+        ok.append(all(np.array_equal(flat[r], (np.arange(12).reshape(3, 4) + r).ravel(order="F"))
+                      for r in range(n)))
+        s = np.zeros((3, 4), order="F")
+        comm.Allreduce(a, s)
+        ok.append(np.allclose(s, sum(np.arange(12).reshape(3, 4) + r for r in range(n))))
+        return ok
+    assert run_ranks(job, p, timeout=30) == [[True] * 3] * p
+
+
+def test_non_contiguous_arrays_raise_naming_contiguity():
+    def job(comm):
+        try:
+            comm.Bcast(np.zeros((4, 4))[:, 1])
+        except ValueError as e:
+            return str(e)
+    assert "contiguous" in run_ranks(job, 1, timeout=30)[0]
+
+
+# -- the C entries take the common spec forms: the same results as plain
+# arrays, and no Python frame of shmcoll's on a warm call ----------------------
+class MPIType:
+    """An MPI datatype as shmcoll.MPI's (duck typed: .base, .count, Get_size)."""
+    def __init__(self, base, count=1):
+        self.base, self.count = np.dtype(base), count
+
+    def Get_size(self):
+        return self.base.itemsize * self.count
+
+
+INT = MPIType(np.int32)
+FAST_FORMS = {      # spec(buf, count, displ) over items [displ, displ + count x blocks)
+    "[buf, MPI]": lambda b, c, d: [b[d:], INT],
+    "[buf, char]": lambda b, c, d: [b[d:], "i"],
+    "[buf, scalar type]": lambda b, c, d: [b[d:], np.int32],
+    "[buf, count, MPI]": lambda b, c, d: [b[d:], c, INT],
+    "[buf, count, displ, MPI]": lambda b, c, d: [b, c, d, INT],
+    "[buf, (count, displ), dtype]": lambda b, c, d: [b, (c, d), b.dtype],
+    "[buf, count]": lambda b, c, d: [b[d:], c],
+}
+FAST_COLLS = {      # (blocks of sendbuf, of recvbuf: 0 none, 1 one, p one per rank), call
+    "Bcast": (1, 0, lambda comm, s, r: comm.Bcast(s, 1 % comm.size)),
+    "Allreduce": (1, 1, lambda comm, s, r: comm.Allreduce(s, r)),
+    "Alltoall": ("p", "p", lambda comm, s, r: comm.Alltoall(s, r)),
+    "Allgather": (1, "p", lambda comm, s, r: comm.Allgather(s, r)),
+    "Reduce_scatter_block": ("p", 1, lambda comm, s, r: comm.Reduce_scatter_block(s, r)),
+    "Scan": (1, 1, lambda comm, s, r: comm.Scan(s, r)),
+    "Gather": (1, "p", lambda comm, s, r: comm.Gather(s, r, 1 % comm.size)),       # recvbuf read on the root only
+    "Scatter": ("p", 1, lambda comm, s, r: comm.Scatter(s, r, 1 % comm.size)),
+    "Reduce": (1, 1, lambda comm, s, r: comm.Reduce(s, r, root=1 % comm.size)),
+}
+
+
+def _python_frames(fn):
+    """fn(), and the Python functions of shmcoll that ran in it."""
+    import sys
+    seen = []
+
+    def prof(frame, event, arg):
+        if event == "call" and "shmcoll" in frame.f_code.co_filename:
+            seen.append(frame.f_code.co_name)
+    sys.setprofile(prof)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+def _fast(comm, coll, form):
+    """(spec and plain results equal, shmcoll's Python functions the spec
+    call ran) for three calls of each."""
+    p = comm.size
+    sblocks, rblocks, call = FAST_COLLS[coll]
+    ks = [p if x == "p" else x for x in (sblocks, rblocks)]
+    spare = 2 if "count" in form else 0     # without a count the spec spans the buffer past displ
+    out = []
+    for _ in range(3):
+        bufs = [np.full(D + C * k + spare, SENT, np.int32) if k else None for k in ks]
+        bufs[0][D:D + C * ks[0]] = data(comm.rank, C * ks[0])
+        plain = [b.copy() if k else None for b, k in zip(bufs, ks)]
+        call(comm, *[b[D:D + C * k] if k else None for b, k in zip(plain, ks)])
+        specs = [FAST_FORMS[form](b, C, D) if k else None for b, k in zip(bufs, ks)]
+        frames = _python_frames(lambda: call(comm, *specs))
+        out.append((all(k == 0 or np.array_equal(b, q) for b, q, k in zip(bufs, plain, ks)), frames))
+    return out
+
+
+@pytest.mark.parametrize("p", [2, 3])
+@pytest.mark.parametrize("form", list(FAST_FORMS))
+@pytest.mark.parametrize("coll", list(FAST_COLLS))
+def test_common_specs_take_the_c_entry(coll, form, p):
+    """A spec call gives what the plain call on its slice gives; warm, it
+    runs no Python function of shmcoll's (the C entry parsed it)."""
+    for r, runs in enumerate(run_ranks(_fast, p, coll, form, timeout=60)):
+        assert all(same for same, _ in runs), (r, runs)
+        assert runs[-1][1] == [], (r, runs[-1][1])
+
+
+@pytest.mark.parametrize("p", [1, 2, 3])
+def test_contiguous_mpi_datatypes(p):
+    """An MPI datatype of n items (Create_contiguous) counts n base items
+    per item, displacements too; reductions fold the base elementwise."""
+    PAIR, TRIPLE = MPIType(np.int32, 2), MPIType(np.int32, 3)
+
+    def job(comm):
+        a = np.arange(12, dtype=np.int32) + comm.rank
+        b = np.full(12, SENT, np.int32)
+        comm.Allreduce([a, 2, 1, PAIR], [b, (2, 1), PAIR])
+        c = np.arange(12, dtype=np.int32) + comm.rank
+        comm.Bcast([c, (1, 2), TRIPLE], 0)
+        g = np.full(2 * comm.size + 2, SENT, np.int32)
+        comm.Allgatherv(data(comm.rank, 2), [g, ([1] * comm.size, None), PAIR])
+        return b, c, g
+    for r, (b, c, g) in enumerate(run_ranks(job, p, timeout=30)):
+        want = np.full(12, SENT, np.int32)
+        want[2:6] = sum(np.arange(2, 6) + q for q in range(p))
+        assert np.array_equal(b, want)
+        want = np.arange(12, dtype=np.int32) + r
+        want[6:9] = np.arange(6, 9)
+        assert np.array_equal(c, want)
+        assert np.array_equal(g[:2 * p], np.concatenate([data(q, 2) for q in range(p)])) and (g[2 * p:] == SENT).all()
+
+
+def test_non_contiguous_datatype_refused():
+    class Strided(MPIType):
+        def Get_size(self):
+            return 2 * self.base.itemsize * self.count
+
+    def job(comm):
+        try:
+            comm.Bcast([np.zeros(8, np.int32), 1, Strided(np.int32, 2)])
+        except TypeError as e:
+            return str(e)
+    assert "not contiguous" in run_ranks(job, 1, timeout=30)[0]
+
+
+BYTE = MPIType(np.uint8)
+
+
+def _bytes_specs(comm, kind):
+    """osu_*.py's specs: [buf, size, MPI.BYTE] over an mmap (or over an
+    int32 array: its bytes); results against numpy uint8 arrays."""
+    import mmap
+    p, n = comm.size, 12
+    out = []
+    for _ in range(3):
+        if kind == "mmap":
+            s, r = mmap.mmap(-1, n * p), mmap.mmap(-1, n * p)
+        else:
+            s, r = np.zeros(n * p // 4, np.int32), np.zeros(n * p // 4, np.int32)
+        sv, rv = np.frombuffer(s, np.uint8), np.frombuffer(r, np.uint8)
+        sv[:] = np.arange(n * p, dtype=np.uint8) + 16 * comm.rank
+        ps, pr = sv.copy(), rv.copy()
+        steps = [(lambda a, b: comm.Bcast(a[:n], 1 % p), lambda: comm.Bcast([s, n, BYTE], 1 % p)),
+                 (lambda a, b: comm.Alltoall(a, b), lambda: comm.Alltoall([s, n, BYTE], [r, n, BYTE])),
+                 (lambda a, b: comm.Allgather(a[:n], b), lambda: comm.Allgather([s, n, BYTE], [r, n, BYTE])),
+                 (lambda a, b: comm.Gather(a[:n], b, 0), lambda: comm.Gather([s, n, BYTE], [r, n, BYTE], 0))]
+        frames = []
+        for plain, spec_call in steps:
+            plain(ps, pr)
+            frames += _python_frames(spec_call)
+        out.append((np.array_equal(sv, ps) and np.array_equal(rv, pr), frames))
+    return out
+
+
+@pytest.mark.parametrize("p", [1, 2, 3])
+@pytest.mark.parametrize("kind", ["mmap", "int32 array"])
+def test_byte_specs_over_any_buffer_take_the_c_entry(kind, p):
+    for r, runs in enumerate(run_ranks(_bytes_specs, p, kind, timeout=60)):
+        assert all(same for same, _ in runs), (r, runs)
+        assert runs[-1][1] == [], (r, runs[-1][1])

@@ -14,7 +14,7 @@ Precedence of the algorithm: algorithm= argument > options /
 SHMCOLL_<OP>_ALGORITHM > the collective's choose()."""
 import dataclasses
 
-from . import allgather, allgatherv, allreduce, alltoall, barrier, bcast, exscan, gather, reduce, reduce_scatter, scan, scatter
+from . import allgather, allgatherv, allreduce, alltoall, alltoallv, barrier, bcast, exscan, gather, reduce, reduce_scatter, scan, scatter
 
 TABLE = {
     "barrier": (1, barrier, "Barrier", "a", ("algorithm",)),
@@ -34,6 +34,8 @@ TABLE = {
                        ("sendbuf", "recvbuf", "recvcounts", "op", "algorithm")),
     "scan": (14, scan, "Scan", "0iopa", ("sendbuf", "recvbuf", "op", "algorithm")),
     "exscan": (15, exscan, "Exscan", "0iopa", ("sendbuf", "recvbuf", "op", "algorithm")),
+    "alltoallv": (16, alltoallv, "Alltoallv", "", ("sendbuf", "recvbuf", "algorithm")),
+    "alltoallw": (17, alltoallv, "Alltoallw", "", ("sendbuf", "recvbuf", "algorithm")),
 }
 NAMES = {op: list(row[1].ALGORITHMS) for op, row in TABLE.items()}
 IDS = {op: {name: i for i, name in enumerate(names)} for op, names in NAMES.items()}

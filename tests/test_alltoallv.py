@@ -1,0 +1,185 @@
+"""Alltoallv / Alltoallw: every algorithm, 1-5 ranks, counts with zeros
+and uneven ones, displacements with gaps and out of order, against a
+numpy reference: rank s's piece for rank d is pattern(seq, s, d) of
+count(s, d) items, so rank d knows exactly what it must receive."""
+import numpy as np
+import pytest
+
+from conftest import SMALL, attempt, pattern, poison, run_cases, run_ranks
+
+ALGS = ["pairwise", "all_at_once", None]
+RANKS = [1, 2, 3, 4, 5]
+DTYPES = [np.int8, np.int32, np.float64, np.complex128]
+pytestmark = pytest.mark.timeout(240)
+
+
+def count(seq, s, d, scale):
+    """Items rank s sends rank d in call seq: some zero, all uneven."""
+    return 0 if (s + 2 * d + seq) % 4 == 3 else ((s * 7 + d * 3 + seq) % 5) * scale + (s + d) % 3
+
+
+def layout(counts, seq, me):
+    """Displacements with gaps, in an order that is not the ranks' (the
+    last rank first), and the buffer's total items."""
+    at, displs = 2, [0] * len(counts)
+    for r in sorted(range(len(counts)), key=lambda r: -((r + me + seq) % len(counts))):
+        displs[r] = at
+        at += counts[r] + 1 + r % 2
+    return displs, at + 3
+
+
+def _job(comm, cases, forms):
+    n, me, bad = comm.size, comm.rank, []
+    for seq, (alg, scale, dtype) in enumerate(cases):
+        sc = [count(seq, me, d, scale) for d in range(n)]
+        rc = [count(seq, s, me, scale) for s in range(n)]
+        sd, stotal = layout(sc, seq, me)
+        rd, rtotal = layout(rc, seq + 1, me)
+        send = poison(stotal, dtype)
+        for d in range(n):
+            send[sd[d]:sd[d] + sc[d]] = pattern(sc[d], dtype, seq, me, d)
+        keep = send.copy()
+        recv = poison(rtotal, dtype)
+        want = recv.copy()
+        for s in range(n):
+            want[rd[s]:rd[s] + rc[s]] = pattern(rc[s], dtype, seq, s, me)
+        form = seq % 3 if forms is True else 0
+        if forms == "nonblocking":
+            comm.Ialltoallv([send, (sc, sd), dtype], [recv, (rc, rd), dtype], algorithm=alg).Wait()
+        elif forms == "persistent":
+            req = comm.Alltoallv_init([send, (sc, sd), dtype], [recv, (rc, rd), dtype], algorithm=alg)
+            for _ in range(2):
+                recv[:] = poison(rtotal, dtype)
+                req.Start()
+                req.Wait()
+        elif form == 0:
+            comm.Alltoallv([send, (sc, sd), dtype], [recv, (rc, rd), dtype], algorithm=alg)
+        elif form == 1:
+            comm.Alltoallv([send, sc, sd, np.dtype(dtype).char], [recv, rc, rd, np.dtype(dtype).char],
+                           algorithm=alg)
+        else:
+            z = np.dtype(dtype).itemsize
+            comm.Alltoallw([send, (sc, [d * z for d in sd]), [dtype] * n],
+                           [recv, rc, [d * z for d in rd], [dtype] * n], algorithm=alg)
+        where = f"rank {me}: call {seq} alg={alg} scale={scale} dtype={np.dtype(dtype)} form={form}"
+        if recv.tobytes() != want.tobytes():
+            wrong = [s for s in range(n) if recv[rd[s]:rd[s] + rc[s]].tobytes() != want[rd[s]:rd[s] + rc[s]].tobytes()]
+            bad.append(f"{where}: wrong pieces from ranks {wrong} (or a gap written)")
+        if send.tobytes() != keep.tobytes():
+            bad.append(f"{where}: sendbuf was modified")
+    return bad
+
+
+@pytest.mark.parametrize("n", RANKS)
+@pytest.mark.parametrize("alg", ALGS, ids=lambda a: a or "auto")
+def test_alltoallv_against_numpy(n, alg):
+    cases = [(alg, scale, dt) for scale in (0, 1, 40, 3000) for dt in DTYPES[:2]] + \
+            [(alg, 257, dt) for dt in DTYPES[2:]]
+    run_cases(_job, n, cases, forms=True, options=SMALL)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+@pytest.mark.parametrize("how", ["nonblocking", "persistent"])
+def test_ialltoallv_and_alltoallv_init_against_numpy(n, how):
+    """Ialltoallv and Alltoallv_init (started twice) run the blocking call's program."""
+    cases = [(alg, scale, np.int32) for alg in ALGS for scale in (0, 1, 40, 3000)]
+    run_cases(_job, n, cases, forms=how, options=SMALL)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_alltoallv_default_options_big_pieces(n):
+    """Pieces past cma_bytes and adapt: single copies and twins."""
+    run_cases(_job, n, [(alg, 40000, np.float64) for alg in ALGS] * 2, forms=True)
+
+
+def _in_place(comm):
+    n, me = comm.size, comm.rank
+    counts = [me + d + 1 for d in range(n)]         # symmetric: what I send d is what d sends me
+    displs = list(np.cumsum(counts) - counts)
+    buf = np.concatenate([pattern(counts[d], np.int32, me, d) for d in range(n)])
+    from shmcoll import IN_PLACE
+    comm.Alltoallv(IN_PLACE, [buf, (counts, displs), "i"])
+    want = np.concatenate([pattern(counts[s], np.int32, s, me) for s in range(n)])
+    return bool((buf == want).all())
+
+
+@pytest.mark.parametrize("n", [1, 3, 4])
+def test_alltoallv_in_place(n):
+    assert run_ranks(_in_place, n) == [True] * n
+
+
+def _mismatch(comm):
+    n, me = comm.size, comm.rank
+    sc = [2] * n
+    rc = [2] * n
+    if me == n - 1:
+        rc[0] = 3           # expects one item more from rank 0 than it sends
+    send, recv = np.zeros(2 * n), np.zeros(sum(rc))
+    out = attempt(comm, "Alltoallv", lambda: comm.Alltoallv([send, sc], [recv, rc]))
+    again = attempt(comm, "Alltoallv", lambda: comm.Alltoallv([send, [2] * n], [np.zeros(2 * n), [2] * n]))
+    return out, again
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_alltoallv_mismatched_counts_raise_on_every_rank(n):
+    """Never wrong data: every rank raises MismatchError naming the pair,
+    and the communicator stays usable (every rank refused alike)."""
+    for out, again in run_ranks(_mismatch, n):
+        assert out[0] == "Alltoallv" and out[1] == "MismatchError", out
+        assert f"rank 0 sends rank {n - 1} 16 bytes but rank {n - 1} receives 24" in out[2]
+        assert again is None
+
+
+class Contig:
+    """An MPI datatype as the face's Datatype looks (duck typed): count
+    items of base."""
+    def __init__(self, base, count):
+        self.base, self.count = np.dtype(base), count
+
+    def Get_size(self):
+        return self.base.itemsize * self.count
+
+
+def _w_types(comm):
+    """Per-peer datatypes: rank s sends rank d (d + 1) items of a type of
+    (s + d) % 3 + 1 float64s, the receiver names the same type."""
+    n, me = comm.size, comm.rank
+    def typ(s, d):
+        return Contig(np.float64, (s + d) % 3 + 1)
+    stypes, rtypes = [typ(me, d) for d in range(n)], [typ(s, me) for s in range(n)]
+    sc, rc = [d + 1 for d in range(n)], [me + 1] * n
+    sbytes = [c * t.Get_size() for c, t in zip(sc, stypes)]
+    rbytes = [c * t.Get_size() for c, t in zip(rc, rtypes)]
+    sd = [sum(sbytes[d + 1:]) for d in range(n)]          # the last rank's piece first
+    rd = [sum(rbytes[:s]) + 8 * s for s in range(n)]        # an 8-byte gap after each piece
+    send = np.zeros(sum(sbytes) // 8)
+    for d in range(n):
+        send[sd[d] // 8:(sd[d] + sbytes[d]) // 8] = pattern(sbytes[d] // 8, np.float64, me, d)
+    recv = poison((rd[-1] + rbytes[-1]) // 8, np.float64)
+    comm.Alltoallw([send, (sc, sd), stypes], [recv, (rc, rd), rtypes])
+    want = recv.copy()
+    for s in range(n):
+        want[rd[s] // 8:(rd[s] + rbytes[s]) // 8] = pattern(rbytes[s] // 8, np.float64, s, me)
+    return recv.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_alltoallw_per_peer_types(n):
+    assert run_ranks(_w_types, n) == [True] * n
+
+
+def _refused(comm, form):
+    s, r = np.zeros(4 * comm.size), np.zeros(4 * comm.size)
+    p = comm.size
+    call = {"no type": lambda: comm.Alltoallv([s, [1] * p, [0] * p], [r, [1] * p]),
+            "strided": lambda: comm.Alltoallv(s[::2], r[::2])}[form]
+    return attempt(comm, "Alltoallv", call)[1:3]
+
+
+@pytest.mark.parametrize("form,error,says", [("no type", "TypeError", "datatype"),
+                                              ("strided", "ValueError", "contiguous")])
+def test_forms_mpi4py_refuses_are_refused(form, error, says):
+    """[buf, counts, displs] without a datatype: mpi4py raises TypeError;
+    a non-contiguous array: an error naming contiguity."""
+    (got, message), = run_ranks(_refused, 1, form)
+    assert got == error and says in message
