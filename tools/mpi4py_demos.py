@@ -7,7 +7,8 @@ The demos come from the sdist that tools/mpi4py_tests.py fetches; on shmcoll
 their `from mpi4py import MPI` is switched by the same stand-in package
 (tools/mpi4py_shim).  Each run's output is compared with the first peer's:
 the same number of lines and the same results once timings are taken out
-(numbers with a decimal point; helloworld's lines in any order).  The
+(numbers with a decimal point, and the column widths that follow them;
+helloworld's lines in any order).  The
 timings are printed side by side, a column per MPI.  Exit status 1 when a
 run fails or its results differ.
 """
@@ -43,7 +44,7 @@ def command(who, n, demo):
 
 def results(text, demo):
     """The output without its timings: what must be the same under every MPI."""
-    lines = [TIMING.sub("<t>", line.rstrip()) for line in text.splitlines()]
+    lines = [" ".join(TIMING.sub("<t>", line).split()) for line in text.splitlines()]
     return sorted(lines) if demo.startswith("helloworld") else lines
 
 
