@@ -62,7 +62,7 @@ def fetch(cache):
             # --no-build-isolation: pip may prepare the sdist's metadata, which
             # must not download a build backend.
             cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-                   "--no-build-isolation", f"mpi4py=={VERSION}", "-d", tmp]
+                   "--no-build-isolation", "--retries", "1", "--timeout", "30", f"mpi4py=={VERSION}", "-d", tmp]
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
             got = Path(tmp) / tarball.name
             if p.returncode or not got.is_file():
