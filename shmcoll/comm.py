@@ -33,11 +33,27 @@ from .sched import Call
 from .words import COUNTS_HASH, INPLACE_OP, field
 
 
+#: The buffer that None stands for IN_PLACE in, as mpi4py reads it (its
+#: collectives take a None sendbuf, and a Scatter root's None recvbuf, so).
+NONE_IN_PLACE = {name: "sendbuf" for name in ("Alltoall", "Alltoallv", "Alltoallw", "Allgather", "Allgatherv",
+                                             "Gather", "Gatherv", "Allreduce", "Reduce", "Reduce_scatter_block",
+                                             "Reduce_scatter", "Scan", "Exscan")}
+NONE_IN_PLACE.update(Scatter="recvbuf", Scatterv="recvbuf")
+
+
 def collective(fn):
     """Run a Comm method so that any error it raises aborts the communicator."""
+    placed = NONE_IN_PLACE.get(fn.__name__)
+    at = fn.__code__.co_varnames.index(placed) - 1 if placed else None      # its place after self
+
     @functools.wraps(fn)
     def method(self, *args, **kw):
         self._usable()
+        if placed:
+            if len(args) > at and args[at] is None:
+                args = args[:at] + (IN_PLACE,) + args[at + 1:]
+            elif kw.get(placed, IN_PLACE) is None:
+                kw[placed] = IN_PLACE
         try:
             return fn(self, *args, **kw)
         except ShmcollError:

@@ -568,3 +568,33 @@ def test_byte_specs_over_any_buffer_take_the_c_entry(kind, p):
     for r, runs in enumerate(run_ranks(_bytes_specs, p, kind, timeout=60)):
         assert all(same for same, _ in runs), (r, runs)
         assert runs[-1][1] == [], (r, runs[-1][1])
+
+
+def _none_is_in_place(comm):
+    """mpi4py reads a None sendbuf (a Scatter root's None recvbuf) as IN_PLACE."""
+    p, r = comm.size, comm.rank
+    got = {}
+    b = np.full(p, -1.0)
+    b[r] = r + 10
+    comm.Allgather(None, b)
+    got["allgather"] = b.tolist() == [s + 10.0 for s in range(p)]
+    b = np.full(3, r + 1.0)
+    comm.Allreduce(None, b)
+    got["allreduce"] = (b == sum(range(1, p + 1))).all()
+    b = np.arange(p, dtype=np.float64) + 100 * r
+    comm.Alltoall(None, b)
+    got["alltoall"] = b.tolist() == [100.0 * s + r for s in range(p)]
+    b = np.full(2, r + 1.0)
+    comm.Reduce(None if r == 0 else b, b if r == 0 else None, root=0)
+    got["reduce"] = r != 0 or (b == sum(range(1, p + 1))).all()
+    b = np.arange(p, dtype=np.float64) * 10
+    x = np.empty(1)
+    comm.Scatter(b if r == 0 else None, None if r == 0 else x, root=0)
+    got["scatter"] = (b[0] == 0.0) if r == 0 else x[0] == 10.0 * r
+    return {k: bool(v) for k, v in got.items()}
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_none_sendbuf_is_in_place_as_in_mpi4py(n):
+    got = run_ranks(_none_is_in_place, n)
+    assert all(all(g.values()) for g in got), got
