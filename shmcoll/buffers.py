@@ -2,7 +2,6 @@
 such as [buf, count, dtype] are made plain first, by shmcoll.spec).
 Returns the pointer C needs and the byte count; every problem names the
 argument."""
-import ctypes
 import zlib
 
 import numpy as np
@@ -36,23 +35,9 @@ def array(buf):
     except TypeError:
         pass
     try:
-        a = np.from_dlpack(buf)
+        return np.from_dlpack(buf)
     except (BufferError, TypeError, ValueError, RuntimeError) as e:
         raise TypeError(f"a {type(buf).__name__} exports DLPack but numpy cannot read it: {e}") from None
-    if not a.flags.writeable and a.flags.c_contiguous and a.nbytes and _legacy_dlpack(buf):
-        # DLPack before 1.0 cannot say read-only, so numpy marks every such
-        # import read-only; mpi4py writes into them, as C would
-        raw = (ctypes.c_char * a.nbytes).from_address(a.__array_interface__["data"][0])
-        a = np.frombuffer(raw, a.dtype).reshape(a.shape)
-    return a
-
-
-def _legacy_dlpack(buf):
-    try:
-        buf.__dlpack__(max_version=(1, 0))
-    except TypeError:
-        return True
-    return False
 
 
 def view(buf, name, writable):

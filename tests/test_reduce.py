@@ -841,32 +841,6 @@ def test_torch_tensor_through_dlpack():
         assert out == t == [3.0 * i for i in range(6)]
 
 
-class _LegacyDLPack:
-    """An exporter of DLPack before 1.0 only (no max_version, no read-only
-    flag), as mpi4py's tests' and older libraries' are: a numpy array's memory."""
-
-    def __init__(self, a):
-        self.a = a
-
-    def __dlpack__(self, stream=None):
-        return self.a.__dlpack__()
-
-    def __dlpack_device__(self):
-        return self.a.__dlpack_device__()
-
-
-def test_legacy_dlpack_buffers_are_written_as_mpi4py_writes_them():
-    """numpy marks a legacy DLPack import read-only; mpi4py (and C) write into it."""
-    def job(comm):
-        out = np.zeros(4)
-        comm.Allreduce(_LegacyDLPack(np.arange(4.0) * (comm.rank + 1)), _LegacyDLPack(out))
-        mine = np.full(3, comm.rank + 1.0)
-        comm.Allreduce(shmcoll.IN_PLACE, _LegacyDLPack(mine))
-        return out.tolist(), mine.tolist()
-    for out, mine in run_ranks(job, 3):
-        assert out == (np.arange(4.0) * 6).tolist() and mine == [6.0] * 3
-
-
 # -- bad input: raises on every rank, never hangs --------------------------------
 
 def _bad(comm, case):
