@@ -187,12 +187,8 @@ class Communicators:
             finally:
                 dev.segment.unlink()
         else:
-            dev = self._await("Create_group", order[:1], lambda: _opened(plan, order.index(self.rank), name))
-            try:
-                dev.register(os.getpid(), 0)
-            except BaseException:
-                dev.close()
-                raise
+            dev = _registered(self._await("Create_group", order[:1],
+                                          lambda: _opened(plan, order.index(self.rank), name)))
         dev.segment.close_fd()
         return self._adopt(dev, tuple(self._ranks()[r] for r in order), "g" + ctx)
 
@@ -376,16 +372,21 @@ def _int(x, what):
         raise TypeError(f"{what} must be an int, not {type(x).__name__}") from None
 
 
-def comm_self(world):
-    """This rank's one-rank communicator (COMM_SELF), with no exchange: a
-    private device over a segment of its own."""
-    rank = world._ranks()[world.rank]
-    dev = Device.made(restrict(world._world.plan, [rank]))
+def _registered(dev):
+    """dev with this process registered as its rank (liveness), or closed."""
     try:
         dev.register(os.getpid(), 0)
     except BaseException:
         dev.close()
         raise
+    return dev
+
+
+def comm_self(world):
+    """This rank's one-rank communicator (COMM_SELF), with no exchange: a
+    private device over a segment of its own."""
+    rank = world._ranks()[world.rank]
+    dev = _registered(Device.made(restrict(world._world.plan, [rank])))
     dev.segment.close_fd()
     comm = world._adopt(dev, (rank,), "self")
     comm._name = "MPI_COMM_SELF"
