@@ -484,6 +484,25 @@ static void let_go(sc_comm_t *c)
  * awaited rank's arrival record is compared with ours (a rank in another
  * collective, or with other arguments, never arrives where we wait),
  * signals are polled (Ctrl-C) and the stall timeout runs. */
+/* What a wait checks when it looks at the clock: the abort word and
+ * liveness (health), the awaited rank's record every CHECK_NS.  SC_OK: go
+ * on waiting; 1: the wait was reached meanwhile; else the error to return. */
+static int look(sc_comm_t *c, const sc_wait_t *w, int64_t t, int64_t *next_live, int64_t *next_check)
+{
+    int r = -1, rc = health(c, w->who, w->anyabort, t, next_live, &r);
+    if (!rc && !w->nocheck && t >= *next_check) {
+        *next_check = t + CHECK_NS;
+        if (sc_check_line(c, w->who)) rc = SC_EMISMATCH;
+    }
+    if (!rc) return SC_OK;
+    if (reached(w)) return 1;
+    if (rc == SC_EMISMATCH) {
+        sc_abort_mismatch(c);
+        return rc;
+    }
+    return rc == SC_EABORT ? rc : sc_fail(c, SC_EDEAD, r, rc, 0);
+}
+
 /* A nonblocking call's wait (c->nbc) that is not reached: no waiting.
  * What a slow wait checks is checked here on each step that stops at it
  * (liveness every liveness_ns, the awaited record every CHECK_NS, the
@@ -500,19 +519,8 @@ static int nb_pending(sc_comm_t *c, const sc_wait_t *w)
         st->next_live = t + c->liveness_ns;
         st->next_check = t + CHECK_NS;
     }
-    int r = -1, rc = health(c, w->who, w->anyabort, t, &st->next_live, &r);
-    if (!rc && !w->nocheck && t >= st->next_check) {
-        st->next_check = t + CHECK_NS;
-        if (sc_check_line(c, w->who)) rc = SC_EMISMATCH;
-    }
-    if (rc) {
-        if (reached(w)) return SC_OK;
-        if (rc == SC_EMISMATCH) {
-            sc_abort_mismatch(c);
-            return rc;
-        }
-        return rc == SC_EABORT ? rc : sc_fail(c, SC_EDEAD, r, rc, 0);
-    }
+    int rc = look(c, w, t, &st->next_live, &st->next_check);
+    if (rc) return rc > 0 ? SC_OK : rc;
     if (!fresh && c->timeout_ns > 0 && t - st->since > c->timeout_ns) {
         int s = stalled_rank(c, w->who);
         return sc_fail(c, SC_ETIMEOUT, s, (t - st->since) / 1000000, s == w->who ? -1 : w->who);
@@ -534,19 +542,8 @@ static int wait_slow(sc_comm_t *c, const sc_wait_t *w)
         }
         int64_t t = sc_now_ns();
         if (t - t0 >= c->gil_ns || t - t0 >= w->spin_ns + c->yield_ns) let_go(c);   /* long, or about to sleep */
-        int r = -1, rc = health(c, w->who, w->anyabort, t, &next_live, &r);
-        if (!rc && !w->nocheck && t >= next_check) {
-            next_check = t + CHECK_NS;
-            if (sc_check_line(c, w->who)) rc = SC_EMISMATCH;
-        }
-        if (rc) {
-            if (reached(w)) return SC_OK;
-            if (rc == SC_EMISMATCH) {
-                sc_abort_mismatch(c);
-                return rc;
-            }
-            return rc == SC_EABORT ? rc : sc_fail(c, SC_EDEAD, r, rc, 0);
-        }
+        int rc = look(c, w, t, &next_live, &next_check);
+        if (rc) return rc > 0 ? SC_OK : rc;
         if (w->until && t >= w->until) return SC_OK;
         if (c->hooks.poll && t >= next_poll) {
             next_poll = t + POLL_NS;
