@@ -261,59 +261,30 @@ class Request:
     @staticmethod
     def Waitany(requests, status=None):
         """Index of one completed request (UNDEFINED if none is active)."""
-        spins = 0
-        while True:
-            i, done = Request.Testany(requests, status)
-            if done:
-                return i
-            spins += 1
-            if spins > 64:
-                _idle(requests)
+        i, st, _ = _until(requests, lambda: _any(requests))
+        _fill(status, st)
+        return i
 
     @staticmethod
     def Testany(requests, status=None):
         """(index, True) once one completes; (UNDEFINED, True) if none is active."""
-        active = [i for i, r in enumerate(requests) if r._active]
-        if not active:
-            _fill(status, Status())
-            return UNDEFINED, True
-        progress()
-        for i in active:
-            if requests[i]._test():
-                _fill(status, requests[i]._complete()[0])
-                return i, True
-        return UNDEFINED, False
+        got = _any(requests)
+        if got is _NOT_YET:
+            return UNDEFINED, False
+        _fill(status, got[1])
+        return got[0], True
 
     @staticmethod
     def waitany(requests, status=None):
         """(index, object) of one completed request."""
-        spins = 0
-        while True:
-            active = [j for j, r in enumerate(requests) if r._active]
-            if not active:
-                _fill(status, Status())
-                return UNDEFINED, None
-            progress()
-            for j in active:
-                if requests[j]._test():
-                    st, res = requests[j]._complete()
-                    _fill(status, st)
-                    return j, res
-            spins += 1
-            if spins > 64:
-                _idle(requests)
+        i, st, res = _until(requests, lambda: _any(requests))
+        _fill(status, st)
+        return i, res
 
     @staticmethod
     def Waitsome(requests, statuses=None):
         """Indices of the requests that completed (at least one), or None if none is active."""
-        spins = 0
-        while True:
-            got = Request.Testsome(requests, statuses)
-            if got is None or got:
-                return got
-            spins += 1
-            if spins > 64:
-                _idle(requests)
+        return _until(requests, lambda: _some(Request.Testsome(requests, statuses)))
 
     @staticmethod
     def Testsome(requests, statuses=None):
@@ -332,6 +303,38 @@ class Request:
     def Cancel_all(requests):
         for r in requests:
             r.Cancel()
+
+
+def _any(requests):
+    """(index, status, object) of one request found complete, or
+    (UNDEFINED, an empty status, None) if none is active; _NOT_YET if none is yet."""
+    active = [i for i, r in enumerate(requests) if r._active]
+    if not active:
+        return UNDEFINED, Status(), None
+    progress()
+    for i in active:
+        if requests[i]._test():
+            return (i,) + requests[i]._complete()
+    return _NOT_YET
+
+
+def _some(got):
+    """Testsome's answer as Waitsome's: _NOT_YET while it found none."""
+    return got if got is None or got else _NOT_YET
+
+
+_NOT_YET = object()
+
+
+def _until(requests, poll):
+    """poll() until it answers (not _NOT_YET), letting the CPU go between
+    tries once they have lasted (the first active request's _idle)."""
+    spins = 0
+    while (got := poll()) is _NOT_YET:
+        spins += 1
+        if spins > 64:
+            _idle(requests)
+    return got
 
 
 def _idle(requests):
