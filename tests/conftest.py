@@ -12,6 +12,7 @@ import mmap
 import os
 import signal
 import sys
+import threading
 import time
 
 import numpy as np
@@ -278,3 +279,22 @@ def assert_killed_mid(collective, n=3):
         run_ranks(job, n, timeout=30)
     assert list(died[:n - 1]) == [1] * (n - 1), list(died)
     assert 0 <= took[:n - 1].max() < 2.0, list(took)
+
+
+def in_threads(fn, argss):
+    """fn(*args) in a thread of its own per args, all at once; the first
+    exception any of them raised is raised here once all have ended."""
+    errors = []
+
+    def run(args):
+        try:
+            fn(*args)
+        except BaseException as e:
+            errors.append(e)
+    threads = [threading.Thread(target=run, args=(args,)) for args in argss]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]

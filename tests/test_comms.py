@@ -6,14 +6,13 @@ cross communicators, and the named fallback where /proc is refused."""
 import os
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
 import pytest
 
 import shmcoll
-from conftest import cli, run_ranks, shared_array
+from conftest import cli, in_threads, run_ranks, shared_array
 from shmcoll import comms
 from shmcoll.comms import COMM_NULL, COMM_TYPE_SHARED, CONGRUENT, IDENT, SIMILAR, UNDEFINED, UNEQUAL, Group
 from shmcoll.errors import ERR_COMM, ERR_GROUP, ERR_RANK, MPIError
@@ -124,29 +123,19 @@ def test_sibling_communicators_run_different_collectives_at_once(n):
 
 def _threads(comm, rounds):
     dups = [comm.Dup(), comm.Dup()]
-    errors = []
 
     def loop(t, d):
-        try:
-            for i in range(rounds):
-                seq = 1000 * t + i
-                out = np.empty(5)
-                d.Allreduce(_data(d.rank, seq), out)
-                assert np.array_equal(out, np.sum([_data(r, seq) for r in range(d.size)], axis=0))
-                root = i % d.size
-                buf = _data(root, seq) if d.rank == root else np.zeros(5)
-                d.Bcast(buf, root)
-                assert np.array_equal(buf, _data(root, seq))
-                assert d.allgather((t, d.rank)) == [(t, r) for r in range(d.size)]
-        except BaseException as e:
-            errors.append(e)
-    threads = [threading.Thread(target=loop, args=(t, d)) for t, d in enumerate(dups)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    if errors:
-        raise errors[0]
+        for i in range(rounds):
+            seq = 1000 * t + i
+            out = np.empty(5)
+            d.Allreduce(_data(d.rank, seq), out)
+            assert np.array_equal(out, np.sum([_data(r, seq) for r in range(d.size)], axis=0))
+            root = i % d.size
+            buf = _data(root, seq) if d.rank == root else np.zeros(5)
+            d.Bcast(buf, root)
+            assert np.array_equal(buf, _data(root, seq))
+            assert d.allgather((t, d.rank)) == [(t, r) for r in range(d.size)]
+    in_threads(loop, list(enumerate(dups)))
     return [d.Compare(comm) for d in dups]
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import shmcoll
-from conftest import assert_killed_mid, run_ranks
+from conftest import assert_killed_mid, in_threads, run_ranks
 from shmcoll.errors import ERR_RANK, ERR_TAG, ERR_TRUNCATE, MPIError
 from shmcoll.p2p import MESSAGE_NO_PROC, TAG_UB
 from shmcoll.request import ANY_SOURCE, ANY_TAG, PROC_NULL, Prequest, Request, Status
@@ -428,30 +428,18 @@ def test_fast_entries_and_specs():
 def test_two_threads(n):
     """Two threads of every rank exchange with their neighbours on the same
     communicator, under distinct tags, concurrently."""
-    import threading
-
     def job(comm):
         r, right, left = comm.rank, (comm.rank + 1) % n, (comm.rank - 1) % n
-        errors = []
 
         def worker(tag):
-            try:
-                for i in range(50):
-                    nbytes = (8, EAGER + 8, 2 * RING)[i % 3]
-                    got = np.empty(nbytes // 8)
-                    req = comm.Isend(data(r, right, nbytes, np.float64, salt=tag * 100 + i), right, tag)
-                    comm.Recv(got, left, tag)
-                    req.Wait()
-                    assert np.array_equal(got, data(left, r, nbytes, np.float64, salt=tag * 100 + i))
-            except BaseException as e:
-                errors.append(e)
-        ts = [threading.Thread(target=worker, args=(t,)) for t in (1, 2)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-        if errors:
-            raise errors[0]
+            for i in range(50):
+                nbytes = (8, EAGER + 8, 2 * RING)[i % 3]
+                got = np.empty(nbytes // 8)
+                req = comm.Isend(data(r, right, nbytes, np.float64, salt=tag * 100 + i), right, tag)
+                comm.Recv(got, left, tag)
+                req.Wait()
+                assert np.array_equal(got, data(left, r, nbytes, np.float64, salt=tag * 100 + i))
+        in_threads(worker, [(1,), (2,)])
         return True
     assert all(run(job, n))
 
@@ -565,28 +553,17 @@ def test_staged_rendezvous(n):
 def test_staged_truncation_and_threads():
     @staged
     def job(comm):
-        import threading
         other = 1 - comm.rank
-        errors = []
 
         def worker(tag):
-            try:
-                for i in range(20):
-                    nbytes = (8, 3 * RING, EAGER + 8)[i % 3]
-                    got = np.empty(nbytes, np.uint8)
-                    req = comm.Isend(data(comm.rank, other, nbytes, np.uint8, salt=tag + i), other, tag)
-                    comm.Recv(got, other, tag)
-                    req.Wait()
-                    assert np.array_equal(got, data(other, comm.rank, nbytes, np.uint8, salt=tag + i))
-            except BaseException as e:
-                errors.append(e)
-        ts = [threading.Thread(target=worker, args=(t,)) for t in (1, 2)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-        if errors:
-            raise errors[0]
+            for i in range(20):
+                nbytes = (8, 3 * RING, EAGER + 8)[i % 3]
+                got = np.empty(nbytes, np.uint8)
+                req = comm.Isend(data(comm.rank, other, nbytes, np.uint8, salt=tag + i), other, tag)
+                comm.Recv(got, other, tag)
+                req.Wait()
+                assert np.array_equal(got, data(other, comm.rank, nbytes, np.uint8, salt=tag + i))
+        in_threads(worker, [(1,), (2,)])
         try:
             if comm.rank == 0:
                 comm.Send(np.zeros(3 * RING, np.uint8), 1)
