@@ -353,6 +353,17 @@ int64_t sc_p2p_send(sc_comm_t *c, int r, int tag, const char *buf, int64_t n, in
 
 static int matches(int src, int tag, int s, int t) { return (src < 0 || src == s) && (tag < 0 || tag == t); }
 
+/* Receives posted before this one and not yet matched, as (source, tag)
+ * pairs: a message one of them matches is theirs (MPI matches a message
+ * to the first posted receive it fits), whatever arrived since they looked. */
+typedef struct { const int32_t *p; int n; } ahead_t;
+static int taken(const ahead_t *a, int s, int t)
+{
+    for (int i = 0; a && i < a->n; i++)
+        if (matches(a->p[2 * i], a->p[2 * i + 1], s, t)) return 1;
+    return 0;
+}
+
 /* The receiver's tail in s's ring moved: publish it, and ring s's bell if it waits for room. */
 static void freed(sc_comm_t *c, int s)
 {
@@ -451,15 +462,16 @@ static int drain(sc_comm_t *c)
     return moved;
 }
 
-/* What matches (src, tag) first: a queue entry (*prev its link), else a
- * ring's front message (its source returned, header in *m), moving what
- * does not match into the queue.  -1: nothing yet. */
-static int find(sc_comm_t *c, int src, int tag, um_t ***prev, msg_t *m, char **data)
+/* What matches (src, tag) first and no receive ahead: a queue entry
+ * (*prev its link), else a ring's front message (its source returned,
+ * header in *m), moving what it does not take into the queue.  -1:
+ * nothing yet. */
+static int find(sc_comm_t *c, int src, int tag, const ahead_t *ahead, um_t ***prev, msg_t *m, char **data)
 {
     sc_p2p_t *p = c->p2p;
     *prev = NULL;
     for (um_t **u = &p->q; *u; u = &(*u)->next)
-        if (matches(src, tag, (*u)->src, (*u)->tag)) {
+        if (matches(src, tag, (*u)->src, (*u)->tag) && !taken(ahead, (*u)->src, (*u)->tag)) {
             *prev = u;
             return (*u)->src;
         }
@@ -467,7 +479,7 @@ static int find(sc_comm_t *c, int src, int tag, um_t ***prev, msg_t *m, char **d
     for (int i = 0; i < n; i++) {
         int s = src < 0 ? (p->start + i) % c->size : src;
         while (peek(c, s, m, data)) {
-            if (matches(src, tag, s, m->tag)) {
+            if (matches(src, tag, s, m->tag) && !taken(ahead, s, m->tag)) {
                 if (src < 0) p->start = (s + 1) % c->size;
                 return s;
             }
@@ -524,14 +536,15 @@ static int deliver(sc_comm_t *c, int s, const msg_t *m, const char *data, char *
 
 /* One try at a receive of (src, tag) into buf: SC_OK (out: source, tag,
  * bytes), 1 nothing matches yet, or an error. */
-static int try_recv(sc_comm_t *c, sc_comm_t *sh, int src, int tag, char *buf, int64_t cap, int64_t *out, in_t **stage)
+static int try_recv(sc_comm_t *c, sc_comm_t *sh, int src, int tag, const ahead_t *ahead, char *buf, int64_t cap,
+                    int64_t *out, in_t **stage)
 {
     sc_p2p_t *p = c->p2p;
     um_t **prev;
     msg_t m;
     char *data;
     pthread_mutex_lock(&p->mu);
-    int s = find(c, src, tag, &prev, &m, &data), rc = 1;
+    int s = find(c, src, tag, ahead, &prev, &m, &data), rc = 1;
     if (s >= 0) {
         if (prev) {
             um_t *u = *prev;
@@ -573,13 +586,14 @@ static int finish(sc_comm_t *c, in_t *e, int64_t *out)
 /* Receive (src, tag) into buf: SC_OK, 1 nothing matches yet (block 0),
  * or an error.  stage (block 0 only, may be NULL): a staged receive to go
  * on with, and where one that is matched but not full is left (STAGING). */
-int sc_p2p_recv(sc_comm_t *c, int src, int tag, char *buf, int64_t cap, int block, int64_t *out, void **stage)
+static int recv(sc_comm_t *c, int src, int tag, const ahead_t *ahead, char *buf, int64_t cap, int block, int64_t *out,
+                void **stage)
 {
     sc_comm_t *sh = mine(c);
     in_t *st = stage ? *stage : NULL;
     for (;;) {
         uint64_t seen = sc_p2p_bell(c);
-        int rc = st ? finish(c, st, out) : try_recv(c, sh, src, tag, buf, cap, out, &st);
+        int rc = st ? finish(c, st, out) : try_recv(c, sh, src, tag, ahead, buf, cap, out, &st);
         if (rc == STAGING) rc = finish(c, st, out);
         if (rc != 1 || !block) {
             if (stage) *stage = rc == 1 ? st : NULL;
@@ -606,7 +620,7 @@ int sc_p2p_sendrecv(sc_comm_t *c, int dest, int stag, const char *sbuf, int64_t 
         }
         if (seq > 0 && done(c, dest, (uint64_t)seq)) seq = 0;
         if (!got) {
-            int rc = st ? finish(c, st, out) : try_recv(c, sh, src, rtag, rbuf, rcap, out, &st);
+            int rc = st ? finish(c, st, out) : try_recv(c, sh, src, rtag, NULL, rbuf, rcap, out, &st);
             if (rc == STAGING) rc = finish(c, st, out);
             if (rc < 0) return rc;
             got = !rc;
@@ -620,7 +634,8 @@ int sc_p2p_sendrecv(sc_comm_t *c, int dest, int stag, const char *sbuf, int64_t 
 /* Probe (src, tag): out = source, tag, bytes; detach: the message leaves
  * matching and *handle holds it for sc_p2p_mrecv (Mprobe).  SC_OK found,
  * 1 not yet (non-blocking), or an error. */
-int sc_p2p_probe(sc_comm_t *c, int src, int tag, int block, int detach, int64_t *out, void **handle)
+static int probe(sc_comm_t *c, int src, int tag, const ahead_t *ahead, int block, int detach, int64_t *out,
+                 void **handle)
 {
     sc_comm_t *sh = mine(c);
     sc_p2p_t *p = c->p2p;
@@ -631,7 +646,7 @@ int sc_p2p_probe(sc_comm_t *c, int src, int tag, int block, int detach, int64_t 
         char *data;
         int rc = 1;
         pthread_mutex_lock(&p->mu);
-        int s = find(c, src, tag, &prev, &m, &data);
+        int s = find(c, src, tag, ahead, &prev, &m, &data);
         if (s >= 0) {
             um_t *u = prev ? *prev : NULL;
             if (u) m = (msg_t){ .tag = u->tag, .n = u->n };
@@ -770,40 +785,60 @@ static PyObject *status(sc_comm_t *sh, int rc, const int64_t *out, PyObject *ext
     return Py_BuildValue("(iLLL)", rc, (long long)out[0], (long long)out[1], (long long)out[2]);
 }
 
-/* recv(ctx, source, tag, buf, block, staged) -> (rc, source, tag, bytes, staged): rc 1 nothing yet, 2 a
- * staged message matched, its pieces to come: call again with staged (the handle) until rc is not 2 */
+/* ahead: None, or a buffer of int32 (source, tag) pairs: the posted receives still unmatched before this call */
+static int ahead_of(PyObject *v, Py_buffer *b, ahead_t *a)
+{
+    *a = (ahead_t){ NULL, 0 };
+    if (!buffer(v, b, 0)) return 0;
+    if (b->len % 8) {
+        release(b);
+        PyErr_SetString(PyExc_ValueError, "ahead: (source, tag) pairs of int32");
+        return 0;
+    }
+    *a = (ahead_t){ b->buf, (int)(b->len / 8) };
+    return 1;
+}
+
+/* recv(ctx, source, tag, buf, block, staged, ahead) -> (rc, source, tag, bytes, staged): rc 1 nothing yet,
+ * 2 a staged message matched, its pieces to come: call again with staged (the handle) until rc is not 2 */
 static PyObject *py_recv(PyObject *m, PyObject *const *a, Py_ssize_t n)
 {
     sc_comm_t *c;
-    Py_buffer b;
+    Py_buffer b, ab;
+    ahead_t ah;
     int64_t out[3] = { 0, 0, 0 };
-    if (!args("recv", n, 6, a, &c) || !buffer(a[3], &b, 1)) return NULL;
+    if (!args("recv", n, 7, a, &c) || !ahead_of(a[6], &ab, &ah)) return NULL;
+    if (!buffer(a[3], &b, 1)) { release(&ab); return NULL; }
     int src = PyLong_AsLong(a[1]), tag = PyLong_AsLong(a[2]), block = PyObject_IsTrue(a[4]);
     void *st = a[5] == Py_None ? NULL : PyLong_AsVoidPtr(a[5]);
-    if (PyErr_Occurred()) { release(&b); return NULL; }
+    if (PyErr_Occurred()) { release(&b); release(&ab); return NULL; }
     sc_comm_t *sh = arm(c);
-    int rc = sc_p2p_recv(c, src, tag, b.buf, b.len, block, out, block ? NULL : &st);
+    int rc = recv(c, src, tag, &ah, b.buf, b.len, block, out, block ? NULL : &st);
     PyObject *hv = rc == STAGING ? PyLong_FromVoidPtr(st) : Py_NewRef(Py_None);
     PyObject *r = hv ? status(sh, rc, out, hv) : (resume(sh, rc), NULL);
     Py_XDECREF(hv);
     release(&b);
+    release(&ab);
     return r;
 }
 
-/* probe(ctx, source, tag, block, detach) -> (rc, source, tag, bytes, handle) */
+/* probe(ctx, source, tag, block, detach, ahead) -> (rc, source, tag, bytes, handle) */
 static PyObject *py_probe(PyObject *m, PyObject *const *a, Py_ssize_t n)
 {
     sc_comm_t *c;
+    Py_buffer ab;
+    ahead_t ah;
     int64_t out[3] = { 0, 0, 0 };
     void *h = NULL;
-    if (!args("probe", n, 5, a, &c)) return NULL;
+    if (!args("probe", n, 6, a, &c) || !ahead_of(a[5], &ab, &ah)) return NULL;
     int src = PyLong_AsLong(a[1]), tag = PyLong_AsLong(a[2]);
     int block = PyObject_IsTrue(a[3]), detach = PyObject_IsTrue(a[4]);
-    if (PyErr_Occurred()) return NULL;
+    if (PyErr_Occurred()) { release(&ab); return NULL; }
     sc_comm_t *sh = arm(c);
-    int rc = sc_p2p_probe(c, src, tag, block, detach, out, &h);
+    int rc = probe(c, src, tag, &ah, block, detach, out, &h);
     PyObject *hv = PyLong_FromVoidPtr(h), *r = hv ? status(sh, rc, out, hv) : (resume(sh, rc), NULL);
     Py_XDECREF(hv);
+    release(&ab);
     return r;
 }
 
@@ -903,7 +938,7 @@ static PyObject *fast(PyObject *self, PyObject *const *args, size_t nargsf, PyOb
     sc_comm_t *sh = arm(c);
     int64_t out[3] = { 0, 0, 0 }, rc;
     if (kind == FAST_SEND) rc = sc_p2p_send(c, (int)dest, (int)stag, sb.buf, sb.len, 1, 0);
-    else if (kind == FAST_RECV) rc = sc_p2p_recv(c, (int)src, (int)rtag, rb.buf, rb.len, 1, out, NULL);
+    else if (kind == FAST_RECV) rc = recv(c, (int)src, (int)rtag, NULL, rb.buf, rb.len, 1, out, NULL);
     else rc = sc_p2p_sendrecv(c, (int)dest, (int)stag, sb.buf, sb.len, (int)src, (int)rtag, rb.buf, rb.len, out);
     resume(sh, rc);
     release(&sb);

@@ -9,6 +9,7 @@ it queue behind them), and posted receives (matched in the order they were
 posted, so a blocking receive made while some are posted queues behind
 them too).  request.register'ed poll advances them from every Wait and
 Test; one lock per communicator guards them, never held across a wait."""
+import array
 import functools
 import pickle
 import sys
@@ -64,6 +65,14 @@ class _P2P:
         self.lock = threading.Lock()
         self.sends = {}        # dest -> [SendRequest, ...] not yet in the ring, in call order
         self.recvs = []        # posted RecvRequests, in posting order
+        self.ahead = None      # (source, tag) of those not yet matched, as C reads them (_pairs)
+
+
+def _pairs(pairs):
+    """Unmatched posted receives' (source, tag) for C: a message one fits is
+    theirs, so a later receive or a probe passes it over (MPI's matching
+    order, even for a message that arrived after they last looked)."""
+    return array.array("i", pairs).tobytes() if pairs else None
 
 
 _ENTRIES = (("Send", ("buf", "dest", "tag")), ("Recv", ("buf", "source", "tag", "status")),
@@ -143,7 +152,13 @@ class PointToPoint:
                     q.pop(0)
                 if not q:
                     del pp.sends[dest]
-            pp.recvs = [r for r in pp.recvs if not r._match()]
+            keep, pairs = [], []
+            for r in pp.recvs:
+                if not r._match(_pairs(pairs)):
+                    keep.append(r)
+                    if r._stage is None:
+                        pairs += (r._source, r._tag)
+            pp.recvs, pp.ahead = keep, _pairs(pairs)
             self._p2p_pending()
 
     # -- blocking -------------------------------------------------------------------
@@ -177,9 +192,9 @@ class PointToPoint:
         if self._pp.recvs or self._pp.sends:      # posted receives match first; pending sends need pushing
             return _RecvRequest(self, buf, source, tag, "Recv").Wait(status)
         try:
-            got = _recv(self._ctx, source, tag, buf, True, None)
+            got = _recv(self._ctx, source, tag, buf, True, None, None)
         except (BufferError, TypeError, ValueError):
-            got = _recv(self._ctx, source, tag, _buffer(self, buf, "Recv", True), True, None)
+            got = _recv(self._ctx, source, tag, _buffer(self, buf, "Recv", True), True, None, None)
         self._p2p_check(got[0], "Recv", got)
         if status is not None:
             status._found(got[1], got[2], got[3])
@@ -226,7 +241,7 @@ class PointToPoint:
             seen = _bell(self._ctx)
             self._p2p_poll()        # posted receives match before a probe sees their messages
             pending = self._pp.recvs or self._pp.sends
-            got = _probe(self._ctx, source, tag, block and not pending, detach)
+            got = _probe(self._ctx, source, tag, block and not pending, detach, self._pp.ahead if self._pp.recvs else None)
             if not (block and pending and got[0] == 1):
                 break
             self._p2p_check(_idle(self._ctx, seen, source if source >= 0 else -1, 0), what)
@@ -394,15 +409,16 @@ class _RecvRequest(_P2PRequest):
         self._buf = None if obj else _buffer(comm, buf, what, True)
         pp = comm._pp
         with pp.lock:
-            if pp.recvs or not self._match():
+            if pp.recvs or not self._match(None):
                 pp.recvs.append(self)
                 comm._p2p_pending()
 
-    def _match(self):
-        """Try to take its message (under the lock): True once matched."""
+    def _match(self, ahead):
+        """Try to take its message (under the lock), passing over those the
+        unmatched receives posted before it (ahead) fit: True once matched."""
         comm = self._comm
         if self._obj:
-            got = _probe(comm._ctx, self._source, self._tag, False, True)
+            got = _probe(comm._ctx, self._source, self._tag, False, True, ahead)
             if got[0] == 1:
                 return False
             comm._p2p_check(got[0], self._what)
@@ -411,7 +427,7 @@ class _RecvRequest(_P2PRequest):
             comm._p2p_check(got[0], self._what, got)
             self._result = pickle.loads(data)
         else:
-            got = _recv(comm._ctx, self._source, self._tag, self._buf, False, self._stage)
+            got = _recv(comm._ctx, self._source, self._tag, self._buf, False, self._stage, ahead)
             self._stage = got[4]        # a staged message matched: its pieces still to come
             if got[0] in (1, 2):
                 return False

@@ -178,6 +178,39 @@ def test_nonblocking_and_persistent(n):
     assert all(run(job, n))
 
 
+@pytest.mark.parametrize("nbytes", [8, 3 * RING])
+def test_posted_order_holds_for_late_arrivals(nbytes):
+    """Receives A (tag 2), B (tag 3), C (tag 2) posted in that order: A
+    gets the first tag-2 message even when it arrives between A's look and
+    B's (forced here: A's look waits for B's message, which pulls the first
+    tag-2 one out of its ring).  Before, C took A's message (CI saw it in
+    test_staged_rendezvous)."""
+    from shmcoll.p2p import _probe
+
+    def job(comm):
+        if comm.rank == 1:
+            comm.Recv(np.empty(1), 0, 9)
+            Request.Waitall([comm.Isend(data(1, 0, nbytes, np.uint8, salt=i), 0, tag)
+                             for i, tag in enumerate((2, 3, 2))])
+            return None
+        bufs = [np.empty(nbytes, np.uint8) for _ in range(3)]
+        a = comm.Irecv(bufs[0], 1, 2)
+        first = a._match
+
+        def late(ahead):         # A looks; then the messages arrive before B and C look
+            if first(ahead):
+                return True
+            _probe(comm._ctx, 1, 3, True, False, None)
+            a._match = first
+            return False
+        a._match = late
+        b, c = comm.Irecv(bufs[1], 1, 3), comm.Irecv(bufs[2], 1, 2)
+        comm.Send(np.ones(1), 1, 9)
+        Request.Waitall([a, b, c])
+        return [bool(np.array_equal(bufs[i], data(1, 0, nbytes, np.uint8, salt=i))) for i in range(3)]
+    assert run(job, 2)[0] == [True, True, True]
+
+
 def test_cancel_pending_irecv():
     def job(comm):
         if comm.rank == 0:
