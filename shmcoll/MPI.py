@@ -17,11 +17,14 @@ import time
 import numpy as np
 
 from . import __version__, comms, launcher, ops, p2p
+from .info import INFO_ENV, INFO_NULL, MAX_INFO_KEY, MAX_INFO_VAL, Info  # noqa: F401
+from .sendmodes import BSEND_OVERHEAD, BUFFER_AUTOMATIC, Attach_buffer, Detach_buffer, Flush_buffer  # noqa: F401
 from .buffers import IN_PLACE
 from .comm import Comm as _Comm
 from .datatype import COMBINERS, PREDEFINED, Datatype
 from .datatype import _typedict, _typedict_c, _typedict_f  # noqa: F401  (mpi4py's names, used by its tests)
 from .errors import ERR_CLASSES as _CLASSES, MPIError
+from .errors import ERRHANDLER_NULL, ERRORS_ABORT, ERRORS_ARE_FATAL, ERRORS_RETURN, Errhandler  # noqa: F401
 from .request import ANY_SOURCE, ANY_TAG, PROC_NULL, REQUEST_NULL, SUCCESS, UNDEFINED, Prequest, Request, Status
 
 globals().update(PREDEFINED)
@@ -45,7 +48,7 @@ COMM_TYPE_SHARED, COMM_TYPE_HW_GUIDED, COMM_TYPE_HW_UNGUIDED, COMM_TYPE_RESOURCE
 ORDER_C, ORDER_F, ORDER_FORTRAN = 56, 57, 57
 TYPECLASS_REAL, TYPECLASS_INTEGER, TYPECLASS_COMPLEX = 1, 2, 3
 DISTRIBUTE_BLOCK, DISTRIBUTE_CYCLIC, DISTRIBUTE_NONE, DISTRIBUTE_DFLT_DARG = 121, 122, 123, -49767
-MAX_PROCESSOR_NAME, MAX_ERROR_STRING, BSEND_OVERHEAD = 128, 512, 96
+MAX_PROCESSOR_NAME, MAX_ERROR_STRING = 128, 512
 THREAD_SINGLE, THREAD_FUNNELED, THREAD_SERIALIZED, THREAD_MULTIPLE = 0, 1, 2, 3
 # Calls on one communicator from several threads at once are refused
 # (SC_EBUSY), not serialized for the caller: one communicator per thread
@@ -158,6 +161,7 @@ def _comm(name):
         if name not in _comms:
             comm = _comms[name] = launcher.init() if name == "COMM_WORLD" else _self()
             comm.Set_name("MPI_" + name)
+            comm.Set_errhandler(ERRORS_RETURN)      # mpi4py's default: errors raise, the communicator goes on
         return _comms[name]
 
 
@@ -201,6 +205,37 @@ class buffer:
     @staticmethod
     def allocate(nbytes, clear=False):
         return memoryview(bytearray(int(nbytes)))
+
+    @staticmethod
+    def frombuffer(obj, readonly=False):
+        """obj's memory as bytes (BufferError if it is read-only and readonly is false)."""
+        mem = memoryview(obj)
+        if not readonly and mem.readonly:
+            raise BufferError("buffer.frombuffer: the object is read-only (pass readonly=True)")
+        return mem.cast("B")
+
+    @staticmethod
+    def fromaddress(address, nbytes, readonly=False):
+        """The nbytes of memory at address, as bytes."""
+        import ctypes
+        if nbytes and not address:
+            raise ValueError("buffer.fromaddress: a null address with nbytes > 0")
+        mem = memoryview((ctypes.c_char * int(nbytes)).from_address(address) if nbytes else bytearray()).cast("B")
+        return mem.toreadonly() if readonly else mem
+
+
+def Aint_add(base, disp):
+    return base + disp
+
+
+def Aint_diff(addr1, addr2):
+    return addr1 - addr2
+
+
+def Get_address(location):
+    """The address of a buffer's first byte (any buffer a message takes)."""
+    from .buffers import address, view
+    return address(view(location, "location", writable=False)[0])
 
 
 memory = buffer
@@ -352,14 +387,6 @@ class Distgraphcomm(_Uncovered):
     _calls = ()
 
 
-class Info(_Uncovered):
-    _calls = ("Create", "Create_env")
-
-
-class Errhandler(_Uncovered):
-    _calls = ()
-
-
 class Session(_Uncovered):
     _calls = ("Init",)
 
@@ -368,10 +395,9 @@ class Grequest(_Uncovered):
     _calls = ("Start",)
 
 
-INFO_NULL = INFO_ENV = WIN_NULL = BUFFER_AUTOMATIC = None
-for _call in ("Open_port", "Close_port", "Publish_name", "Unpublish_name", "Lookup_name", "Attach_buffer",
-              "Detach_buffer", "Flush_buffer", "Iflush_buffer", "Compute_dims", "Get_address", "Aint_add",
-              "Aint_diff", "Add_error_class", "Add_error_code", "Add_error_string", "Remove_error_class",
+WIN_NULL = None
+for _call in ("Open_port", "Close_port", "Publish_name", "Unpublish_name", "Lookup_name", "Iflush_buffer",
+              "Compute_dims", "Add_error_class", "Add_error_code", "Add_error_string", "Remove_error_class",
               "Remove_error_code", "Remove_error_string", "Register_datarep", "Get_hw_resource_info"):
     globals()[_call] = _uncovered(_call)
 

@@ -25,11 +25,12 @@ from ._core import ffi, lib
 from .buffers import IN_PLACE
 from .coll import select
 from .device import fingerprint, learn_dtype
-from .errors import ERR_COMM, MismatchError, MPIError, PeerFailure, ShmcollError
+from .errors import ERR_ARG, ERR_COMM, ERRORS_ARE_FATAL, Errhandler, MismatchError, MPIError, PeerFailure, ShmcollError
 from .nonblocking import Nonblocking
 from .ops import BUILTINS, SUM
 from .p2p import PointToPoint
 from .sched import Call
+from .sendmodes import SendModes
 from .words import COUNTS_HASH, INPLACE_OP, field
 
 
@@ -54,12 +55,20 @@ def collective(fn):
                 args = args[:at] + (IN_PLACE,) + args[at + 1:]
             elif kw.get(placed, IN_PLACE) is None:
                 kw[placed] = IN_PLACE
+        top = not self._depth           # a collective's own inner calls (Gatherv's Bcast of counts) talk for it
+        if top:
+            self._talking = False
+        self._depth += 1
         try:
             return fn(self, *args, **kw)
         except ShmcollError:
             raise
         except BaseException as e:
             self._bad(e)
+        finally:
+            self._depth -= 1
+            if top:
+                self._talking = False
     return method
 
 
@@ -71,10 +80,13 @@ def _addr(ptr):
     return 0 if ptr is None else buffers.address(ptr)
 
 
-class Comm(PointToPoint, Communicators, Nonblocking):
-    """A communicator: the collectives here, point-to-point (p2p.py),
-    new communicators (comms.py), nonblocking and persistent collectives
+class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
+    """A communicator: the collectives here, point-to-point (p2p.py,
+    sendmodes.py), new communicators (comms.py), nonblocking and persistent collectives
     (nonblocking.py)."""
+    _errhandler = ERRORS_ARE_FATAL
+    _depth = 0                      # collective methods running (one inside another)
+    _talking = False                # the running one has reached other ranks (_run)
 
     def __init__(self, device, cma=None):
         self._dev = device
@@ -120,6 +132,21 @@ class Comm(PointToPoint, Communicators, Nonblocking):
     def Get_rank(self):
         return self.rank
 
+    def Get_errhandler(self):
+        return self._errhandler
+
+    def Set_errhandler(self, errhandler):
+        """ERRORS_ARE_FATAL (shmcoll's default), ERRORS_ABORT or
+        ERRORS_RETURN (mpi4py's): see errors.Errhandler."""
+        if not isinstance(errhandler, Errhandler) or not errhandler:
+            raise MPIError(ERR_ARG, f"Set_errhandler: {errhandler!r} is not an error handler")
+        self._usable()
+        self._errhandler = errhandler
+
+    def Call_errhandler(self, errorcode):
+        """Raise MPIError(errorcode) as this communicator's handler does with an error of this rank."""
+        self._bad(MPIError(errorcode, f"Call_errhandler({errorcode})"))
+
     def Get_size(self):
         return self.size
 
@@ -142,7 +169,10 @@ class Comm(PointToPoint, Communicators, Nonblocking):
         raise exc
 
     def _bad(self, exc):
-        """A local error: abort so the other ranks raise too."""
+        """A local error: abort so the other ranks raise too, unless the
+        error handler returns and no other rank has been reached."""
+        if not self._errhandler.fatal and not self._talking:
+            raise exc
         self._dev.abort(self.rank, 3)
         self._break(exc)
         self._spread(exc)
@@ -222,6 +252,7 @@ class Comm(PointToPoint, Communicators, Nonblocking):
         displacement) per rank; agreed: what of them every rank must
         pass alike (default: counts), held in the signature by a hash;
         red: a reduction's (op, kernel, in place)."""
+        self._talking = True
         call = self._call(nbytes, root)
         call.counts = counts
         opcode = 0

@@ -28,7 +28,8 @@ from .device import ABORT_CALLED, Device, restrict
 from .errors import (ERR_ARG, ERR_COMM, ERR_GROUP, MPIError, PeerAborted, PeerDied, PeerFailure, PeerTimeout,
                      SegmentError)
 from .group import CONGRUENT, GROUP_EMPTY, GROUP_NULL, IDENT, SIMILAR, UNEQUAL, Group
-from .request import UNDEFINED
+from .info import Info, checked
+from .request import UNDEFINED, Done as _done
 from .segment import Segment
 
 COMM_TYPE_SHARED, COMM_TYPE_HW_GUIDED, COMM_TYPE_HW_UNGUIDED, COMM_TYPE_RESOURCE_GUIDED = 1, 2, 3, 4  # MPICH's
@@ -78,6 +79,22 @@ class Communicators:
         self._alive("Set_name")
         self._name = str(name)
 
+    name = property(lambda self: self.Get_name(), lambda self, name: self.Set_name(name))
+    group = property(lambda self: self.Get_group())
+    is_inter = property(lambda self: False)
+    is_intra = property(lambda self: True)
+    topology = property(lambda self: UNDEFINED)
+    info = property(lambda self: self.Get_info(), lambda self, info: self.Set_info(info))
+
+    def Get_info(self):
+        """The hints in use: none (shmcoll reads none; MPI hands back only those it uses)."""
+        self._alive("Get_info")
+        return Info()
+
+    def Set_info(self, info):
+        self._alive("Set_info")
+        checked(info, "Set_info")
+
     def Is_inter(self):
         return False
 
@@ -117,14 +134,24 @@ class Communicators:
     # -- making ---------------------------------------------------------------------
     @_collective
     def Dup(self, info=None):
-        """The same ranks in the same order, a communicator of their own."""
+        """The same ranks in the same order, a communicator of their own
+        (info: hints, none of which shmcoll reads)."""
+        checked(info, "Dup")
         return self._spawn(tuple(range(self.size)))
 
     def Clone(self):
         return self.Dup()
 
     def Dup_with_info(self, info):
-        return self.Dup()
+        return self.Dup(info)
+
+    def Idup(self, info=None):
+        """(communicator, request): made at once (a collective of this
+        communicator's ranks, in call order with the others), the request complete."""
+        return self.Dup(info), _done()
+
+    def Idup_with_info(self, info):
+        return self.Dup_with_info(info), _done()
 
     @_collective
     def Split(self, color=0, key=0):
@@ -296,6 +323,7 @@ class Communicators:
         dev.members = members
         comm = type(self)(dev, cma=int(self._c.cma))
         comm._job, comm._members, comm._cname = self._world, members, f"{self._cname}.{ctx}"
+        comm._errhandler = self._errhandler     # MPI: a new communicator inherits its parent's
         _live.add(comm)
         return comm
 

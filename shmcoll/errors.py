@@ -64,7 +64,8 @@ class RemoteTraceback(Exception):
 ERR_CLASSES = {"SUCCESS": 0, "ERR_BUFFER": 1, "ERR_COUNT": 2, "ERR_TYPE": 3, "ERR_TAG": 4, "ERR_COMM": 5,
                "ERR_RANK": 6, "ERR_ROOT": 7, "ERR_GROUP": 8, "ERR_OP": 9, "ERR_TOPOLOGY": 10, "ERR_DIMS": 11,
                "ERR_ARG": 12, "ERR_UNKNOWN": 13, "ERR_TRUNCATE": 14, "ERR_OTHER": 15, "ERR_INTERN": 16,
-               "ERR_IN_STATUS": 17, "ERR_PENDING": 18, "ERR_REQUEST": 19, "ERR_NOT_SUPPORTED": 51}
+               "ERR_IN_STATUS": 17, "ERR_PENDING": 18, "ERR_REQUEST": 19, "ERR_INFO_KEY": 29,
+               "ERR_INFO_VALUE": 30, "ERR_INFO_NOKEY": 31, "ERR_NOT_SUPPORTED": 51}
 globals().update(ERR_CLASSES)
 
 
@@ -90,3 +91,30 @@ class MPIError(ShmcollError):
 
 
 _CLASS_NAMES = {v: k for k, v in ERR_CLASSES.items()}
+
+
+class Errhandler:
+    """What a communicator does with an error found on one rank (MPI's
+    error handlers).  ERRORS_ARE_FATAL and ERRORS_ABORT, shmcoll's own
+    API's: the job aborts and every rank raises, so no peer waits for a
+    rank that gave up.  ERRORS_RETURN, mpi4py's (its COMM_WORLD and
+    COMM_SELF have it, new communicators inherit it): a bad argument found
+    before the call reached any other rank raises on this rank only and
+    the communicator goes on, as MPI's call would return its error; a
+    failure after that still aborts (peers may be inside the call)."""
+
+    def __init__(self, name, fatal):
+        self._name, self.fatal = name, fatal
+
+    def Free(self):
+        pass
+
+    def __bool__(self):
+        return self._name != "ERRHANDLER_NULL"
+
+    def __repr__(self):
+        return f"<shmcoll.MPI.{self._name}>"
+
+
+ERRORS_ARE_FATAL, ERRORS_ABORT = Errhandler("ERRORS_ARE_FATAL", True), Errhandler("ERRORS_ABORT", True)
+ERRORS_RETURN, ERRHANDLER_NULL = Errhandler("ERRORS_RETURN", False), Errhandler("ERRHANDLER_NULL", True)

@@ -81,6 +81,31 @@ class Op:
             return (vb, ib) if better(vb, va) or (not better(va, vb) and ib < ia) else (va, ia)
         return _OBJ[self.name](a, b)
 
+    def Reduce_local(self, inbuf, inoutbuf):
+        """inoutbuf = inbuf op inoutbuf, element by element, on this rank
+        (MPI_Reduce_local): buffers or mpi4py buffer specs of one datatype
+        and count."""
+        a, b = _typed(inbuf, "inbuf", False), _typed(inoutbuf, "inoutbuf", True)
+        if a.dtype != b.dtype or a.size != b.size:
+            raise ValueError(f"Reduce_local: inbuf has {a.size} {a.dtype} items, inoutbuf {b.size} {b.dtype}; "
+                             f"they must match")
+        if self._fn is not None:
+            b[...] = self.block(a, b)
+        elif self.name in _UFUNCS:
+            b[...] = _UFUNCS[self.name](a, b)
+        else:                       # MINLOC, MAXLOC on (value, index) pairs
+            b[...] = [self(x, y) for x, y in zip(a.tolist(), b.tolist())]
+
+
+def _typed(buf, name, writable):
+    """buf (a buffer or a buffer spec) as a flat numpy array over its memory."""
+    from . import buffers, spec
+    x = spec.simple(buf, name, writable)
+    mem = memoryview(x).cast("B")
+    if writable and mem.readonly:
+        raise BufferError(f"Reduce_local: {name} is read-only")
+    return np.frombuffer(mem, np.uint8).view(buffers.dtype_of(x))
+
 
 def _arity(fn):
     """Parameters fn needs (those without a default)."""
@@ -94,6 +119,9 @@ def _arity(fn):
 _OBJ = {"SUM": operator.add, "PROD": operator.mul, "MIN": min, "MAX": max,
         "LAND": lambda a, b: bool(a) and bool(b), "LOR": lambda a, b: bool(a) or bool(b),
         "LXOR": lambda a, b: bool(a) != bool(b), "BAND": operator.and_, "BOR": operator.or_, "BXOR": operator.xor}
+_UFUNCS = {"SUM": np.add, "PROD": np.multiply, "MIN": np.minimum, "MAX": np.maximum, "LAND": np.logical_and,
+           "LOR": np.logical_or, "LXOR": np.logical_xor, "BAND": np.bitwise_and, "BOR": np.bitwise_or,
+           "BXOR": np.bitwise_xor}
 BUILTINS = {name: Op(name, getattr(lib, "SC_R_" + name)) for name in _INT + ["MINLOC", "MAXLOC"]}
 SUM, PROD, MIN, MAX, LAND, LOR, LXOR, BAND, BOR, BXOR, MINLOC, MAXLOC = BUILTINS.values()
 

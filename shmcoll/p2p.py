@@ -22,7 +22,7 @@ from . import request, spec
 from ._core import lib
 from .device import P2P, p2p_entry
 from .errors import ERR_RANK, ERR_REQUEST, ERR_TAG, ERR_TRUNCATE, MPIError
-from .request import ANY_SOURCE, ANY_TAG, PROC_NULL, Prequest, Request, Status
+from .request import ANY_SOURCE, ANY_TAG, PROC_NULL, Done as _Done, Prequest, Request, Status
 
 TAG_UB = lib.SC_TAG_UB        # MPICH's: tags 0 .. TAG_UB
 _send, _sent, _recv, _probe, _mrecv, _bell, _idle = (P2P[k] for k in ("send", "sent", "recv", "probe", "mrecv",
@@ -182,8 +182,6 @@ class PointToPoint:
         """Completes once a receive has taken the message."""
         self._send_blocking(buf, dest, tag, True, "Ssend")
 
-    Bsend = Rsend = Send
-
     def Recv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         self._usable()
         source, tag = self._source(source, "Recv"), self._tag(tag, "Recv", True)
@@ -215,8 +213,6 @@ class PointToPoint:
     def Issend(self, buf, dest, tag=0):
         return _SendRequest(self, buf, dest, tag, True, "Issend")
 
-    Ibsend = Irsend = Isend
-
     def Irecv(self, buf=None, source=ANY_SOURCE, tag=ANY_TAG):
         return _RecvRequest(self, buf, source, tag, "Irecv")
 
@@ -225,8 +221,6 @@ class PointToPoint:
 
     def Ssend_init(self, buf, dest, tag=0):
         return _Persistent(lambda: self.Issend(buf, dest, tag))
-
-    Bsend_init = Rsend_init = Send_init
 
     def Recv_init(self, buf, source=ANY_SOURCE, tag=ANY_TAG):
         return _Persistent(lambda: self.Irecv(buf, source, tag))
@@ -283,8 +277,6 @@ class PointToPoint:
 
     def ssend(self, obj, dest, tag=0):
         self.Ssend(_dumps(obj), dest, tag)
-
-    bsend = send
 
     def isend(self, obj, dest, tag=0):
         return self.Isend(_dumps(obj), dest, tag)
@@ -532,18 +524,6 @@ class Message:
 
     def __bool__(self):
         return self._got is not None
-
-
-class _Done(Request):
-    """A request complete when made (a matched message's receive)."""
-
-    def __init__(self, status, result=None):
-        super().__init__()
-        self._st, self._res = status, result
-
-    def _test(self):
-        self._status, self._result = self._st, self._res
-        return True
 
 
 MESSAGE_NULL = Message(None, None)

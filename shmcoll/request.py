@@ -7,6 +7,7 @@ that waits, calls progress(), which advances the pending work of every
 engine registered here (point-to-point, nonblocking collectives), so a
 request completes even while its owner waits on another.  An engine's
 poll must be safe from any thread (it takes its own lock)."""
+import array
 import os
 
 PROC_NULL = -1          # MPICH's values: a program that prints them sees what it would under MPICH
@@ -52,19 +53,39 @@ def _element(datatype):
 
 class Status:
     """What a completed receive (or probe) found: source, tag, error and
-    the message's size in bytes; count and elements per datatype."""
+    the message's size in bytes; count and elements per datatype.  The
+    fields live in one array of five int64 (bytes, cancelled, source, tag,
+    error), which tomemory() hands out writable, as mpi4py's does with
+    MPI_Status."""
+    __slots__ = ("_m",)
+    _FIELDS = ("nbytes", "cancelled", "source", "tag", "error")
 
     def __init__(self, status=None):
-        self.source, self.tag, self.error, self.nbytes, self.cancelled = ANY_SOURCE, ANY_TAG, SUCCESS, 0, False
+        self._m = array.array("q", (0, 0, ANY_SOURCE, ANY_TAG, SUCCESS))
         if status is not None:
+            if not isinstance(status, Status):
+                raise TypeError(f"Status() takes a Status, not {type(status).__name__}")
             self._set(status)
 
     def _set(self, other):
-        self.source, self.tag, self.error = other.source, other.tag, other.error
-        self.nbytes, self.cancelled = other.nbytes, other.cancelled
+        self._m[:] = other._m
 
     def _found(self, source, tag, nbytes, error=SUCCESS):
-        self.source, self.tag, self.nbytes, self.error, self.cancelled = source, tag, nbytes, error, False
+        m = self._m
+        m[0], m[1], m[2], m[3], m[4] = nbytes, 0, source, tag, error
+
+    def tomemory(self):
+        return memoryview(self._m)
+
+    def __reduce__(self):
+        return _status, (tuple(self._m),)
+
+    nbytes = property(lambda self: self._m[0], lambda self, v: self._m.__setitem__(0, v))
+    count = nbytes                  # mpi4py's property: bytes
+    cancelled = property(lambda self: bool(self._m[1]), lambda self, v: self._m.__setitem__(1, bool(v)))
+    source = property(lambda self: self._m[2], lambda self, v: self._m.__setitem__(2, v))
+    tag = property(lambda self: self._m[3], lambda self, v: self._m.__setitem__(3, v))
+    error = property(lambda self: self._m[4], lambda self, v: self._m.__setitem__(4, v))
 
     def Get_source(self):
         return self.source
@@ -106,16 +127,19 @@ class Status:
     def Set_cancelled(self, flag):
         self.cancelled = bool(flag)
 
-    @property
-    def count(self):
-        return self.nbytes
-
     def __eq__(self, other):
-        return isinstance(other, Status) and (self.source, self.tag, self.error, self.nbytes, self.cancelled) == \
-            (other.source, other.tag, other.error, other.nbytes, other.cancelled)
+        return isinstance(other, Status) and self._m == other._m
+
+    __hash__ = None
 
     def __repr__(self):
         return f"<Status source={self.source} tag={self.tag} bytes={self.nbytes} error={self.error}>"
+
+
+def _status(fields):
+    st = Status()
+    st._m[:] = array.array("q", fields)
+    return st
 
 
 def _fill(status, got):
@@ -304,6 +328,96 @@ class Request:
         for r in requests:
             r.Cancel()
 
+    @staticmethod
+    def Get_status_all(requests, statuses=None):
+        """Whether all have completed, completing none (statuses: of those, once all have)."""
+        if not all(r.Get_status() for r in requests):
+            return False
+        for i, r in enumerate(requests):
+            if statuses is not None:
+                st = Status()
+                r.Get_status(st)
+                _store(statuses, i, st)
+        return True
+
+    @staticmethod
+    def Get_status_any(requests, status=None):
+        """(index, True) of one completed request, not completing it; (UNDEFINED, True) if none is active."""
+        active = [i for i, r in enumerate(requests) if r._active]
+        if not active:
+            _fill(status, Status())
+            return UNDEFINED, True
+        for i in active:
+            if requests[i].Get_status(status):
+                return i, True
+        return UNDEFINED, False
+
+    @staticmethod
+    def Get_status_some(requests, statuses=None):
+        """Indices of the completed requests, not completing them; None if none is active."""
+        active = [i for i, r in enumerate(requests) if r._active]
+        if not active:
+            return None
+        done = []
+        for i in active:
+            st = Status()
+            if requests[i].Get_status(st):
+                done.append(i)
+                if statuses is not None:
+                    _store(statuses, i, st)
+        return done
+
+    @staticmethod
+    def testany(requests, status=None):
+        """(index, done, object)."""
+        got = _any(requests)
+        if got is _NOT_YET:
+            return UNDEFINED, False, None
+        _fill(status, got[1])
+        return got[0], True, got[2]
+
+    @staticmethod
+    def testsome(requests, statuses=None):
+        """(indices, objects) of those completed now; (None, None) if none is active."""
+        active = [i for i, r in enumerate(requests) if r._active]
+        if not active:
+            return None, None
+        progress()
+        done, objs = [], []
+        for i in active:
+            if requests[i]._test():
+                st, res = requests[i]._complete()
+                done.append(i)
+                objs.append(res)
+                if statuses is not None:
+                    _store(statuses, i, st)
+        return done, objs
+
+    @staticmethod
+    def waitsome(requests, statuses=None):
+        """(indices, objects) of at least one completed request; (None, None) if none is active."""
+        return _until(requests, lambda: _some_objs(Request.testsome(requests, statuses)))
+
+    def get_status(self, status=None):
+        return self.Get_status(status)
+
+    cancel = Cancel
+    get_status_all = Get_status_all
+    get_status_any = Get_status_any
+    get_status_some = Get_status_some
+
+
+class Done(Request):
+    """A request complete when made (a matched message's receive, a buffered send, Idup)."""
+
+    def __init__(self, status=None, result=None):
+        super().__init__()
+        self._st, self._res = status or Status(), result
+
+    def _test(self):
+        self._status, self._result = self._st, self._res
+        return True
+
 
 def _any(requests):
     """(index, status, object) of one request found complete, or
@@ -324,6 +438,10 @@ def _some(got):
 
 
 _NOT_YET = object()
+
+
+def _some_objs(got):
+    return got if got[0] is None or got[0] else _NOT_YET
 
 
 def _until(requests, poll):
