@@ -197,25 +197,21 @@ class Request:
         return True
 
     def Test(self, status=None):
+        return self._look(status, True)
+
+    def Get_status(self, status=None):
+        """Whether it has completed, without completing it."""
+        return self._look(status, False)
+
+    def _look(self, status, complete):
         if not self._active:
             _fill(status, Status())
             return True
         progress()
         if not self._test():
             return False
-        _fill(status, self._complete()[0])
+        _fill(status, self._complete()[0] if complete else self._status)
         return True
-
-    def Get_status(self, status=None):
-        """Whether it has completed, without completing it."""
-        if not self._active:
-            _fill(status, Status())
-            return True
-        progress()
-        done = self._test()
-        if done:
-            _fill(status, self._status)
-        return done
 
     def Cancel(self):
         if self._active:
