@@ -6,6 +6,7 @@ import zlib
 
 import numpy as np
 
+from . import interop
 from ._core import ffi
 
 
@@ -25,19 +26,20 @@ IN_PLACE = _InPlace()
 
 
 def array(buf):
-    """An object exporting DLPack but no buffer (a CPU torch tensor) as the
-    numpy array over its memory; anything else as it is."""
-    if type(buf) is np.ndarray or not hasattr(buf, "__dlpack__"):
+    """An object exporting DLPack or the CUDA array interface but no
+    buffer (a CPU torch tensor) as the numpy array over its memory
+    (interop.py); anything else as it is."""
+    if type(buf) is np.ndarray:
+        return buf
+    dl, cai = hasattr(buf, "__dlpack__"), hasattr(buf, "__cuda_array_interface__")
+    if not (dl or cai):
         return buf
     try:
         memoryview(buf)
         return buf
     except TypeError:
         pass
-    try:
-        return np.from_dlpack(buf)
-    except (BufferError, TypeError, ValueError, RuntimeError) as e:
-        raise TypeError(f"a {type(buf).__name__} exports DLPack but numpy cannot read it: {e}") from None
+    return interop.from_dlpack(buf) if dl else interop.from_cai(buf)
 
 
 def view(buf, name, writable):

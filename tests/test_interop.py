@@ -1,0 +1,98 @@
+"""Arrays that export DLPack (legacy and versioned capsules) or the CUDA
+array interface but no buffer, as mpi4py takes them: read as numpy
+arrays over their memory, writable unless marked read-only, refused
+naming the problem when on a device, not contiguous, or unreadable.  The
+exporters here are built with ctypes, so these run without torch."""
+import ctypes
+
+import numpy as np
+import pytest
+
+from conftest import run_ranks
+from shmcoll import buffers
+from shmcoll.interop import _DType, _Managed, _Tensor, _Versioned
+
+_api = ctypes.pythonapi
+_api.PyCapsule_New.restype = ctypes.py_object
+_api.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}
+
+
+class Exporter:
+    """A numpy array's memory behind __dlpack__ only (versioned or not)."""
+
+    def __init__(self, arr, versioned=False, readonly=False, device=1, lanes_complex=False, strides=None):
+        self.arr, self.versioned, self.device = arr, versioned, device
+        self.shape = (ctypes.c_int64 * arr.ndim)(*arr.shape)
+        self.strides = None if strides is None else (ctypes.c_int64 * arr.ndim)(*strides)
+        dt = _DType(CODES[arr.dtype.kind], arr.dtype.itemsize * 8, 1)
+        if lanes_complex:
+            dt = _DType(2, arr.dtype.itemsize * 4, 2)
+        t = _Tensor(arr.ctypes.data, (device, 0), arr.ndim, dt, self.shape,
+                    self.strides if self.strides is not None else None, 0)
+        self.managed = _Versioned(1, 0, None, None, int(readonly), t) if versioned else _Managed(t, None, None)
+        self.name = b"dltensor_versioned" if versioned else b"dltensor"
+
+    def __dlpack__(self, stream=None, **kw):
+        if kw and not self.versioned:
+            raise TypeError("legacy exporter: no max_version")
+        return _api.PyCapsule_New(ctypes.addressof(self.managed), self.name, None)
+
+    def __dlpack_device__(self):
+        return (self.device, 0)
+
+
+class CAI:
+    def __init__(self, arr, address=None, readonly=False):
+        self.arr = arr
+        self.__cuda_array_interface__ = {"version": 3, "data": (address or arr.ctypes.data, readonly),
+                                         "typestr": arr.dtype.str, "shape": arr.shape, "strides": None}
+
+
+@pytest.mark.parametrize("versioned", [False, True])
+@pytest.mark.parametrize("dtype", [np.int32, np.float64, np.complex128, np.bool_, np.uint16])
+def test_dlpack_reads_and_writes_the_memory(versioned, dtype):
+    a = (np.arange(12) % 3).astype(dtype).reshape(3, 4)
+    got = buffers.array(Exporter(a, versioned))
+    assert got.dtype == a.dtype and got.shape == a.shape and np.array_equal(got, a)
+    got[1, 2] = 1
+    assert a[1, 2] == 1 and got.flags.writeable       # the same memory, writable: legacy imports too
+
+
+def test_dlpack_complex_as_two_float_lanes():
+    a = np.arange(4) + 1j * np.arange(4)
+    assert np.array_equal(buffers.array(Exporter(a, lanes_complex=True)), a)
+
+
+def test_dlpack_read_only_flag_device_and_strides():
+    a = np.arange(6, dtype=np.int64)
+    assert not buffers.array(Exporter(a, versioned=True, readonly=True)).flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        buffers.checked(Exporter(a, versioned=True, readonly=True), "recvbuf", True)
+    with pytest.raises(BufferError, match="device type 2"):
+        buffers.array(Exporter(a, device=2))
+    with pytest.raises(BufferError, match="not contiguous"):
+        buffers.array(Exporter(a, strides=[2]))
+
+
+def test_cai_host_memory_and_unreadable_pointer():
+    a = np.arange(5, dtype=np.float32)
+    got = buffers.array(CAI(a))
+    got[0] = 7
+    assert a[0] == 7
+    assert not buffers.array(CAI(a, readonly=True)).flags.writeable
+    with pytest.raises(BufferError, match="GPU memory"):
+        buffers.array(CAI(a, address=4096))         # the zero page: mapped by no process
+
+
+def test_collectives_into_legacy_dlpack_and_cai():
+    """An Allreduce and a Bcast whose buffers are a legacy DLPack exporter and a CAI object, against numpy."""
+    def job(comm):
+        out, b = np.zeros(8), np.zeros(4, np.int32)
+        comm.Allreduce(Exporter(np.arange(8.0) * (comm.rank + 1)), Exporter(out))
+        if comm.rank == 0:
+            b[:] = [4, 3, 2, 1]
+        comm.Bcast(CAI(b), root=0)
+        return out.tolist(), b.tolist()
+    for out, b in run_ranks(job, 3):
+        assert out == (np.arange(8.0) * 6).tolist() and b == [4, 3, 2, 1]
