@@ -129,8 +129,8 @@ class _NullComm(_Comm):
     def __bool__(self):
         return False
 
-    def __eq__(self, other):
-        return isinstance(other, _NullComm)
+    def __eq__(self, other):        # a freed communicator is null too (MPI sets its handle to COMM_NULL)
+        return isinstance(other, _NullComm) or isinstance(other, _Comm) and not other
 
     __hash__ = object.__hash__
 

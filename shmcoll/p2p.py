@@ -18,7 +18,7 @@ import weakref
 
 import numpy as np
 
-from . import request, spec
+from . import buffers, request, spec
 from ._core import lib
 from .device import P2P, p2p_entry
 from .errors import ERR_RANK, ERR_REQUEST, ERR_TAG, ERR_TRUNCATE, MPIError
@@ -46,6 +46,7 @@ def _buffer(comm, buf, name, writable):
     if buf is None:
         return None             # no buffer: an empty message
     try:
+        buf = buffers.array(buf)        # DLPack, CUDA array interface: the numpy array over them
         if isinstance(buf, (list, tuple)):
             return spec.simple(buf, name, writable)
         if isinstance(buf, np.ndarray) and not buf.flags.c_contiguous and buf.flags.f_contiguous:
@@ -198,13 +199,15 @@ class PointToPoint:
             status._found(got[1], got[2], got[3])
 
     def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE, recvtag=ANY_TAG, status=None):
+        self._usable()
+        recvbuf = _buffer(self, recvbuf, "Sendrecv", True)     # a bad one raises before anything is sent
         req = self.Isend(sendbuf, dest, sendtag)
         self.Recv(recvbuf, source, recvtag, status)
         req.Wait()
 
     def Sendrecv_replace(self, buf, dest, sendtag=0, source=ANY_SOURCE, recvtag=ANY_TAG, status=None):
         b = _buffer(self, buf, "Sendrecv_replace", True)
-        self.Sendrecv(bytes(memoryview(b).cast("B")), dest, sendtag, b, source, recvtag, status)
+        self.Sendrecv(_copy(b), dest, sendtag, b, source, recvtag, status)
 
     # -- nonblocking and persistent ---------------------------------------------------
     def Isend(self, buf, dest, tag=0):
@@ -296,6 +299,11 @@ class PointToPoint:
         obj = self.recv(None, source, recvtag, status)
         req.Wait()
         return obj
+
+
+def _copy(buf):
+    """A buffer's bytes, taken now (None: none)."""
+    return b"" if buf is None else bytes(memoryview(buf).cast("B"))
 
 
 def _dumps(obj):

@@ -153,7 +153,12 @@ class Request:
     set) and may override _wait() (block until complete, raising what the
     operation raised) and _cancel().  A completed request becomes
     inactive: further Waits return at once with an empty status, as in
-    MPI."""
+    MPI, and null (== REQUEST_NULL, false), as MPI sets a completed
+    handle; a persistent one only when freed.  Request() is a null one."""
+    _null = False
+
+    def __new__(cls, *args, **kw):
+        return object.__new__(_Null if cls is Request else cls)
 
     def __init__(self):
         self._active = True
@@ -184,6 +189,7 @@ class Request:
     def _complete(self):
         """Deactivate and hand back (status, result)."""
         self._active = False
+        self._null = not isinstance(self, Prequest)
         st, res = self._status, self._result
         self._status, self._result = Status(), None
         return st, res
@@ -219,7 +225,7 @@ class Request:
 
     def Free(self):
         """Drop the handle; the operation still completes (MPI_Request_free)."""
-        self._active = False
+        self._active, self._null = False, True
 
     def wait(self, status=None):
         """Wait and return the received object (None for a send)."""
@@ -244,7 +250,12 @@ class Request:
         return True, res
 
     def __bool__(self):
-        return self._active
+        return not self._null
+
+    def __eq__(self, other):
+        return self is other or isinstance(other, Request) and self._null and other._null
+
+    __hash__ = object.__hash__
 
     # -- on many ---------------------------------------------------------------
     @staticmethod
@@ -457,13 +468,14 @@ def _idle(requests):
 
 
 def _store(statuses, i, st):
-    if i < len(statuses):
-        if isinstance(statuses[i], Status):
-            statuses[i]._set(st)
-        else:
+    """Into statuses[i]: a Status there is filled; a list grows to hold it (a tuple's other items stay)."""
+    if i < len(statuses) and isinstance(statuses[i], Status):
+        statuses[i]._set(st)
+    elif isinstance(statuses, list):
+        if i < len(statuses):
             statuses[i] = st
-    else:
-        statuses.append(st)
+        else:
+            statuses.append(st)
 
 
 class Prequest(Request):
@@ -492,8 +504,9 @@ class Prequest(Request):
 
 class _Null(Request):
     """REQUEST_NULL: never active."""
+    _null = True
 
-    def __init__(self):
+    def __init__(self, *args):
         super().__init__()
         self._active = False
 

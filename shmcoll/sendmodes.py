@@ -11,7 +11,7 @@ has no bound.  A ready send is a standard send: MPI lets an
 implementation do so."""
 import threading
 
-from . import p2p
+from . import buffers, p2p
 from .errors import ERR_BUFFER, MPIError
 from .request import PROC_NULL, Done, Request
 
@@ -33,7 +33,7 @@ class _Attached:
 
     def __init__(self, buf):
         self.buf = buf
-        self.size = None if buf is BUFFER_AUTOMATIC else memoryview(buf).nbytes
+        self.size = None if buf is BUFFER_AUTOMATIC else memoryview(buffers.array(buf)).nbytes
         self.sends = []           # (request, bytes it holds)
         self.lock = threading.Lock()
 
@@ -139,8 +139,7 @@ class SendModes:
         dest = self._dest(dest, "Ibsend")
         if dest == PROC_NULL:
             return Done()
-        data = p2p._buffer(self, buf, "Ibsend", False)
-        copy = b"" if data is None else bytes(memoryview(data).cast("B"))
+        copy = p2p._copy(p2p._buffer(self, buf, "Ibsend", False))
         att = self._attached()
         if att is None:
             raise MPIError(ERR_BUFFER, "Bsend: no buffer is attached (MPI.Attach_buffer)")
@@ -176,7 +175,6 @@ class SendModes:
         return _Pair(self.Isend(sendbuf, dest, sendtag), recv)
 
     def Isendrecv_replace(self, buf, dest, sendtag=0, source=p2p.ANY_SOURCE, recvtag=p2p.ANY_TAG):
-        data = p2p._buffer(self, buf, "Isendrecv_replace", True)
-        copy = b"" if data is None else bytes(memoryview(data).cast("B"))
+        copy = p2p._copy(p2p._buffer(self, buf, "Isendrecv_replace", True))
         recv = self.Irecv(buf, source, recvtag)
         return _Pair(self.Isend(copy, dest, sendtag), recv, copy)
