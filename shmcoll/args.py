@@ -9,6 +9,7 @@ from . import buffers, ops, spec
 from ._core import ffi
 from .buffers import IN_PLACE
 from .coll import select
+from .errors import ERR_ROOT, ArgumentError
 
 
 def apart(s0, sbytes, r0, rbytes):
@@ -37,7 +38,7 @@ class Args:
     def root(self, root):
         if isinstance(root, (bool, np.bool_)) or not isinstance(root, (int, np.integer)) \
                 or not 0 <= root < self.size:
-            raise ValueError(f"root must be a rank in 0..{self.size - 1}, not {root!r}")
+            raise ArgumentError(ERR_ROOT, f"root must be a rank in 0..{self.size - 1}, not {root!r}")
         return int(root)
 
     # -- the block collectives: (send pointer, bytes, recv pointer, bytes,

@@ -25,7 +25,7 @@ from ._core import ffi, lib
 from .buffers import IN_PLACE
 from .coll import select
 from .device import fingerprint, learn_dtype
-from .errors import ERR_ARG, ERR_COMM, ERRORS_ARE_FATAL, Errhandler, MismatchError, MPIError, PeerFailure, ShmcollError
+from .errors import ERR_ARG, ERR_COMM, ERRORS_ARE_FATAL, ArgumentError, Errhandler, MismatchError, MPIError, PeerFailure, ShmcollError
 from .nonblocking import Nonblocking
 from .ops import BUILTINS, SUM
 from .p2p import PointToPoint
@@ -61,6 +61,8 @@ def collective(fn):
         self._depth += 1
         try:
             return fn(self, *args, **kw)
+        except ArgumentError as e:
+            self._bad(e)
         except ShmcollError:
             raise
         except BaseException as e:

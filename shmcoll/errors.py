@@ -93,6 +93,11 @@ class MPIError(ShmcollError):
 _CLASS_NAMES = {v: k for k, v in ERR_CLASSES.items()}
 
 
+class ArgumentError(MPIError, ValueError):
+    """A bad argument that has an MPI error class (a root out of range:
+    ERR_ROOT), as mpi4py raises it; a ValueError too."""
+
+
 class Errhandler:
     """What a communicator does with an error found on one rank (MPI's
     error handlers).  ERRORS_ARE_FATAL and ERRORS_ABORT, shmcoll's own

@@ -139,7 +139,7 @@ def pack(fields, values):
     out = [0] * (1 + max((f.word for f in fields), default=0))
     for f in fields:
         if values.get(f.name):
-            out[f.word] |= put(f, values[f.name])
+            out[f.word] |= put(f, int(values[f.name]))     # a numpy integer would wrap or overflow in the shifts
     return [_signed(w) for w in out]
 
 

@@ -23,7 +23,7 @@ import weakref
 
 from ._core import ffi, lib
 from .device import _new_cfunction
-from .errors import ShmcollError
+from .errors import ArgumentError, ShmcollError
 from .buffers import IN_PLACE
 from .request import Prequest, Request, register
 from . import spec
@@ -186,8 +186,10 @@ class Nonblocking:
         self._usable()
         try:
             args, keep = self._held(name, list(args), kw)
-        except ShmcollError:
-            raise
+        except ShmcollError as e:
+            if not isinstance(e, ArgumentError):
+                raise
+            self._bad(e)
         except BaseException as e:      # as the blocking method's checks: the peers raise too
             self._bad(e)
         if keep is _WHOLE:

@@ -226,8 +226,8 @@ LOCAL = {  # kind -> (exception type, words the message must contain)
     "readonly": ("ValueError", ["buf", "read-only"]),
     "bytes": ("ValueError", ["buf", "read-only"]),
     "nonbuffer": ("TypeError", ["buf", "dict"]),
-    "root": ("ValueError", ["root"]),
-    "negroot": ("ValueError", ["root"]),
+    "root": ("ArgumentError", ["root"]),        # a ValueError with MPI class ERR_ROOT
+    "negroot": ("ArgumentError", ["root"]),
     "algorithm": ("ValueError", ["no-such-alg", "bcast"]),
 }
 PEER = ("PeerAborted", "PeerDied")

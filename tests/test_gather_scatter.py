@@ -254,6 +254,19 @@ def test_objects():
             assert s == (me, "z" * me * 3000)
 
 
+def test_object_scatter_of_equal_small_pickles():
+    """Every rank's piece of one small size (mpi4py's test messages): the
+    sizes array's numpy integers reached the program header and overflowed
+    packing it (3 ranks, OverflowError before the fix)."""
+    msgs = [None, True, -2 ** 63, 2 ** 100, 3.5, "abc", b"xyz", [1, 2], {"a": 1}]
+
+    def job(comm):
+        return [comm.scatter([m] * comm.size if comm.rank == root else None, root=root)
+                for m in msgs + [msgs] for root in range(comm.size)]
+    for got in run_ranks(job, 3):
+        assert got == [m for m in msgs + [msgs] for _ in range(3)]
+
+
 def _mixed(comm, rounds):
     """Every collective, sizes and roots changing call after call."""
     n, me, rng, bad = comm.size, comm.rank, random.Random(5), []
@@ -420,7 +433,7 @@ CASES = {  # kind -> (the bad rank's exception, words of its message) ; None: ev
     "too_big": ("ValueError", ["end past"]),
     "overlap": ("ValueError", ["overlap"]),
     "gatherv_own": ("ValueError", ["sendbuf", "counts"]),
-    "scatter_root": ("ValueError", ["root"]),
+    "scatter_root": ("ArgumentError", ["root"]),
     "inplace_gather_off_root": ("ValueError", ["IN_PLACE", "root's sendbuf"]),
     "inplace_scatter_off_root": ("ValueError", ["IN_PLACE", "root's recvbuf"]),
     # IN_PLACE takes mpi4py's even split of recvbuf when it has no counts, while
