@@ -142,11 +142,19 @@ class _NullComm(_Comm):
     def Get_name(self):
         return "MPI_COMM_NULL"
 
+    def __reduce__(self):
+        return _null, (self is COMM_NULL,)
+
     def __repr__(self):
         return "<shmcoll.MPI.COMM_NULL>"
 
 
 COMM_NULL = _NullComm()
+
+
+def _null(same):
+    return COMM_NULL if same else _NullComm()
+
 _lock = threading.RLock()
 _comms = {}
 

@@ -123,6 +123,15 @@ class Communicators:
     def __bool__(self):
         return not self._freed
 
+    def __reduce__(self):
+        """COMM_WORLD and COMM_SELF unpickle as themselves (mpi4py's rule); any other communicator is this
+        process's alone."""
+        from . import MPI
+        for name in ("COMM_WORLD", "COMM_SELF"):
+            if MPI._comms.get(name) is self:
+                return MPI._comm, (name,)
+        raise ValueError(f"cannot pickle {self._label()}: only COMM_WORLD, COMM_SELF and COMM_NULL pickle")
+
     def _label(self):
         name = self.Get_name()
         return repr(name) if name else f"the communicator of world ranks {list(self._ranks())}"

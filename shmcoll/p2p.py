@@ -14,6 +14,7 @@ import functools
 import pickle
 import sys
 import threading
+import warnings
 import weakref
 
 import numpy as np
@@ -289,6 +290,9 @@ class PointToPoint:
 
     def recv(self, buf=None, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         """The next object from source with tag (buf, mpi4py's preallocated buffer, is not needed)."""
+        if buf is not None:
+            warnings.warn("recv: the buf argument is not used (the message's own size is received)", UserWarning,
+                          stacklevel=2)
         return self.Mprobe(source, tag, status).recv()
 
     def irecv(self, buf=None, source=ANY_SOURCE, tag=ANY_TAG):
@@ -299,6 +303,11 @@ class PointToPoint:
         obj = self.recv(None, source, recvtag, status)
         req.Wait()
         return obj
+
+
+def _loads(data):
+    """An object from its pickle; an empty message is None (as mpi4py reads one)."""
+    return pickle.loads(data) if len(data) else None
 
 
 def _copy(buf):
@@ -425,7 +434,7 @@ class _RecvRequest(_P2PRequest):
             data = bytearray(got[3])
             got = _mrecv(comm._ctx, got[4], data)
             comm._p2p_check(got[0], self._what, got)
-            self._result = pickle.loads(data)
+            self._result = _loads(data)
         else:
             got = _recv(comm._ctx, self._source, self._tag, self._buf, False, self._stage, ahead)
             self._stage = got[4]        # a staged message matched: its pieces still to come
@@ -524,7 +533,7 @@ class Message:
         data = bytearray(self._got[3] if self._got is not None else 0)
         if self._take(data, status) is None:
             return None
-        return pickle.loads(data)
+        return _loads(data)
 
     def irecv(self):
         st = Status()
