@@ -216,7 +216,8 @@ class Communicators:
             dev = Device.made(plan, name)
             try:
                 dev.register(os.getpid(), 0)
-                self._await("Create_group", order, lambda: all(dev.rank_state(r) for r in range(len(order))))
+                self._await("Create_group", order, lambda: all(dev.rank_state(r) for r in range(len(order))),
+                            lambda r: dev.rank_state(order.index(r)) >= 1)
             except BaseException:
                 dev.close()
                 raise
@@ -228,10 +229,11 @@ class Communicators:
         dev.segment.close_fd()
         return self._adopt(dev, tuple(self._ranks()[r] for r in order), "g" + ctx)
 
-    def _await(self, what, ranks, done):
+    def _await(self, what, ranks, done, did=None):
         """Poll done() until it returns something true, raising if any of
-        this communicator's ranks `ranks` dies or leaves, the job aborts, or
-        the timeout option passes."""
+        this communicator's ranks `ranks` dies or leaves before did(rank)
+        says it has done its part, the job aborts, or the timeout option
+        passes."""
         timeout = float(self.plan.params["timeout"])
         t0, pause = time.monotonic(), 1e-4
         while True:
@@ -239,7 +241,7 @@ class Communicators:
             if got:
                 return got
             for r in ranks:
-                if self._dev.rank_state(r) >= 2:
+                if self._dev.rank_state(r) >= 2 and not (did and did(r)):     # left having done its part: fine
                     raise PeerDied(r, f"left or died while rank {self.rank} waited on it in {what}")
             word = ffi.cast("uint32_t *", self._world._c.base)[0]
             if word:

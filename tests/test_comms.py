@@ -438,6 +438,38 @@ def test_create_group_called_by_its_members_only(n):
     assert run_ranks(_create_group, n) == [ERR_GROUP] * n
 
 
+def _create_then_leave(comm):
+    """Members make their part of Create_group, then free the parent at
+    once; rank 0, the creator, sees them leave the parent only after it
+    last looked for their part (its look at the parent held until then)."""
+    parent = comm.Dup()
+    if comm.rank == 0:
+        real = parent._dev.rank_state
+        seen = set()
+
+        def late(r):
+            if r and r not in seen:
+                seen.add(r)
+                while real(r) < 2:      # until r has registered in the new one and left the parent
+                    pass
+            return real(r)
+        parent._dev.rank_state = late
+    sub = parent.Create_group(parent.Get_group())
+    if comm.rank:
+        parent.Free()
+    out = sub.allgather(comm.rank)
+    sub.Free()
+    if comm.rank == 0:
+        parent.Free()
+    return out
+
+
+def test_create_group_members_that_leave_the_parent_at_once():
+    """Before: the creator raised PeerDied for a member that had done its
+    part and freed the parent while the creator was still looking."""
+    assert run_ranks(_create_then_leave, 3) == [[0, 1, 2]] * 3
+
+
 def _full(comm):
     from shmcoll.device import Device
     if comm.rank == comm.size - 1:
