@@ -879,7 +879,7 @@ def _bad(comm, case):
 
 BAD = {"op_for_dtype": ("TypeError", "BAND"), "op_on_one_rank": ("MismatchError", "op"),
        "dtype_on_one_rank": ("MismatchError", "dtype"), "count_on_one_rank": ("MismatchError", "byte"),
-       "recvcounts_sum": ("ValueError", "recvcounts"), "root": ("ValueError", "root"),
+       "recvcounts_sum": ("ValueError", "recvcounts"), "root": ("ArgumentError", "root"),
        "inplace_off_root": ("ValueError", "IN_PLACE"), "inplace_recvbuf": ("ValueError", "IN_PLACE"),
        "dtypes_differ": ("TypeError", "dtype"), "not_an_op": ("TypeError", "shmcoll.Op"),
        "inplace_on_one_rank": ("MismatchError", "SUM with IN_PLACE")}
