@@ -232,6 +232,11 @@ class buffer:
         return mem.toreadonly() if readonly else mem
 
 
+def _comm_lock_table(comm):
+    """mpi4py's: the locks its lower-case collectives take on comm, by name (comm.locked)."""
+    return comm.__dict__.setdefault("_locks", {})
+
+
 def Aint_add(base, disp):
     return base + disp
 

@@ -15,6 +15,7 @@ pickling, Ctrl-C) raises here and aborts the communicator, so every other
 rank raises PeerFailure instead of waiting or pairing with the wrong call;
 a peer's death raises PeerDied.  After either, the communicator is unusable."""
 import functools
+import threading
 
 import numpy as np
 
@@ -71,6 +72,17 @@ def collective(fn):
             self._depth -= 1
             if top:
                 self._talking = False
+    return method
+
+
+def locked(fn):
+    """Under this communicator's lock for fn's name (mpi4py's lock table
+    for its lower-case collectives, MPI._comm_lock_table): threads making
+    one of them on a communicator take turns."""
+    @functools.wraps(fn)
+    def method(self, *args, **kw):
+        with self.__dict__.setdefault("_locks", {}).setdefault(fn.__name__, threading.Lock()):
+            return fn(self, *args, **kw)
     return method
 
 
@@ -530,39 +542,48 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
         out[:] = np.ascontiguousarray(acc).view(np.uint8).reshape(-1)
 
     # -- objects (pickled: shmcoll.objects) -----------------------------------
+    @locked
     @collective
     def bcast(self, obj, root=0):
         return objects.bcast(self, obj, self._args.root(root))
 
+    @locked
     @collective
     def alltoall(self, objs):
         return objects.alltoall(self, objs)
 
+    @locked
     @collective
     def allgather(self, obj):
         return objects.allgather(self, obj)
 
+    @locked
     @collective
     def gather(self, obj, root=0):
         return objects.gather(self, obj, self._args.root(root))
 
+    @locked
     @collective
     def scatter(self, objs, root=0):
         return objects.scatter(self, objs, self._args.root(root))
 
+    @locked
     @collective
     def allreduce(self, obj, op=SUM):
         return objects.reduction(self, obj, op, self.size)
 
+    @locked
     @collective
     def reduce(self, obj, op=SUM, root=0):
         root = self._args.root(root)
         return objects.reduction(self, obj, op, self.size, root)
 
+    @locked
     @collective
     def scan(self, obj, op=SUM):
         return objects.reduction(self, obj, op, self.rank + 1)
 
+    @locked
     @collective
     def exscan(self, obj, op=SUM):
         """None on rank 0."""

@@ -283,3 +283,14 @@ def test_mpi4py_program_runs_unchanged(tmp_path, n):
                        timeout=150)
     assert q.returncode == 0, q.stderr
     assert lines == sorted(q.stdout.splitlines())
+
+
+def test_comm_lock_table_as_mpi4py():
+    """mpi4py's private lock table: a lower-case collective adds its lock, by name."""
+    import threading
+    comm = MPI.COMM_SELF.Dup()
+    table = MPI._comm_lock_table(comm)
+    assert "bcast" not in table
+    assert comm.bcast({"x": 1}, root=0) == {"x": 1}
+    assert isinstance(table["bcast"], type(threading.Lock())) and not table["bcast"].locked()
+    comm.Free()
