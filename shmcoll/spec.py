@@ -60,8 +60,12 @@ def datatype(x, name):
             raise TypeError(f"{name}: datatype {x!r} is not contiguous ({x.Get_size()} bytes, {dt.itemsize} of data)")
     else:
         try:
+            if isinstance(x, str) and len(x) == 1 and x not in np.typecodes["All"]:
+                raise TypeError(x)          # numpy reads '\0' as bool
             dt = np.dtype(x)
         except TypeError:
+            if isinstance(x, str):          # mpi4py looks typecodes up in a table: an unknown one is a KeyError
+                raise KeyError(f"{name}: {x!r} is not a typecode") from None
             raise TypeError(f"{name}: {x!r} is not a datatype") from None
     if dt.hasobject or dt.itemsize == 0:
         raise TypeError(f"{name}: datatype {dt} is not plain data of whole bytes")
