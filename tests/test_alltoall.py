@@ -184,7 +184,7 @@ LOCAL = {
     "readonly": ("ValueError", ["recvbuf", "read-only"]),
     "noncontig": ("ValueError", ["recvbuf", "contiguous"]),
     "nonbuffer": ("TypeError", ["sendbuf", "int"]),
-    "dtype": ("TypeError", ["recvbuf", "no-such-type"]),
+    "dtype": ("KeyError", ["recvbuf", "no-such-type"]),     # an unknown typecode, as mpi4py
     "spec": ("ValueError", ["sendbuf", "2 to 4 items"]),
     "algorithm": ("ValueError", ["no-such-alg", "alltoall"]),
 }

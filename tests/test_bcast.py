@@ -220,7 +220,7 @@ def _one_bad(comm, bad_rank, root, kind, options_check):
 
 
 LOCAL = {  # kind -> (exception type, words the message must contain)
-    "dtype": ("TypeError", ["buf", "no-such-type"]),
+    "dtype": ("KeyError", ["buf", "no-such-type"]),     # an unknown typecode, as mpi4py
     "count": ("ValueError", ["buf", "bytes"]),
     "noncontig": ("ValueError", ["buf", "contiguous"]),
     "readonly": ("ValueError", ["buf", "read-only"]),
