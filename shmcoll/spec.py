@@ -60,7 +60,7 @@ def datatype(x, name):
             raise TypeError(f"{name}: datatype {x!r} is not contiguous ({x.Get_size()} bytes, {dt.itemsize} of data)")
     else:
         try:
-            if isinstance(x, str) and len(x) == 1 and x not in np.typecodes["All"]:
+            if isinstance(x, str) and not x.isprintable():
                 raise TypeError(x)          # numpy reads '\0' as bool
             dt = np.dtype(x)
         except TypeError:
