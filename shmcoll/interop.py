@@ -48,6 +48,7 @@ _api.PyCapsule_GetName.restype = ctypes.c_char_p
 _api.PyCapsule_GetName.argtypes = [ctypes.py_object]
 _api.PyCapsule_GetPointer.restype = ctypes.c_void_p
 _api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_libc = ctypes.CDLL(None)
 _KINDS = {0: "i", 1: "u", 2: "f", 5: "c", 6: "b"}
 
 
@@ -134,12 +135,11 @@ def _readable(ptr, nbytes):
     """Whether this process can read nbytes at ptr (host memory it maps)."""
     if not nbytes:
         return True
-    libc = ctypes.CDLL(None, use_errno=True)
     one = ctypes.create_string_buffer(1)
     for at in (ptr, ptr + nbytes - 1):
         local = (ctypes.c_void_p * 2)(ctypes.addressof(one), 1)
         remote = (ctypes.c_void_p * 2)(at, 1)
-        if libc.process_vm_readv(os.getpid(), local, 1, remote, 1, 0) != 1:
+        if _libc.process_vm_readv(os.getpid(), local, 1, remote, 1, 0) != 1:
             return False
     return True
 

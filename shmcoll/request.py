@@ -292,18 +292,12 @@ class Request:
     @staticmethod
     def Waitany(requests, status=None):
         """Index of one completed request (UNDEFINED if none is active)."""
-        i, st, _ = _until(requests, lambda: _any(requests))
-        _fill(status, st)
-        return i
+        return Request.waitany(requests, status)[0]
 
     @staticmethod
     def Testany(requests, status=None):
         """(index, True) once one completes; (UNDEFINED, True) if none is active."""
-        got = _any(requests)
-        if got is _NOT_YET:
-            return UNDEFINED, False
-        _fill(status, got[1])
-        return got[0], True
+        return Request.testany(requests, status)[:2]
 
     @staticmethod
     def waitany(requests, status=None):
@@ -315,20 +309,11 @@ class Request:
     @staticmethod
     def Waitsome(requests, statuses=None):
         """Indices of the requests that completed (at least one), or None if none is active."""
-        return _until(requests, lambda: _some(Request.Testsome(requests, statuses)))
+        return Request.waitsome(requests, statuses)[0]
 
     @staticmethod
     def Testsome(requests, statuses=None):
-        active = [i for i, r in enumerate(requests) if r._active]
-        if not active:
-            return None
-        progress()
-        done = [i for i in active if requests[i]._test()]
-        for i in done:
-            st = requests[i]._complete()[0]
-            if statuses is not None:
-                _store(statuses, i, st)
-        return done
+        return Request.testsome(requests, statuses)[0]
 
     @staticmethod
     def Cancel_all(requests):
@@ -338,13 +323,13 @@ class Request:
     @staticmethod
     def Get_status_all(requests, statuses=None):
         """Whether all have completed, completing none (statuses: of those, once all have)."""
-        if not all(r.Get_status() for r in requests):
-            return False
-        for i, r in enumerate(requests):
-            if statuses is not None:
-                st = Status()
-                r.Get_status(st)
-                _store(statuses, i, st)
+        got = []
+        for r in requests:
+            got.append(Status())
+            if not r.Get_status(got[-1]):
+                return False
+        for i, st in enumerate(got if statuses is not None else ()):
+            _store(statuses, i, st)
         return True
 
     @staticmethod
@@ -403,7 +388,7 @@ class Request:
     @staticmethod
     def waitsome(requests, statuses=None):
         """(indices, objects) of at least one completed request; (None, None) if none is active."""
-        return _until(requests, lambda: _some_objs(Request.testsome(requests, statuses)))
+        return _until(requests, lambda: _some(Request.testsome(requests, statuses)))
 
     def get_status(self, status=None):
         return self.Get_status(status)
@@ -439,15 +424,11 @@ def _any(requests):
     return _NOT_YET
 
 
-def _some(got):
-    """Testsome's answer as Waitsome's: _NOT_YET while it found none."""
-    return got if got is None or got else _NOT_YET
-
-
 _NOT_YET = object()
 
 
-def _some_objs(got):
+def _some(got):
+    """testsome's answer as waitsome's: _NOT_YET while it found none."""
     return got if got[0] is None or got[0] else _NOT_YET
 
 
