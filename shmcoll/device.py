@@ -462,6 +462,11 @@ class Device:
         """The abort word's code (device.ABORT_REASONS, ABORT_CALLED | errorcode), 0 if none."""
         return ffi.cast("uint32_t *", self.c.base)[0] >> 16
 
+    def abort_rank(self):
+        """The rank the abort word names (the first failure any rank or the
+        launcher saw), -1 if none."""
+        return (ffi.cast("uint32_t *", self.c.base)[0] & 0xffff) - 1
+
     def failure(self, rc, what, names=None):
         """The exception for a failed C call (rc < 0).  names(field, value, when)
         turns a signature field's value into words."""

@@ -561,7 +561,7 @@ def run(nprocs, cmd, *, bind="core", map="compact", topology=None, timeout=None,
     fork = fork and forkrun.is_python(cmd)
     if not fork and forkrun.is_python(cmd):
         cmd = [sys.executable] + list(cmd)
-    parent, procs, forwarders = os.getpid(), [], []
+    parent, procs, forwarders, codes = os.getpid(), [], [], {}
     first, plan_fd, gate, gate_w = None, -1, -1, -1
     sel = selectors.DefaultSelector()   # not select(): pidfds may be past FD_SETSIZE
     try:
@@ -618,12 +618,18 @@ def run(nprocs, cmd, *, bind="core", map="compact", topology=None, timeout=None,
                 sel.unregister(key.fd)
                 os.close(key.fd)
                 code = procs[rank].wait()
+                codes[rank] = 128 - code if code < 0 else code
                 if code and first is None:
-                    first = (rank, 128 - code if code < 0 else code)
+                    first = (rank, codes[rank])
                 _ended(job, rank, code < 0, code)
-        called = job.device.abort_code()
+        called, cause = job.device.abort_code(), job.device.abort_rank()
         if called & ABORT_CALLED:       # Comm.Abort(errorcode): mpiexec's status is the errorcode
             return called & 0xff
+        if codes.get(cause):
+            # the abort word names the first failure: a rank that saw a peer
+            # die may exit before that peer's exit is reported (a dying
+            # process frees its memory after its robust mutex is released)
+            return codes[cause]
         return 0 if first is None else first[1]
     except KeyboardInterrupt:
         return 130

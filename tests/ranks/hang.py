@@ -1,11 +1,14 @@
 """Writes its pid to $SHMCOLL_TEST_DIR/rank<r>.pid, then hangs: rank 0
-sleeps, the others wait for it in a Barrier."""
+sleeps, the others wait for it in a Barrier.  $SHMCOLL_TEST_HOLD: bytes
+rank 0 holds (touched), so that its death takes long to be reported."""
 import os
 import time
 
 import shmcoll
 
 comm = shmcoll.init()
+if comm.rank == 0:
+    held = bytearray(int(os.environ.get("SHMCOLL_TEST_HOLD", "0")))
 d = os.environ["SHMCOLL_TEST_DIR"]
 tmp = os.path.join(d, f".rank{comm.rank}.tmp")
 with open(tmp, "w") as f:
