@@ -358,25 +358,33 @@ static PyObject *simple_spec(PyObject *v, int64_t *count, int64_t *displ, int *t
 }
 
 /* A v-variant's buffer spec, mpi4py's [buf, counts], [buf, counts,
- * dtype] or [buf, counts, displs, dtype] (dtype: the array's own dtype
- * object; counts and displacements: lists or tuples of one int per rank):
- * its array, with counts then displacements (packed when not given) in
- * vec; NULL when not that simple ([buf, counts, displs], which mpi4py
- * refuses, included: Python raises). */
+ * dtype], [buf, (counts, displs)], [buf, (counts, displs), dtype] or
+ * [buf, counts, displs, dtype] (dtype: the array's own dtype object or a
+ * datatype naming it; counts and displacements: lists or tuples of one
+ * int per rank): its array, with counts then displacements (packed when
+ * not given) in vec; NULL when not that simple ([buf, counts, displs],
+ * which mpi4py refuses, included: Python raises). */
 static PyObject *vspec(PyObject *v, int n, int64_t *vec)
 {
     if (!PyList_Check(v) && !PyTuple_Check(v)) return NULL;
     Py_ssize_t k = PySequence_Fast_GET_SIZE(v);
     PyObject **it = PySequence_Fast_ITEMS(v);
-    /* a tuple where the counts go may be mpi4py's (counts, displs): the Python path reads it */
-    if (k < 2 || k > 4 || (k < 4 && PyTuple_Check(it[1])) || !ints(it[1], n, vec)) return NULL;
+    if (k < 2 || k > 4) return NULL;
+    PyObject *counts = it[1], *displ = k == 4 ? it[2] : NULL;
+    if (k < 4 && PyTuple_Check(counts)) {       /* where the counts go, a tuple is (counts, displs), as spec.vector reads it */
+        if (PyTuple_GET_SIZE(counts) != 2) return NULL;
+        displ = PyTuple_GET_ITEM(counts, 1);
+        counts = PyTuple_GET_ITEM(counts, 0);
+        if (!PyList_Check(displ) && !PyTuple_Check(displ)) return NULL;     /* a stride, None: Python's */
+    }
+    if (!ints(counts, n, vec)) return NULL;
     if (k == 3 && (PyList_Check(it[2]) || PyTuple_Check(it[2]))) return NULL;
-    int displs = k == 4;
+    int displs = displ != NULL;
     PyObject *dtype = k == 4 ? it[3] : k == 3 ? it[2] : NULL;
     int own = Py_TYPE(it[0]) == ndarray ? known(((np_array *)it[0])->descr) : -1;
     if (dtype && (own < 0 || type_index(dtype, it[0]) != own)) return NULL;     /* a v-spec of its own dtype */
     if (displs) {
-        if (!ints(it[2], n, vec + n)) return NULL;
+        if (!ints(displ, n, vec + n)) return NULL;
     } else {
         int64_t at = 0;
         for (int i = 0; i < n; at += vec[i++]) vec[n + i] = at;

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import shmcoll
+from shmcoll import MPI
 from conftest import run_ranks
 
 SENT = -1          # what every byte outside a message holds, before and after
@@ -492,6 +493,40 @@ def test_common_specs_take_the_c_entry(coll, form, p):
     runs no Python function of shmcoll's (the C entry parsed it)."""
     for r, runs in enumerate(run_ranks(_fast, p, coll, form, timeout=60)):
         assert all(same for same, _ in runs), (r, runs)
+        assert runs[-1][1] == [], (r, runs[-1][1])
+
+
+VFAST_FORMS = {
+    "[buf, (counts, displs), MPI.INT]": lambda b, c, d: [b, (c, d), MPI.INT],
+    "[buf, (counts, displs)]": lambda b, c, d: [b, (c, d)],
+    "[buf, counts, displs, MPI.INT]": lambda b, c, d: [b, c, d, MPI.INT],
+}
+
+
+def _vfast(comm, form):
+    """(Allgatherv's result, shmcoll's Python functions its warm call ran),
+    the recvbuf laid out by vcounts (gaps, out of rank order)."""
+    counts, displs, items = vcounts(comm.size)
+    out = []
+    for _ in range(3):
+        recv = np.full(items, SENT, np.int32)
+        spec = VFAST_FORMS[form](recv, counts, displs)
+        frames = _python_frames(lambda: comm.Allgatherv(data(comm.rank, counts[comm.rank]), spec))
+        out.append((recv, frames))
+    return out
+
+
+@pytest.mark.parametrize("p", [2, 3])
+@pytest.mark.parametrize("form", list(VFAST_FORMS))
+def test_vector_specs_take_the_c_entry(form, p):
+    """mpi4py's v-specs with displacements, (counts, displs) among them, run
+    in the C entry once warm, with what numpy places at each displacement."""
+    counts, displs, items = vcounts(p)
+    want = np.full(items, SENT, np.int32)
+    for q in range(p):
+        want[displs[q]:displs[q] + counts[q]] = data(q, counts[q])
+    for r, runs in enumerate(run_ranks(_vfast, p, form, timeout=60)):
+        assert all(np.array_equal(recv, want) for recv, _ in runs), (r, runs)
         assert runs[-1][1] == [], (r, runs[-1][1])
 
 
