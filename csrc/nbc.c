@@ -180,8 +180,8 @@ static int start_thread(sc_comm_t *c)
 }
 
 /* Start st (Python filled prog, sbuf, rbuf, tmp, background): queued
- * behind the calls started before it.  With none before it, it runs here
- * at once, without blocking: a small one goes on while its peers arrive
+ * behind the calls started before it.  A small one with none before it
+ * runs here at once, without blocking: it goes on while its peers arrive
  * within the wait policy's spin (c->spin_ns, as a blocking wait spins
  * before it yields), so a loop of them ends inline, as blocking calls
  * would, while a peer that is late leaves it queued.  Never waits for a
@@ -204,10 +204,14 @@ int sc_nb_start(sc_comm_t *c, sc_nbc_t *st)
     st->fast = 0;
     __atomic_store_n(&st->done, 0, __ATOMIC_RELAXED);
     int rc = SC_PENDING;
-    if (!head(q) && !sc_own(c)) {          /* owned, the queue stays as it is: only an owner takes from it */
+    /* owned, the queue stays as it is: only an owner takes from it; a
+     * background call is the thread's from the start, so that the caller
+     * computes at once (a first step with its peers there ran the whole
+     * call here) */
+    if (!st->background && !head(q) && !sc_own(c)) {
         if (!head(q)) {
             int64_t t0 = 0;
-            while ((rc = sc_exec_step(c, st, 1)) == SC_PENDING && !st->background) {
+            while ((rc = sc_exec_step(c, st, 1)) == SC_PENDING) {
                 int64_t t = sc_now_ns();
                 if (!t0) t0 = t;
                 else if (t - t0 >= c->spin_ns) break;
