@@ -21,9 +21,12 @@ import functools
 import struct
 import weakref
 
+import numpy as np
+
 from ._core import ffi, lib
 from .device import _new_cfunction
 from .errors import ArgumentError, ShmcollError
+from . import buffers
 from .buffers import IN_PLACE
 from .request import Prequest, Request, register
 from . import spec
@@ -146,6 +149,8 @@ class PersistentCollective(_Collective, Prequest):
         info = struct.pack("PP", int(ffi.cast("uintptr_t", comm._c)), int(ffi.cast("uintptr_t", run.st)))
         slow = (functools.partial(Prequest.Start, self), self._fast_pended, functools.partial(Prequest.Wait, self))
         self.Start = _new_cfunction(int(ffi.cast("uintptr_t", lib.sc_py_entry(4))), (info,) + slow[:2], None)
+        if run.refresh is not None:       # a copied IN_PLACE block: copied again at each start, then started
+            self.Start = functools.partial(_refreshed_start, run.refresh, self.Start)
         self.Wait = _new_cfunction(int(ffi.cast("uintptr_t", lib.sc_py_entry(5))), (info,) + slow, None)
 
     # active: in C, which the C Start and Wait (pyfast.c) read and set
@@ -196,12 +201,19 @@ class Nonblocking:
             getattr(type(self), name)(self, *args, **kw)
             return None
         got = self._plan_only(name, args, kw)
-        return None if got is None else _Run(self, got, (args, kw, keep))
+        if got is None:
+            return None
+        run = _Run(self, got, (args, kw, keep))
+        run.refresh = _refresh(keep) if keep is not None else None
+        return run
 
     def _held(self, name, args, kw):
         """IN_PLACE in a v-variant makes the blocking method build this
         rank's piece in a fresh array: built here, so the request keeps it.
-        (args, that array or None; _WHOLE: the call runs whole, blocking)."""
+        Gather's and Allgather's IN_PLACE block too, which the blocking
+        method would copy into an array gone with the call.  (args, None,
+        the scratch array, or (the array, the address it copies); _WHOLE:
+        the call runs whole, blocking)."""
         def arg(i, key, default=None):
             return args[i] if len(args) > i else kw.get(key, default)
 
@@ -210,8 +222,20 @@ class Nonblocking:
                 args[i] = value
             else:
                 kw[key] = value
+        sendbuf = arg(0, "sendbuf")
+        inplace = sendbuf is IN_PLACE or (sendbuf is None and name in ("Gather", "Allgather"))
+        if name in ("Gather", "Allgather") and inplace:
+            # the blocking method would copy this rank's block into an array
+            # of its own, gone with the call: made here, the request keeps it
+            root = self._args.root(arg(2, "root", 0)) if name == "Gather" else self.rank
+            if self.rank != root:
+                return args, None
+            recv = spec.simple(spec.root_only(arg(1, "recvbuf"), self.rank, root), "recvbuf", True,
+                               self._args.blocks_of(name.lower(), "recvbuf"))
+            piece = self._args.own_block(name, recv, root)
+            put(0, "sendbuf", piece)
+            return args, (piece, buffers.view(recv, "recvbuf", writable=False)[0] + root * piece.nbytes)
         if name == "Allgatherv":
-            inplace = arg(0, "sendbuf") is IN_PLACE
             ptr, _, item, dt, counts, displs = spec.vspec(arg(1, "recvbuf"), "recvbuf", self.size, True,
                                                           derive=inplace)
             if counts is None:
@@ -219,13 +243,14 @@ class Nonblocking:
             if inplace:
                 piece = self._args.own_piece("Allgatherv", ptr, item, dt, counts, displs, self.rank)
                 put(0, "sendbuf", piece)
-                return args, piece
+                return args, (piece, ptr + displs[self.rank] * item)
         root = arg(2, "root", 0)
         if name == "Gatherv" and arg(0, "sendbuf") is IN_PLACE:
-            piece = self._args.own_piece("Gatherv", *self._args.root_spec("Gatherv", arg(1, "recvbuf"), "recvbuf",
-                                                                          self._args.root(root)), self.rank)
+            ptr, item, dt, counts, displs = self._args.root_spec("Gatherv", arg(1, "recvbuf"), "recvbuf",
+                                                                 self._args.root(root))
+            piece = self._args.own_piece("Gatherv", ptr, item, dt, counts, displs, self.rank)
             put(0, "sendbuf", piece)
-            return args, piece
+            return args, (piece, ptr + displs[self.rank] * item)
         if name == "Scatterv" and arg(1, "recvbuf") is IN_PLACE:
             piece = self._args.own_piece("Scatterv", *self._args.root_spec("Scatterv", arg(0, "sendbuf"), "sendbuf",
                                                                            self._args.root(root)), self.rank,
@@ -260,6 +285,23 @@ class Nonblocking:
         finally:
             lib.sc_nb_stop(self._c)
             _busy.discard(self)
+
+
+def _refresh(keep):
+    """What a persistent request's Start does first when this rank's IN_PLACE
+    block or piece was copied at _init: copy it again (MPI reads the
+    buffers at each start, not at _init).  None when nothing was copied."""
+    if not isinstance(keep, tuple):
+        return None
+    piece, at = keep
+    dst = piece.view(np.uint8).reshape(-1)
+    src = np.frombuffer(ffi.buffer(ffi.cast("char *", at), dst.nbytes), np.uint8)
+    return functools.partial(np.copyto, dst, src)
+
+
+def _refreshed_start(refresh, start):
+    refresh()
+    start()
 
 
 def _nonblocking(name):

@@ -292,6 +292,44 @@ def test_a_persistent_request_restarts_with_new_contents(n, count):
     assert run_ranks(_persistent, n, count) == [None] * n
 
 
+def _inplace_persistent(comm, name, rounds=3):
+    """A persistent IN_PLACE Gather/Allgather/Gatherv/Allgatherv started
+    `rounds` times, this rank's block in recvbuf rewritten before each
+    start (MPI reads it at the start, not at _init): what each round
+    gathered, on the ranks that gather."""
+    n, r, c = comm.size, comm.rank, 3
+    recv = np.zeros(n * c, np.int64)
+    counts, displs = [c] * n, [c * j for j in range(n)]
+    spec = recv if name in ("Gather", "Allgather") else [recv, (counts, displs)]
+    args = (shmcoll.IN_PLACE, spec) + ((0,) if name.startswith("Gather") else ())
+    if name.startswith("Gather") and r != 0:
+        args = (np.zeros(c, np.int64), None, 0)
+    req = getattr(comm, name + "_init")(*args)
+    out = []
+    for k in range(rounds):
+        mine = np.arange(c) + 100 * r + 10 * k
+        if args[0] is shmcoll.IN_PLACE:
+            recv[r * c:(r + 1) * c] = mine
+        else:
+            args[0][:] = mine
+        req.Start()
+        req.Wait()
+        np.asarray(bytearray(1 << 16))      # churn the heap: a freed copy would be overwritten
+        out.append(recv.copy() if args[0] is shmcoll.IN_PLACE else None)
+    req.Free()
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+@pytest.mark.parametrize("name", ["Gather", "Allgather", "Gatherv", "Allgatherv"])
+def test_persistent_in_place_reads_its_block_at_each_start(name, n):
+    for r, rounds in enumerate(run_ranks(_inplace_persistent, n, name)):
+        for k, got in enumerate(rounds):
+            if got is not None:
+                want = np.concatenate([np.arange(3) + 100 * q + 10 * k for q in range(n)])
+                assert np.array_equal(got, want), (r, k, got, want)
+
+
 def _killed(comm, out, polling=False):
     """The last rank dies; the others wait for the call (polling: in a Test
     loop, each step checking liveness)."""
