@@ -48,7 +48,13 @@ _api.PyCapsule_GetName.restype = ctypes.c_char_p
 _api.PyCapsule_GetName.argtypes = [ctypes.py_object]
 _api.PyCapsule_GetPointer.restype = ctypes.c_void_p
 _api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-_libc = ctypes.CDLL(None)
+_libc = ctypes.CDLL(None, use_errno=True)
+# typed: untyped, the counts would go as 32-bit ints into 64-bit registers
+# whose high halves are left as they were, and a garbage iovec count makes
+# the kernel write through whatever follows our one iovec
+_libc.process_vm_readv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong,
+                                   ctypes.c_ulong]
+_libc.process_vm_readv.restype = ctypes.c_ssize_t
 _KINDS = {0: "i", 1: "u", 2: "f", 5: "c", 6: "b"}
 
 
