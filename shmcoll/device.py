@@ -8,6 +8,7 @@ one call.  Collectives use only Device and the C entry points, never the
 segment directly."""
 import ctypes
 import dataclasses
+import functools
 import os
 import sys
 from dataclasses import dataclass
@@ -400,7 +401,7 @@ class Device:
         propagates from a wait that a signal interrupted."""
         return _exec(self.addr, prog.ctypes.data, saddr, raddr)
 
-    @property
+    @functools.cached_property
     def addr(self):
         return int(ffi.cast("uintptr_t", self.c))
 

@@ -70,6 +70,15 @@ class _P2P:
         self.ahead = None      # (source, tag) of those not yet matched, as C reads them (_pairs)
 
 
+def _covered(failed, source, tag):
+    """Whether an unmatched receive before this one fits every message this
+    one fits: this one then passes over them all (they are that one's),
+    so it cannot match now either, and need not look (a window of
+    receives of one source and tag looks once, not once per receive)."""
+    return ((source, tag) in failed or (ANY_SOURCE, tag) in failed or (source, ANY_TAG) in failed
+            or (ANY_SOURCE, ANY_TAG) in failed)
+
+
 def _pairs(pairs):
     """Unmatched posted receives' (source, tag) for C: a message one fits is
     theirs, so a later receive or a probe passes it over (MPI's matching
@@ -154,12 +163,15 @@ class PointToPoint:
                     q.pop(0)
                 if not q:
                     del pp.sends[dest]
-            keep, pairs = [], []
+            keep, pairs, failed = [], [], set()
             for r in pp.recvs:
-                if not r._match(_pairs(pairs)):
+                if r._stage is None and _covered(failed, r._source, r._tag):
+                    keep.append(r)      # it would pass over every message it fits: an earlier one's
+                elif not r._match(_pairs(pairs)):
                     keep.append(r)
                     if r._stage is None:
                         pairs += (r._source, r._tag)
+                        failed.add((r._source, r._tag))
             pp.recvs, pp.ahead = keep, _pairs(pairs)
             self._p2p_pending()
 
@@ -338,6 +350,8 @@ class _P2PRequest(Request):
     _who = -1
 
     def _wait(self):
+        if self._test():
+            return
         comm = self._comm
         alone = len(request._engines) == 1      # else other engines' work may be what a peer needs first
         while True:
@@ -360,14 +374,18 @@ class _SendRequest(_P2PRequest):
         super().__init__()
         comm._usable()
         self._comm, self._what = comm, what
-        dest, tag = comm._dest(dest, what), comm._tag(tag, what, False)
+        if type(dest) is not int or not 0 <= dest < comm.size:
+            dest = comm._dest(dest, what)
+        if type(tag) is not int or not 0 <= tag <= TAG_UB:
+            tag = comm._tag(tag, what, False)
         self._dest, self._tag, self._sync, self._who = dest, tag, sync, dest
         self._seq = 0              # a rendezvous in flight: its number
         self._queued = False
         if dest == PROC_NULL:
             self._done = True
             return
-        self._buf = _buffer(comm, buf, what, False)      # held: a rendezvous reads it until complete
+        # held: a rendezvous reads it until complete
+        self._buf = buf if type(buf) is np.ndarray and buf.flags.c_contiguous else _buffer(comm, buf, what, False)
         self._done = False
         pp = comm._pp
         with pp.lock:
@@ -398,7 +416,6 @@ class _SendRequest(_P2PRequest):
                 self._done = True
         if self._done:
             self._buf = None
-            self._status = Status()
         return self._done
 
 
@@ -415,7 +432,12 @@ class _RecvRequest(_P2PRequest):
         if self._source == PROC_NULL:
             self._got = (0, PROC_NULL, ANY_TAG, 0)
             return
-        self._buf = None if obj else _buffer(comm, buf, what, True)
+        if obj:
+            self._buf = None
+        elif type(buf) is np.ndarray and buf.flags.c_contiguous and buf.flags.writeable:
+            self._buf = buf
+        else:
+            self._buf = _buffer(comm, buf, what, True)
         pp = comm._pp
         with pp.lock:
             if pp.recvs or not self._match(None):

@@ -136,6 +136,11 @@ class Status:
         return f"<Status source={self.source} tag={self.tag} bytes={self.nbytes} error={self.error}>"
 
 
+#: An empty status (ANY_SOURCE, ANY_TAG, 0 bytes): what a send or an
+#: inactive request reports.  Shared, so never handed out: _fill copies it.
+_EMPTY = Status()
+
+
 def _status(fields):
     st = Status()
     st._m[:] = array.array("q", fields)
@@ -162,7 +167,7 @@ class Request:
 
     def __init__(self):
         self._active = True
-        self._status = Status()
+        self._status = _EMPTY
         self._result = None
 
     # -- what subclasses provide ---------------------------------------------
@@ -191,7 +196,7 @@ class Request:
         self._active = False
         self._null = not isinstance(self, Prequest)
         st, res = self._status, self._result
-        self._status, self._result = Status(), None
+        self._status, self._result = _EMPTY, None
         return st, res
 
     def Wait(self, status=None):
@@ -199,7 +204,7 @@ class Request:
             self._wait()
             _fill(status, self._complete()[0])
         else:
-            _fill(status, Status())
+            _fill(status, _EMPTY)
         return True
 
     def Test(self, status=None):
@@ -211,7 +216,7 @@ class Request:
 
     def _look(self, status, complete):
         if not self._active:
-            _fill(status, Status())
+            _fill(status, _EMPTY)
             return True
         progress()
         if not self._test():
@@ -230,7 +235,7 @@ class Request:
     def wait(self, status=None):
         """Wait and return the received object (None for a send)."""
         if not self._active:
-            _fill(status, Status())
+            _fill(status, _EMPTY)
             return None
         self._wait()
         st, res = self._complete()
@@ -240,7 +245,7 @@ class Request:
     def test(self, status=None):
         """(done, object or None)."""
         if not self._active:
-            _fill(status, Status())
+            _fill(status, _EMPTY)
             return True, None
         progress()
         if not self._test():
@@ -261,7 +266,7 @@ class Request:
     @staticmethod
     def Waitall(requests, statuses=None):
         for i, r in enumerate(requests):
-            st = Status()
+            st = Status() if statuses is not None else None
             r.Wait(st)
             if statuses is not None:
                 _store(statuses, i, st)
@@ -271,7 +276,7 @@ class Request:
     def waitall(requests, statuses=None):
         out = []
         for i, r in enumerate(requests):
-            st = Status()
+            st = Status() if statuses is not None else None
             out.append(r.wait(st))
             if statuses is not None:
                 _store(statuses, i, st)
@@ -337,7 +342,7 @@ class Request:
         """(index, True) of one completed request, not completing it; (UNDEFINED, True) if none is active."""
         active = [i for i, r in enumerate(requests) if r._active]
         if not active:
-            _fill(status, Status())
+            _fill(status, _EMPTY)
             return UNDEFINED, True
         for i in active:
             if requests[i].Get_status(status):
@@ -404,7 +409,7 @@ class Done(Request):
 
     def __init__(self, status=None, result=None):
         super().__init__()
-        self._st, self._res = status or Status(), result
+        self._st, self._res = status or _EMPTY, result
 
     def _test(self):
         self._status, self._result = self._st, self._res
