@@ -191,6 +191,171 @@ def reduce_scatter(comm, nbytes, algorithm=None):
     return reduction(comm, nbytes, "Reduce_scatter_block", np.float64, algorithm, block=True)
 
 
+#: The MPI module of the library being measured (shmcoll.MPI or mpi4py's MPI): set by whoever runs OPS.
+MPI = None
+
+
+@op
+def bcast_spec(comm, nbytes, algorithm=None):
+    """Bcast of a buffer spec, [buf, MPI.BYTE]: to set beside bcast's plain array."""
+    buf = np.zeros(nbytes, np.uint8)
+    want = pattern(nbytes, 0)
+    run = bound(comm.Bcast, [buf, MPI.BYTE], 0, algorithm=algorithm)
+
+    def check():
+        buf[:] = want if comm.Get_rank() == 0 else 0
+        run()
+        return bool(np.array_equal(buf, want))
+
+    return run, check
+
+
+@op
+def allreduce_spec(comm, nbytes, algorithm=None):
+    """Allreduce of [send, count, MPI.DOUBLE] specs: to set beside allreduce."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    count = nbytes // 8
+    send, recv = np.zeros(count), np.zeros(count)
+    run = bound(comm.Allreduce, [send, count, MPI.DOUBLE], [recv, count, MPI.DOUBLE], MPI.SUM, algorithm=algorithm)
+
+    def check():
+        j = np.arange(count)
+        send[:] = (j * 7 + rank) % 13
+        run()
+        return bool(np.array_equal(recv, sum((j * 7 + r) % 13 for r in range(size)).astype(np.float64)))
+
+    return run, check
+
+
+@op
+def allgatherv_spec(comm, nbytes, algorithm=None):
+    """Allgatherv with mpi4py's full spec, [recv, (counts, displs), MPI.BYTE]: to set beside allgather."""
+    size = comm.Get_size()
+    counts, displs = [nbytes] * size, [nbytes * j for j in range(size)]
+    return every_block(comm, nbytes, comm.Allgatherv, lambda recv: [recv, (counts, displs), MPI.BYTE], algorithm)
+
+
+def partner(comm):
+    """osu_multi_lat's pairs: rank 2k with 2k + 1; an odd count's last rank sits out (None)."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    other = rank ^ 1
+    return other if other < size else None
+
+
+@op
+def pingpong(comm, nbytes, algorithm=None):
+    """osu_latency: a round trip of nbytes, Send then Recv on even ranks,
+    Recv then Send on odd ones (pairs as osu_multi_lat).  The time is the
+    round trip; OSU prints half of it."""
+    other, rank = partner(comm), comm.Get_rank()
+    buf = np.zeros(nbytes, np.uint8)
+    if other is None:
+        return (lambda: None), (lambda: True)
+    if rank % 2 == 0:
+        def run():
+            comm.Send(buf, other, 1)
+            comm.Recv(buf, other, 1)
+    else:
+        def run():
+            comm.Recv(buf, other, 1)
+            comm.Send(buf, other, 1)
+
+    def check():     # the even rank's pattern goes there and comes back
+        buf[:] = pattern(nbytes, rank) if rank % 2 == 0 else 0
+        run()
+        return bool(np.array_equal(buf, pattern(nbytes, rank - rank % 2)))
+
+    return run, check
+
+
+WINDOW = 64
+
+
+@op
+def bw(comm, nbytes, algorithm=None):
+    """osu_bw: a window of 64 Isends of nbytes from even ranks to the odd
+    ones' 64 Irecvs (each into the same buffer, as osu_bw), Waitall, then a
+    4-byte ack back.  The time is one window; the bandwidth 64 * nbytes / it."""
+    other, rank = partner(comm), comm.Get_rank()
+    buf, ack = np.zeros(nbytes, np.uint8), np.zeros(4, np.uint8)
+    if other is None:
+        return (lambda: None), (lambda: True)
+    if rank % 2 == 0:
+        def run():
+            MPI.Request.Waitall([comm.Isend(buf, other, 100) for _ in range(WINDOW)])
+            comm.Recv(ack, other, 101)
+    else:
+        def run():
+            MPI.Request.Waitall([comm.Irecv(buf, other, 100) for _ in range(WINDOW)])
+            comm.Send(ack, other, 101)
+
+    def check():
+        buf[:] = pattern(nbytes, rank) if rank % 2 == 0 else 0
+        run()
+        return bool(np.array_equal(buf, pattern(nbytes, rank - rank % 2)))
+
+    return run, check
+
+
+@op
+def allreduce_init(comm, nbytes, algorithm=None):
+    """A persistent Allreduce (MPI-4 Allreduce_init once), each call Start + Wait: to set beside allreduce."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    count = nbytes // 8
+    send, recv = np.zeros(count), np.zeros(count)
+    req = comm.Allreduce_init(send, recv, MPI.SUM)
+
+    def run():
+        req.Start()
+        req.Wait()
+
+    def check():
+        j = np.arange(count)
+        send[:] = (j * 7 + rank) % 13
+        run()
+        return bool(np.array_equal(recv, sum((j * 7 + r) % 13 for r in range(size)).astype(np.float64)))
+
+    return run, check
+
+
+def nonblocking_allreduce(comm, nbytes, work_s):
+    rank, size = comm.Get_rank(), comm.Get_size()
+    count = nbytes // 8
+    send, recv, scratch = np.zeros(count), np.zeros(count), np.ones(4096)
+
+    def run():
+        req = comm.Iallreduce(send, recv, MPI.SUM)
+        if work_s:      # OSU's dummy compute: busy for work_s of wall time
+            end = time.perf_counter() + work_s
+            while time.perf_counter() < end:
+                np.multiply(scratch, 1.0, out=scratch)
+        req.Wait()
+
+    def check():
+        j = np.arange(count)
+        send[:] = (j * 7 + rank) % 13
+        run()
+        return bool(np.array_equal(recv, sum((j * 7 + r) % 13 for r in range(size)).astype(np.float64)))
+
+    return run, check
+
+
+OVERLAP_WORK_S = 0.005
+
+
+@op
+def iallreduce(comm, nbytes, algorithm=None):
+    """Iallreduce then Wait at once: the communication time that iallreduce_overlap hides."""
+    return nonblocking_allreduce(comm, nbytes, 0)
+
+
+@op
+def iallreduce_overlap(comm, nbytes, algorithm=None):
+    """Iallreduce, 5 ms of numpy work (wall time, as OSU's osu_iallreduce),
+    then Wait.  overlap = 1 - (this - 5 ms) / iallreduce's time."""
+    return nonblocking_allreduce(comm, nbytes, OVERLAP_WORK_S)
+
+
 def calibrate(run, sync, share, min_time, max_iters):
     """Calls per repetition: N doubles until a batch lasts a quarter of
     ``min_time`` on rank 0, then scales to last ``min_time``; ``share(x)``
@@ -304,7 +469,7 @@ def main(argv=None):
                                                        "MASTER_ADDR, MASTER_PORT from the environment)")
     a = p.parse_args(argv)
 
-    global SUM
+    global SUM, MPI     # the ops' (their module globals)
     if a.gloo:
         comm = Gloo()
         library, land, most = f"torch {comm.torch.__version__} gloo", None, None

@@ -24,7 +24,7 @@ import tempfile
 import numpy as np
 
 import shmcoll
-from shmcoll import _mpi_peer
+from shmcoll import MPI, _mpi_peer
 from shmcoll._mpi_peer import OPS, calibrate, measure, parse_list, timed
 
 #: 8 B .. 16 MiB in steps of 8x (whole buffer for bcast, per-rank block for the others).
@@ -38,8 +38,12 @@ GLOO_OPS = {"allreduce", "allreduce_f32", "reduce", "reduce_scatter", "allgather
 FLOOR_OPS = {"allreduce", "allreduce_f32"}
 CPUS = sorted(os.sched_getaffinity(0))
 #: Bench operations that measure a collective under another name (a dtype, a variant).
-COLLECTIVE = {"allreduce_f32": "allreduce", "reduce_scatter": "reduce_scatter_block"}
+#: The collective whose algorithms an op's columns are (None: point-to-point, no algorithms).
+COLLECTIVE = {"allreduce_f32": "allreduce", "reduce_scatter": "reduce_scatter_block", "bcast_spec": "bcast",
+              "allreduce_spec": "allreduce", "allgatherv_spec": "allgatherv", "pingpong": None, "bw": None,
+              "allreduce_init": None, "iallreduce": None, "iallreduce_overlap": None}
 _mpi_peer.SUM = shmcoll.SUM
+_mpi_peer.MPI = MPI
 
 
 def human(nbytes):
@@ -100,8 +104,8 @@ def _shmcoll_rank(comm, op, sizes, algorithm, cfg, floor):
             times, copies = measure_beside(run, lambda: np.copyto(dst, src), comm.Barrier, share, cfg)
         else:
             times = measure(run, comm.Barrier, share, cfg.min_time, cfg.max_iters, cfg.reps)
-        out.append((size, ok, times, comm.selected(COLLECTIVE.get(op, op), size) if algorithm is None else None,
-                    copies))
+        coll = COLLECTIVE.get(op, op)
+        out.append((size, ok, times, comm.selected(coll, size) if coll and algorithm is None else None, copies))
     return out
 
 
@@ -574,7 +578,8 @@ def main(argv=None):
         ref.probe()
     results, libraries = [], {}
     for op in cfg.ops:
-        algs = shmcoll.algorithms(COLLECTIVE.get(op, op))
+        coll = COLLECTIVE.get(op, op)
+        algs = shmcoll.algorithms(coll) if coll else []
         if cfg.algorithms != "all":
             algs = [a for a in algs if a in parse_list(cfg.algorithms)]
         for n in cfg.nprocs:

@@ -48,6 +48,26 @@ def test_validation_failure_is_reported(tmp_path, monkeypatch, capsys):
     assert "INVALID" in text and "FAILED: shmcoll bcast" in text
 
 
+P2P_OPS = ["pingpong", "bw", "bcast_spec", "allreduce_spec", "allgatherv_spec", "allreduce_init", "iallreduce",
+           "iallreduce_overlap"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", [2, 3])
+def test_point_to_point_spec_and_request_ops_check_out(tmp_path, n):
+    """The issue-44 ops (osu_latency/osu_bw pairs, a spec beside each plain
+    call, persistent and nonblocking Allreduce) run and their results match
+    numpy's pattern, also with an odd rank sitting out of the pairs."""
+    out = tmp_path / "b.json"
+    tiny = ["-n", str(n), "--sizes", "8,4096", "--min-time", "0.002", "--max-iters", "50", "--peers", "none"]
+    assert bench.main([*P2P_OPS, *tiny, "--algorithms", "none", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert sorted({r["op"] for r in rows}) == sorted(P2P_OPS)
+    assert all(r["valid"] and r["error"] is None and r["us"] > 0 for r in rows)
+    overlap = [r["us"] for r in rows if r["op"] == "iallreduce_overlap"]
+    assert min(overlap) >= _mpi_peer.OVERLAP_WORK_S * 1e6     # its work is part of every call
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("peer", ["mpich", "ompi"])
 def test_mpi_peer_runs_same_method(peer):
