@@ -44,6 +44,8 @@ _busy = weakref.WeakSet()       # communicators with started calls not yet colle
 
 def _poll():
     """request.progress: step every communicator's queue without blocking."""
+    if not _busy:
+        return
     for comm in list(_busy):
         if comm._pending and comm._broken is None:
             lib.sc_nb_test(comm._c, comm._pending[-1]._st)

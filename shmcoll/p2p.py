@@ -350,10 +350,12 @@ class _P2PRequest(Request):
     _who = -1
 
     def _wait(self):
-        if self._test():
-            return
         comm = self._comm
         alone = len(request._engines) == 1      # else other engines' work may be what a peer needs first
+        if self._test():                        # complete (an eager send, a matched receive): no doorbell pass
+            if not alone:
+                request.progress()              # every call advances the other engines' work
+            return
         while True:
             seen = _bell(comm._ctx)
             if alone:
