@@ -330,6 +330,46 @@ def test_persistent_in_place_reads_its_block_at_each_start(name, n):
                 assert np.array_equal(got, want), (r, k, got, want)
 
 
+def _repeated(comm):
+    """Iallreduce/Ibcast/Iallgather again and again on the same arrays, new
+    contents each time, an op and a root changed between: (results right,
+    whether the repeats planned in Python)."""
+    import sys
+    n, r = comm.size, comm.rank
+    a, b, g = np.zeros(5), np.zeros(5), np.zeros(5 * n)
+    ok, planned = True, []
+
+    def prof(frame, event, arg):
+        if event == "call" and frame.f_code.co_name == "_plan_only":
+            planned.append(k)
+    for k in range(6):
+        a[:] = np.arange(5) + r + k
+        op = shmcoll.SUM if k < 3 else shmcoll.MAX
+        sys.setprofile(prof)
+        try:
+            comm.Iallreduce(a, b, op).Wait()
+            comm.Iallgather(a, g).Wait()
+        finally:
+            sys.setprofile(None)
+        rows = [np.arange(5) + q + k for q in range(n)]
+        want = np.sum(rows, axis=0) if k < 3 else np.max(rows, axis=0)
+        ok = ok and np.array_equal(b, want) and np.array_equal(g, np.concatenate(rows))
+        root = k % n
+        c = np.arange(4.0) + 10 * k if r == root else np.zeros(4)
+        comm.Ibcast(c, root).Wait()
+        ok = ok and np.array_equal(c, np.arange(4.0) + 10 * k)
+    return ok, planned
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_a_repeated_icall_starts_the_program_it_planned(n):
+    """The same arrays again: no planning in Python (the first call's
+    program, with the arrays' new contents); a new op plans once more."""
+    for ok, planned in run_ranks(_repeated, n):
+        assert ok
+        assert planned == [0, 0, 3], planned
+
+
 def _killed(comm, out, polling=False):
     """The last rank dies; the others wait for the call (polling: in a Test
     loop, each step checking liveness)."""
