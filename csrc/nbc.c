@@ -22,6 +22,7 @@
 
 #define PARK_NS 1000000LL        /* a parked thread steps again at least this often (liveness, timeouts) */
 #define IDLE_NS 100000000LL      /* an idle thread looks at its stop flag this often */
+#define START_YIELDS 4           /* ranks sharing CPUs (no spin): a start lets the CPU go this often for its peers */
 
 struct sc_nbq {
     pthread_mutex_t lock;        /* head, tail */
@@ -185,7 +186,8 @@ static int start_thread(sc_comm_t *c)
  * within the wait policy's spin (c->spin_ns, as a blocking wait spins
  * before it yields), so a loop of them ends inline, as blocking calls
  * would, while a peer that is late leaves it queued.  Never waits for a
- * peer longer than that spin. */
+ * peer longer than that spin, or, ranks sharing CPUs (no spin), than
+ * START_YIELDS turns of the CPU's other tasks. */
 int sc_nb_start(sc_comm_t *c, sc_nbc_t *st)
 {
     if (!c->nbq) {
@@ -211,13 +213,15 @@ int sc_nb_start(sc_comm_t *c, sc_nbc_t *st)
     if (!st->background && !head(q) && !sc_own(c)) {
         if (!head(q)) {
             int64_t t0 = 0;
+            int yields = c->spin_ns ? 0 : START_YIELDS;
             while ((rc = sc_exec_step(c, st, 1)) == SC_PENDING) {
                 int64_t t = sc_now_ns();
                 if (!t0) t0 = t;
-                else if (t - t0 >= c->spin_ns) break;
+                else if (t - t0 >= c->spin_ns && !yields--) break;
                 sc_wait_t w;
                 memcpy(&w, st->wait, sizeof w);
-                for (int i = 0; i < 64 && !reached(&w); i++) cpu_relax();
+                if (!c->spin_ns) sched_yield();     /* ranks share CPUs: the peer we wait on may be the one to run */
+                else for (int i = 0; i < 64 && !reached(&w); i++) cpu_relax();
             }
             if (rc != SC_PENDING) {
                 st->next = NULL;
