@@ -105,15 +105,16 @@ class _Face(type):
 
 
 class Comm(metaclass=_Face):
-    """MPI.Comm(comm) is comm (mpi4py: another handle to it); MPI.Comm()
-    and MPI.Comm(COMM_NULL) a null communicator, equal to COMM_NULL."""
+    """MPI.Comm(comm): another handle to comm (mpi4py's), equal to it and
+    sharing its state; MPI.Comm() and MPI.Comm(COMM_NULL) a null
+    communicator, equal to COMM_NULL."""
 
     def __new__(cls, comm=None):
         if comm is None or isinstance(comm, _NullComm):
             return _NullComm()
         if not isinstance(comm, _Comm):
             raise TypeError(f"{cls.__name__}() takes a communicator, not {type(comm).__name__}")
-        return comm
+        return comm._handle()
 
 
 class Intracomm(Comm):
@@ -162,6 +163,11 @@ _comms = {}
 def _self():
     """A one-rank communicator of this process only (COMM_SELF)."""
     return comms.comm_self(_comm("COMM_WORLD"))
+
+
+def _comm_handle(name):
+    """An unpickled handle to COMM_WORLD or COMM_SELF other than themselves."""
+    return _comm(name)._handle()
 
 
 def _comm(name):

@@ -108,17 +108,25 @@ class Communicators:
         """IDENT (the same communicator), CONGRUENT (the same ranks in the
         same order), SIMILAR (the same ranks), UNEQUAL (mpi4py's Comm.Compare)."""
         self._alive("Compare")
-        if comm is self:
+        if self == comm:
             return IDENT
         same = Group(self._ranks()).Compare(comm.Get_group())
         return {IDENT: CONGRUENT, SIMILAR: SIMILAR}.get(same, UNEQUAL)
 
     def __eq__(self, other):
-        if self is other:
+        if self is other or getattr(other, "__dict__", None) is self.__dict__:     # another handle to it
             return True
         return not self and (other is COMM_NULL or isinstance(other, Communicators) and not other)
 
-    __hash__ = object.__hash__
+    def __hash__(self):
+        return id(self.__dict__)
+
+    def _handle(self):
+        """Another handle to this communicator (mpi4py's Comm(comm)): a
+        distinct object, equal to it, whose state (and C entries) are its."""
+        other = object.__new__(type(self))
+        other.__dict__ = self.__dict__
+        return other
 
     def __bool__(self):
         return not self._freed
@@ -130,6 +138,8 @@ class Communicators:
         for name in ("COMM_WORLD", "COMM_SELF"):
             if MPI._comms.get(name) is self:
                 return MPI._comm, (name,)
+            if MPI._comms.get(name) == self:
+                return MPI._comm_handle, (name,)
         raise ValueError(f"cannot pickle {self._label()}: only COMM_WORLD, COMM_SELF and COMM_NULL pickle")
 
     def _label(self):

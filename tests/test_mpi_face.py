@@ -11,7 +11,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from conftest import ROOT, cli
+from conftest import ROOT, cli, run_ranks
 import shmcoll
 from shmcoll import MPI, errors
 
@@ -200,7 +200,8 @@ def test_environment():
     assert MPI.COMM_WORLD.Get_size() == 1 and isinstance(MPI.COMM_WORLD, MPI.Intracomm)
     assert MPI.COMM_SELF.Get_size() == 1 and MPI.COMM_SELF is not MPI.COMM_WORLD
     assert not MPI.COMM_NULL and isinstance(MPI.COMM_NULL, MPI.Comm)
-    assert MPI.Intracomm(MPI.COMM_WORLD) is MPI.COMM_WORLD and isinstance(MPI.COMM_SELF, MPI.Comm)
+    assert MPI.Intracomm(MPI.COMM_WORLD) == MPI.COMM_WORLD and isinstance(MPI.COMM_SELF, MPI.Comm)
+    assert MPI.Intracomm(MPI.COMM_WORLD) is not MPI.COMM_WORLD      # another handle (mpi4py)
     assert MPI.Intracomm(MPI.COMM_NULL) == MPI.COMM_NULL == MPI.Comm() and not MPI.Comm()
     assert issubclass(MPI.Intracomm, MPI.Comm) and MPI.Comm.Bcast is shmcoll.Comm.Bcast
     with pytest.raises(TypeError):
@@ -294,3 +295,26 @@ def test_comm_lock_table_as_mpi4py():
     assert comm.bcast({"x": 1}, root=0) == {"x": 1}
     assert isinstance(table["bcast"], type(threading.Lock())) and not table["bcast"].locked()
     comm.Free()
+
+
+
+def _handles(comm):
+    """MPI.Comm(comm) as mpi4py's: another object, equal, the same state."""
+    other = MPI.Intracomm(comm)
+    got = np.zeros(3)
+    other.Allreduce(np.full(3, comm.rank + 1.0), got, op=MPI.SUM)        # runs on comm's state
+    return (other is not comm and other == comm and hash(other) == hash(comm)
+            and other.Compare(comm) == MPI.IDENT and comm.Compare(other) == MPI.IDENT
+            and got.tolist() == [sum(range(1, comm.size + 1))] * 3)
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_comm_of_a_comm_is_another_handle(n):
+    assert run_ranks(lambda c: _handles(c) and _handles(c.Dup()), n) == [True] * n
+
+
+def test_a_handle_to_comm_self_pickles_as_another_handle():
+    other = MPI.Comm(MPI.COMM_SELF)
+    assert pickle.loads(pickle.dumps(MPI.COMM_SELF)) is MPI.COMM_SELF
+    back = pickle.loads(pickle.dumps(other))
+    assert back is not MPI.COMM_SELF and back == MPI.COMM_SELF
