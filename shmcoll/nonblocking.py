@@ -308,6 +308,11 @@ def _refreshed_start(refresh, start):
 
 
 _MEMO = 64       # nonblocking calls remembered per communicator
+#: What _memo_key may remember: calls whose planning makes no call of its
+#: own (Gatherv's and Scatterv's exchange of counts, Reduce_scatter's, would
+#: be skipped on the ranks that remember, and not on the others).
+_MEMOABLE = frozenset(("Barrier", "Bcast", "Allreduce", "Reduce", "Allgather", "Alltoall", "Gather", "Scatter",
+                       "Reduce_scatter_block", "Scan", "Exscan"))
 
 
 def _memo_key(name, args, kw):
@@ -316,6 +321,8 @@ def _memo_key(name, args, kw):
     whose checks and program depend on nothing else: a call of the same
     key, new views over the same memory included, would plan the same.
     None for any other call."""
+    if name not in _MEMOABLE:
+        return None
     key = [name, tuple(kw)]
     for v in (*args, *kw.values()):
         t = type(v)

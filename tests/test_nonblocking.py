@@ -370,6 +370,31 @@ def test_a_repeated_icall_starts_the_program_it_planned(n):
         assert planned == [0, 0, 3], planned
 
 
+def _repeated_v(comm):
+    """Igatherv/Iscatterv again with the same arrays: the non-roots' plain
+    arguments must not skip the exchange of counts the root's planning
+    makes (a remembered plan there would leave the root waiting on it)."""
+    n, r = comm.size, comm.rank
+    counts = [k + 1 for k in range(n)]
+    s = np.zeros(r + 1)
+    g = np.zeros(sum(counts)) if r == 0 else None
+    ok = True
+    for k in range(3):
+        s[:] = 10 * k + r
+        comm.Igatherv(s, [g, counts] if r == 0 else None, 0).Wait()
+        if r == 0:
+            ok = ok and np.array_equal(g, np.concatenate([np.full(q + 1, 10.0 * k + q) for q in range(n)]))
+        t = np.zeros(r + 1)
+        comm.Iscatterv([g, counts] if r == 0 else None, t, 0).Wait()
+        ok = ok and np.array_equal(t, np.full(r + 1, 10.0 * k + r))
+    return ok
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_repeated_v_icall_still_exchanges_counts(n):
+    assert run_ranks(_repeated_v, n) == [True] * n
+
+
 def _killed(comm, out, polling=False):
     """The last rank dies; the others wait for the call (polling: in a Test
     loop, each step checking liveness)."""
