@@ -36,6 +36,8 @@ class Args:
         return self.size if name in spec.BLOCKED.get(op, ()) else 0
 
     def root(self, root):
+        if isinstance(root, (float, np.floating)):
+            root = int(root)        # truncated, as mpi4py's C int conversion does
         if isinstance(root, (bool, np.bool_)) or not isinstance(root, (int, np.integer)) \
                 or not 0 <= root < self.size:
             raise ArgumentError(ERR_ROOT, f"root must be a rank in 0..{self.size - 1}, not {root!r}")

@@ -70,6 +70,12 @@ class _P2P:
         self.ahead = None      # (source, tag) of those not yet matched, as C reads them (_pairs)
 
 
+def _truncated(x):
+    """A float rank or tag as mpi4py takes it (C's int conversion
+    truncates: osu_multi_lat's partner is nprocs / 2 + rank, a float)."""
+    return int(x) if isinstance(x, (float, np.floating)) else x
+
+
 def _covered(failed, source, tag):
     """Whether an unmatched receive before this one fits every message this
     one fits: this one then passes over them all (they are that one's),
@@ -117,16 +123,19 @@ class PointToPoint:
         return self._dev.addr
 
     def _dest(self, dest, what):
+        dest = _truncated(dest)
         if not isinstance(dest, (int, np.integer)) or not (0 <= dest < self.size or dest == PROC_NULL):
             self._bad(MPIError(ERR_RANK, f"{what}: invalid rank {dest!r} (communicator of {self.size})"))
         return int(dest)
 
     def _source(self, source, what):
+        source = _truncated(source)
         if not isinstance(source, (int, np.integer)) or not (-2 <= source < self.size):
             self._bad(MPIError(ERR_RANK, f"{what}: invalid source rank {source!r} (communicator of {self.size})"))
         return int(source)
 
     def _tag(self, tag, what, any_ok):
+        tag = _truncated(tag)
         if not isinstance(tag, (int, np.integer)) or not (0 <= tag <= TAG_UB or (any_ok and tag == ANY_TAG)):
             self._bad(MPIError(ERR_TAG, f"{what}: invalid tag {tag!r} (0 .. {TAG_UB}"
                                         f"{', or ANY_TAG' if any_ok else ''})"))

@@ -23,6 +23,7 @@ items of each rank's datatype, displacements in bytes (MPI's).
 
 A datatype is an MPI datatype (.base, .count, Get_size: contiguous ones)
 or anything numpy names a dtype by."""
+import array
 import itertools
 import operator
 
@@ -190,12 +191,12 @@ def vector(spec, name, nranks, writable, derive=True):
         if raw.size % ext:
             raise ValueError(f"{name}: cannot infer the counts: {raw.size} bytes are not whole {dt} items")
         counts = [items // nranks + (items % nranks > r) for r in range(nranks)]
-    elif not isinstance(counts, (list, tuple, np.ndarray)):
+    elif not _sequence(counts):
         counts = [_index(counts, name, "count")] * nranks
     counts = _per_rank(counts, f"{name}: counts", nranks)
     if displs is None:
         displs = list(itertools.accumulate(counts[:-1], initial=0))
-    elif not isinstance(displs, (list, tuple, np.ndarray)):
+    elif not _sequence(displs):
         stride = _index(displs, name, "displacement stride")
         displs = [r * stride for r in range(nranks)]
     else:
@@ -217,6 +218,16 @@ def ranges(name, counts, displs, size, unit, writable):
     for (d0, c0, r0), (d1, _, r1) in zip(live, live[1:]) if writable else ():
         if d0 + c0 > d1:
             raise ValueError(f"{name}: the ranges of ranks {r0} and {r1} overlap (displacements {d0} and {d1})")
+
+
+def _sequence(x):
+    """Whether counts or displacements are one per rank (any sequence:
+    a list, a tuple, an array, array.array as mpi4py's demos pass), not one
+    integer for all."""
+    if isinstance(x, np.ndarray):
+        return x.ndim > 0               # a 0-d array is one integer
+    return isinstance(x, (list, tuple, array.array)) or (
+        hasattr(x, "__len__") and hasattr(x, "__getitem__") and not isinstance(x, (str, bytes)))
 
 
 def _per_rank(seq, what, n):

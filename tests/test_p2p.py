@@ -609,3 +609,19 @@ def test_staged_truncation_and_threads():
         except shmcoll.PeerFailure:
             return "peer"
     assert run(job, 2, timeout=60) == ["peer", ("mpi", ERR_TRUNCATE)]
+
+
+def test_float_ranks_tags_and_roots_truncate_as_mpi4py():
+    """mpi4py's C int arguments take a float and truncate it (osu_multi_lat
+    computes its partner as nprocs / 2 + rank)."""
+    def job(comm):
+        other = (comm.rank + 1) % 2 + 0.0            # 1.0 or 0.0
+        got = np.zeros(3)
+        req = comm.Isend(np.full(3, comm.rank + 5.0), other, 7.9)
+        comm.Recv(got, other + 0.4, 7.0)
+        req.Wait()
+        b = np.full(2, comm.rank + 1.0)
+        comm.Bcast(b, root=1.0)
+        return got.tolist(), b.tolist()
+    for r, (got, b) in enumerate(run(job, 2)):
+        assert got == [(1 - r) + 5.0] * 3 and b == [2.0, 2.0]

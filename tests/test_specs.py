@@ -633,3 +633,25 @@ def _none_is_in_place(comm):
 def test_none_sendbuf_is_in_place_as_in_mpi4py(n):
     got = run_ranks(_none_is_in_place, n)
     assert all(all(g.values()) for g in got), got
+
+
+@pytest.mark.parametrize("p", [2, 3])
+def test_counts_of_any_sequence_and_a_0d_count(p):
+    """Counts and displacements as array.array (mpi4py's osu_alltoallv) or
+    any sequence; a 0-d numpy array is one count for every rank."""
+    import array
+
+    def job(comm):
+        n, r = comm.size, comm.rank
+        counts, displs = array.array("i", [2] * n), array.array("i", [3 * q for q in range(n)])
+        send = np.repeat(data(r, 2)[None], n, 0).reshape(-1)
+        recv = np.full(3 * n, SENT, np.int32)
+        comm.Alltoallv([send, [2] * n, MPI.INT],
+                       [recv, (counts, displs), MPI.INT])
+        g = np.full(2 * n, SENT, np.int32)
+        comm.Allgatherv(data(r, 2), [g, np.array(2), MPI.INT])
+        return recv, g
+    for r, (recv, g) in enumerate(run_ranks(job, p, timeout=30)):
+        for q in range(p):
+            assert np.array_equal(recv[3 * q:3 * q + 2], data(q, 2)) and recv[3 * q + 2] == SENT
+        assert np.array_equal(g, np.concatenate([data(q, 2) for q in range(p)]))
