@@ -229,23 +229,60 @@ int sc_py_parse(PyObject *const *args, size_t nargsf, PyObject *kw, PyObject *na
     return parse(args, nargsf, kw, names, out);
 }
 
+static PyObject *simple_spec(PyObject *v, int64_t *count, int64_t *displ, int *tix);
+
+static PyObject *s_base, *s_count, *s_get_size;     /* interned attribute names */
+
+/* The attribute names type_index looks up, interned once: 0 on failure (an exception set). */
+static int interned(void)
+{
+    return s_base || ((s_base = PyUnicode_InternFromString("base")) && (s_count = PyUnicode_InternFromString("count"))
+                      && (s_get_size = PyUnicode_InternFromString("Get_size")));
+}
+
+/* v's bytes for point-to-point (p2p.c): a plain buffer, or a simple spec
+ * ([buf, count, MPI.BYTE], ...: simple_spec) cut to its items as
+ * spec.simple cuts it; 0 when neither (the Python path reads or refuses
+ * it).  b->obj set: a buffer to release. */
 int sc_py_buffer(PyObject *v, int writable, Py_buffer *b)
 {
     Py_ssize_t isz;
+    int64_t count = -1, displ = 0;
+    int tix = -1;
     b->obj = NULL;
-    if (quick(v, writable, (char **)&b->buf, &b->len, &isz)) return 1;
-    if (PyObject_GetBuffer(v, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0))) {
-        PyErr_Clear();
-        b->obj = NULL;
-        return 0;
+    if (PyList_Check(v) || PyTuple_Check(v)) {
+        if (!interned()) {
+            PyErr_Clear();
+            return 0;
+        }
+        if (!(v = simple_spec(v, &count, &displ, &tix))) return 0;
     }
-    if (!plain(b)) {
-        PyBuffer_Release(b);
-        b->obj = NULL;
-        return 0;
+    if (!quick(v, writable, (char **)&b->buf, &b->len, &isz)) {
+        if (PyObject_GetBuffer(v, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0))) {
+            PyErr_Clear();
+            b->obj = NULL;
+            return 0;
+        }
+        if (!plain(b)) {
+            PyBuffer_Release(b);
+            b->obj = NULL;
+            return 0;
+        }
+        learn(v, b);
+        isz = b->itemsize;
     }
-    learn(v, b);
+    if (count < 0 && displ == 0 && tix < 0) return 1;
+    Py_ssize_t unit = tix >= 0 ? dtypes[tix].itemsize : isz, n;
+    if (unit <= 0 || displ > b->len / unit) goto refuse;
+    n = b->len - (Py_ssize_t)displ * unit;
+    if (count < 0 ? n % unit : count > n / unit) goto refuse;
+    b->buf = (char *)b->buf + displ * unit;
+    b->len = count < 0 ? n : (Py_ssize_t)count * unit;
     return 1;
+refuse:
+    if (b->obj) PyBuffer_Release(b);
+    b->obj = NULL;
+    return 0;
 }
 
 /* n non-negative exact ints of a list or tuple into out; 0 if not that. */
@@ -271,7 +308,6 @@ typedef struct {
     char kind, type, byteorder;
 } np_descr;
 
-static PyObject *s_base, *s_count, *s_get_size;     /* interned attribute names */
 #define NTYPES 16
 static struct { PyObject *type, *descr; } types[NTYPES];     /* MPI datatypes seen to name a dtype */
 static int next_type;
@@ -422,9 +458,7 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
     char *sbuf = NULL, *rbuf = NULL;
     int typed = info->typed, reduction = info->reduction, inplace = 0, rootspec = -1;
     if (c->closed || !parse(args, nargsf, kw, PyTuple_GET_ITEM(desc, 0), a)) return decline(self, args, nargsf, kw);
-    if (!s_base && !((s_base = PyUnicode_InternFromString("base")) && (s_count = PyUnicode_InternFromString("count"))
-                     && (s_get_size = PyUnicode_InternFromString("Get_size"))))
-        return NULL;
+    if (!interned()) return NULL;
     for (int i = 0; roles[i] && ok; i++) {
         PyObject *v = a[i];
         switch (roles[i]) {

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import shmcoll
+from shmcoll import MPI
 from conftest import assert_killed_mid, in_threads, run_ranks
 from shmcoll.errors import ERR_RANK, ERR_TAG, ERR_TRUNCATE, MPIError
 from shmcoll.p2p import MESSAGE_NO_PROC, TAG_UB
@@ -625,3 +626,47 @@ def test_float_ranks_tags_and_roots_truncate_as_mpi4py():
         return got.tolist(), b.tolist()
     for r, (got, b) in enumerate(run(job, 2)):
         assert got == [(1 - r) + 5.0] * 3 and b == [2.0, 2.0]
+
+
+P2P_SPECS = {
+    "[buf, count, MPI.BYTE]": lambda b, n, d: [b[d:], n * 4, MPI.BYTE],
+    "[buf, count, displ, MPI.INT]": lambda b, n, d: [b, n, d, MPI.INT],
+    "[buf, (count, displ), MPI.INT]": lambda b, n, d: [b, (n, d), MPI.INT],
+    "[buf, MPI.INT]": lambda b, n, d: [b[d:d + n], MPI.INT],
+}
+
+
+@pytest.mark.parametrize("form", list(P2P_SPECS))
+def test_p2p_specs_take_the_c_entry(form):
+    """Send/Recv/Sendrecv of mpi4py's buffer specs move the spec's items
+    (numpy's slice) and, warm, run no Python function of shmcoll's."""
+    import sys
+
+    def job(comm):
+        other, n, d = 1 - comm.rank, 5, 2
+        frames, ok = [], True
+
+        def prof(frame, event, arg):
+            if event == "call" and "shmcoll" in frame.f_code.co_filename:
+                frames.append(frame.f_code.co_name)
+        for k in range(3):
+            src = np.arange(10, dtype=np.int32) + 100 * comm.rank + k
+            dst = np.full(10, -1, np.int32)
+            frames.clear()
+            sys.setprofile(prof)
+            try:
+                if comm.rank == 0:
+                    comm.Send(P2P_SPECS[form](src, n, d), other, 3)
+                    comm.Recv(P2P_SPECS[form](dst, n, d), other, 4)
+                else:
+                    comm.Recv(P2P_SPECS[form](dst, n, d), other, 3)
+                    comm.Send(P2P_SPECS[form](src, n, d), other, 4)
+                comm.Sendrecv(P2P_SPECS[form](src, n, d), other, 5, P2P_SPECS[form](dst, n, d), other, 5)
+            finally:
+                sys.setprofile(None)
+            want = np.full(10, -1, np.int32)
+            want[d:d + n] = np.arange(d, d + n) + 100 * other + k
+            ok = ok and np.array_equal(dst, want)
+        return ok, frames
+    for ok, frames in run(job, 2):
+        assert ok and frames == [], frames
