@@ -456,7 +456,7 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
     int64_t key[SC_KEY] = { [SC_K_COLLECTIVE] = info->coll, [SC_K_ALGORITHM] = SC_KEY_NONE };
     int64_t vec[2 * 1024];      /* a v-spec's counts and displacements (MAX_RANKS) */
     char *sbuf = NULL, *rbuf = NULL;
-    int typed = info->typed, reduction = info->reduction, inplace = 0, rootspec = -1;
+    int typed = info->typed, reduction = info->reduction, inplace = 0, rootspec = -1, blockin = 0;
     if (c->closed || !parse(args, nargsf, kw, PyTuple_GET_ITEM(desc, 0), a)) return decline(self, args, nargsf, kw);
     if (!interned()) return NULL;
     for (int i = 0; roles[i] && ok; i++) {
@@ -472,6 +472,13 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
                 break;
             }
             /* fall through */
+        case 'b':
+            if (roles[i] == 'b' && v == PyTuple_GET_ITEM(desc, 2)) {   /* IN_PLACE: this rank's block of the output */
+                blockin = 1;
+                typed += typed == i;
+                break;
+            }
+            /* fall through */
         case 'i':
             if (roles[i] == 'i' && v == PyTuple_GET_ITEM(desc, 2)) {   /* IN_PLACE: the input is the next argument */
                 inplace = 1;
@@ -481,7 +488,7 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
             }
             /* fall through */
         case 'x': case 'o': {
-            int w = roles[i] != 'i' && roles[i] != 'I', out = roles[i] == 'o' || roles[i] == 'O' || roles[i] == 'v';
+            int w = roles[i] != 'i' && roles[i] != 'I' && roles[i] != 'b', out = roles[i] == 'o' || roles[i] == 'O' || roles[i] == 'v';
             char *p;
             Py_ssize_t len, isz;
             int64_t count = -1, displ = 0, blocks = 1;
@@ -551,6 +558,14 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
         nbuf--;
     }
     if (inplace) sbuf = rbuf;
+    if (ok && blockin) {    /* Gather's root, Allgather: the block stays where it is, as Python's copy keys it */
+        int64_t root = strchr(roles, 'r') ? key[SC_K_ROOT] : c->rank, all = key[SC_K_RECV];
+        ok = root == c->rank && rbuf && all >= 0 && all % c->size == 0 && isz0 && (all / c->size) % isz0 == 0;
+        if (ok) {
+            key[SC_K_SEND] = all / c->size;
+            sbuf = rbuf + root * key[SC_K_SEND];
+        }
+    }
     /* two buffers (not Bcast's one) that overlap, the same one included: Python refuses */
     int64_t slen = key[SC_K_SEND], rlen = key[SC_K_RECV];
     if (ok && nbuf == 2 && slen && rlen && sbuf < rbuf + rlen && rbuf < sbuf + slen) ok = 0;
