@@ -456,9 +456,11 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
     int64_t key[SC_KEY] = { [SC_K_COLLECTIVE] = info->coll, [SC_K_ALGORITHM] = SC_KEY_NONE };
     int64_t vec[2 * 1024];      /* a v-spec's counts and displacements (MAX_RANKS) */
     char *sbuf = NULL, *rbuf = NULL;
-    int typed = info->typed, reduction = info->reduction, inplace = 0, rootspec = -1, blockin = 0;
+    int typed = info->typed, reduction = info->reduction, inplace = 0, rootspec = -1, blockin = 0, blockout = 0, qin = 0;
+    int64_t sword = 0;
     if (c->closed || !parse(args, nargsf, kw, PyTuple_GET_ITEM(desc, 0), a)) return decline(self, args, nargsf, kw);
     if (!interned()) return NULL;
+    for (int i = 0; roles[i]; i++) qin |= roles[i] == 'q' && a[i] == PyTuple_GET_ITEM(desc, 2);
     for (int i = 0; roles[i] && ok; i++) {
         PyObject *v = a[i];
         switch (roles[i]) {
@@ -487,8 +489,16 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
                 break;
             }
             /* fall through */
+        case 'q':
+            if (roles[i] == 'q' && v == PyTuple_GET_ITEM(desc, 2)) {   /* IN_PLACE: the root's block of the input */
+                blockout = 1;
+                break;
+            }
+            /* fall through */
         case 'x': case 'o': {
-            int w = roles[i] != 'i' && roles[i] != 'I' && roles[i] != 'b', out = roles[i] == 'o' || roles[i] == 'O' || roles[i] == 'v';
+            /* an input that an IN_PLACE output's block is copied onto must be writable */
+            int w = (roles[i] != 'i' && roles[i] != 'I' && roles[i] != 'b') || (roles[i] == 'I' && qin),
+                out = roles[i] == 'o' || roles[i] == 'O' || roles[i] == 'v' || roles[i] == 'q';
             char *p;
             Py_ssize_t len, isz;
             int64_t count = -1, displ = 0, blocks = 1;
@@ -518,7 +528,8 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
                 if (count < 0 ? n % unit || (n / unit) % blocks : count > n / unit / blocks) { ok = 0; break; }
                 p += at, len = count < 0 ? n : (Py_ssize_t)count * unit * blocks, isz = unit;
             }
-            int64_t word = i == typed || (reduction && nbuf) ? tix >= 0 ? (int64_t)dtypes[tix].hash : dtype_word(v) : 0;
+            int64_t word = i == typed || (reduction && nbuf) || qin ? tix >= 0 ? (int64_t)dtypes[tix].hash : dtype_word(v) : 0;
+            if (roles[i] == 'I') sword = word;
             if (i == typed && !(key[SC_K_TYPE] = word)) { ok = 0; break; }      /* not an array Python keys alike */
             if (reduction && nbuf && word != key[SC_K_TYPE]) { ok = 0; break; }   /* Python refuses two dtypes */
             key[out ? SC_K_RECV : SC_K_SEND] = len;
@@ -558,6 +569,15 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
         nbuf--;
     }
     if (inplace) sbuf = rbuf;
+    if (ok && blockout) {   /* Scatter's root: its block stays in sendbuf, keyed by sendbuf's dtype as Python's scratch */
+        int64_t root = key[SC_K_ROOT], all = key[SC_K_SEND];
+        ok = root == c->rank && sbuf && sword && all >= 0 && all % c->size == 0 && isz0 && (all / c->size) % isz0 == 0;
+        if (ok) {
+            key[SC_K_RECV] = all / c->size;
+            key[SC_K_TYPE] = sword;
+            rbuf = sbuf + root * key[SC_K_RECV];
+        }
+    }
     if (ok && blockin) {    /* Gather's root, Allgather: the block stays where it is, as Python's copy keys it */
         int64_t root = strchr(roles, 'r') ? key[SC_K_ROOT] : c->rank, all = key[SC_K_RECV];
         ok = root == c->rank && rbuf && all >= 0 && all % c->size == 0 && isz0 && (all / c->size) % isz0 == 0;

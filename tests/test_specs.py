@@ -658,9 +658,9 @@ def test_counts_of_any_sequence_and_a_0d_count(p):
 
 
 def _inplace_fast(comm, coll, spec):
-    """IN_PLACE Allgather / Gather (its root: rank 1 % p), the own block
-    rewritten before each of 3 calls: (results, the Python functions of
-    shmcoll's the last call ran)."""
+    """IN_PLACE Allgather / Gather / Scatter (root: rank 1 % p), the own
+    block rewritten before each of 3 calls: (results, the Python functions
+    of shmcoll's each call ran)."""
     p, r, c = comm.size, comm.rank, 3
     root = 1 % p
     out = []
@@ -669,6 +669,16 @@ def _inplace_fast(comm, coll, spec):
         mine = data(r, c) + k
         recv[r * c:(r + 1) * c] = mine
         rspec = [recv, c, MPI.INT] if spec else recv
+        if coll == "Scatter":
+            src = np.concatenate([data(q, c) + k for q in range(p)]) if r == root else None
+            got = np.full(c, SENT, np.int32)
+            if r == root:
+                frames = _python_frames(lambda: comm.Scatter([src, c, MPI.INT] if spec else src, MPI.IN_PLACE, root))
+                got = src[r * c:(r + 1) * c]        # the root's block stays in sendbuf
+            else:
+                frames = _python_frames(lambda: comm.Scatter(None, [got, MPI.INT] if spec else got, root))
+            out.append((got, frames))
+            continue
         if coll == "Allgather":
             frames = _python_frames(lambda: comm.Allgather(MPI.IN_PLACE, rspec))
         elif r == root:
@@ -681,12 +691,33 @@ def _inplace_fast(comm, coll, spec):
 
 @pytest.mark.parametrize("p", [1, 2, 3])
 @pytest.mark.parametrize("spec", [False, True])
-@pytest.mark.parametrize("coll", ["Allgather", "Gather"])
+@pytest.mark.parametrize("coll", ["Allgather", "Gather", "Scatter"])
 def test_in_place_block_calls_take_the_c_entry(coll, spec, p):
-    """mpi4py's osu_allgather/osu_gather: IN_PLACE with this rank's block
-    already in recvbuf gives numpy's concatenation and, warm, runs in C."""
+    """mpi4py's osu_allgather/osu_gather/osu_scatter: IN_PLACE with this
+    rank's (the root's) block already in place gives numpy's concatenation
+    (Scatter: each rank its block) and, warm, runs in C."""
     for r, runs in enumerate(run_ranks(_inplace_fast, p, coll, spec, timeout=60)):
         for k, (recv, _) in enumerate(runs):
-            if recv is not None:
+            if coll == "Scatter":
+                assert np.array_equal(recv, data(r, 3) + k), (r, k, recv)
+            elif recv is not None:
                 assert np.array_equal(recv, np.concatenate([data(q, 3) + k for q in range(p)])), (r, k, recv)
         assert runs[-1][1] == [], (r, runs[-1][1])
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_in_place_scatter_of_a_read_only_sendbuf(p):
+    """The root's block is not copied onto a read-only sendbuf (the C
+    entry would write it in place): the call still scatters."""
+    def job(comm):
+        src = np.concatenate([data(q, 3) for q in range(comm.size)])
+        src.flags.writeable = False
+        got = np.full(3, SENT, np.int32)
+        for _ in range(3):
+            if comm.rank == 0:
+                comm.Scatter(src, MPI.IN_PLACE, 0)
+            else:
+                comm.Scatter(None, got, 0)
+        return got
+    for r, got in enumerate(run_ranks(job, p, timeout=30)):
+        assert r == 0 or np.array_equal(got, data(r, 3))

@@ -5,7 +5,7 @@ argument roles for its C fast entry (empty: none, as for Gatherv/Scatterv,
 whose counts only the root has; device.entry, csrc/pyfast.c: a leading k
 when argument k's dtype is in the signature, x in-out buffer, i input (or
 IN_PLACE), b input (or IN_PLACE: this rank's, the root's, block of the
-output), o output, I/O optional, v an output with counts, r root, p
+output), o output (q: or IN_PLACE, the root's block of the input), I/O optional, v an output with counts, r root, p
 reduction op, a algorithm) and its argument names (a reduction's include
 op).  Adding a collective is a module, a row here and the Comm method;
 its options row and SHMCOLL_<OP>_ALGORITHM follow from the row
@@ -25,7 +25,7 @@ TABLE = {
     "allgatherv": (5, allgatherv, "Allgatherv", "1iva", ("sendbuf", "recvbuf", "algorithm")),
     "gather": (6, gather, "Gather", "0bOra", ("sendbuf", "recvbuf", "root", "algorithm")),
     "gatherv": (7, gather, "Gatherv", "", ("sendbuf", "recvbuf", "root", "algorithm")),
-    "scatter": (8, scatter, "Scatter", "1Iora", ("sendbuf", "recvbuf", "root", "algorithm")),
+    "scatter": (8, scatter, "Scatter", "1Iqra", ("sendbuf", "recvbuf", "root", "algorithm")),
     "scatterv": (9, scatter, "Scatterv", "", ("sendbuf", "recvbuf", "root", "algorithm")),
     "allreduce": (10, allreduce, "Allreduce", "0iopa", ("sendbuf", "recvbuf", "op", "algorithm")),
     "reduce": (11, reduce, "Reduce", "0iOpra", ("sendbuf", "recvbuf", "op", "root", "algorithm")),
