@@ -3,6 +3,9 @@ rank and the communicator's size): specs made plain (shmcoll.spec),
 IN_PLACE turned into this rank's own block or piece, sizes, overlaps and
 roots checked, so that Comm's methods only key, plan and run.  Every
 problem raises here, on this rank, naming the argument."""
+import contextlib
+import threading
+
 import numpy as np
 
 from . import buffers, ops, spec
@@ -18,11 +21,30 @@ def apart(s0, sbytes, r0, rbytes):
         raise ValueError("sendbuf and recvbuf overlap; pass distinct buffers")
 
 
+_made = threading.local()      # .arrays: what own() makes while a nonblocking call is planned
+
+
+@contextlib.contextmanager
+def keeping():
+    """Collect what own() makes meanwhile, as (array, the address it copies
+    or None): a nonblocking or persistent call's program goes on reading
+    and writing them after its planning returns, so its request keeps
+    them (and a persistent one copies them again at each start)."""
+    _made.arrays = made = []
+    try:
+        yield made
+    finally:
+        _made.arrays = None
+
+
 def own(ptr, start, nbytes, dt):
     """A fresh array of nbytes of dtype dt (bytes when they are not whole
     items): a copy of ptr's bytes from start, or scratch when ptr is None."""
     raw = np.empty(nbytes, np.uint8) if ptr is None else \
         np.frombuffer(ffi.buffer(ptr + start, nbytes), np.uint8).copy()
+    made = getattr(_made, "arrays", None)
+    if made is not None:
+        made.append((raw, None if ptr is None else buffers.address(ptr) + start))
     return raw.view(dt.base) if nbytes % dt.itemsize == 0 else raw
 
 
@@ -81,7 +103,7 @@ class Args:
             rraw, rdt, rc, rd = spec.vector(recvbuf, "recvbuf", p, True)
             rn, rd = [c * rdt.itemsize for c in rc], [d * rdt.itemsize for d in rd]
         if sendbuf is IN_PLACE:
-            sraw, sn, sd = rraw.copy(), rn, rd
+            sraw, sn, sd = own(ffi.from_buffer(rraw), 0, rraw.size, np.dtype(np.uint8)), rn, rd
         elif w:
             sraw, sn, sd = spec.wvector(sendbuf, "sendbuf", p, False)
         else:

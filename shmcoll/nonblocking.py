@@ -26,8 +26,8 @@ import numpy as np
 from ._core import ffi, lib
 from .device import _new_cfunction
 from .errors import ArgumentError, ShmcollError
-from . import buffers
 from .buffers import IN_PLACE
+from .args import keeping
 from .request import Prequest, Request, register
 from . import spec
 
@@ -193,74 +193,34 @@ class Nonblocking:
         kw.pop("info", None)
         self._usable()
         try:
-            args, keep = self._held(name, list(args), kw)
+            whole = self._held(name, args, kw)
         except ShmcollError as e:
             if not isinstance(e, ArgumentError):
                 raise
             self._bad(e)
         except BaseException as e:      # as the blocking method's checks: the peers raise too
             self._bad(e)
-        if keep is _WHOLE:
+        if whole is _WHOLE:
             getattr(type(self), name)(self, *args, **kw)
             return None
-        got = self._plan_only(name, args, kw)
+        with keeping() as made:         # IN_PLACE's own blocks and pieces, copied or scratch
+            got = self._plan_only(name, args, kw)
         if got is None:
             return None
-        run = _Run(self, got, (args, kw, keep))
-        run.refresh = _refresh(keep) if keep is not None else None
+        run = _Run(self, got, (args, kw, made))
+        run.refresh = _refresh(made)
         return run
 
     def _held(self, name, args, kw):
-        """IN_PLACE in a v-variant makes the blocking method build this
-        rank's piece in a fresh array: built here, so the request keeps it.
-        Gather's and Allgather's IN_PLACE block too, which the blocking
-        method would copy into an array gone with the call.  (args, None,
-        the scratch array, or (the array, the address it copies); _WHOLE:
-        the call runs whole, blocking)."""
-        def arg(i, key, default=None):
-            return args[i] if len(args) > i else kw.get(key, default)
-
-        def put(i, key, value):
-            if len(args) > i:
-                args[i] = value
-            else:
-                kw[key] = value
-        sendbuf = arg(0, "sendbuf")
-        inplace = sendbuf is IN_PLACE or (sendbuf is None and name in ("Gather", "Allgather"))
-        if name in ("Gather", "Allgather") and inplace:
-            # the blocking method would copy this rank's block into an array
-            # of its own, gone with the call: made here, the request keeps it
-            root = self._args.root(arg(2, "root", 0)) if name == "Gather" else self.rank
-            if self.rank != root:
-                return args, None
-            recv = spec.simple(spec.root_only(arg(1, "recvbuf"), self.rank, root), "recvbuf", True,
-                               self._args.blocks_of(name.lower(), "recvbuf"))
-            piece = self._args.own_block(name, recv, root)
-            put(0, "sendbuf", piece)
-            return args, (piece, buffers.view(recv, "recvbuf", writable=False)[0] + root * piece.nbytes)
+        """_WHOLE when the call cannot be split into checks and one program
+        (Allgatherv without counts: the sizes ride with the data over
+        blocking calls), else None."""
         if name == "Allgatherv":
-            ptr, _, item, dt, counts, displs = spec.vspec(arg(1, "recvbuf"), "recvbuf", self.size, True,
-                                                          derive=inplace)
-            if counts is None:
-                return args, _WHOLE     # sizes ride with the data over blocking calls: run whole now
-            if inplace:
-                piece = self._args.own_piece("Allgatherv", ptr, item, dt, counts, displs, self.rank)
-                put(0, "sendbuf", piece)
-                return args, (piece, ptr + displs[self.rank] * item)
-        root = arg(2, "root", 0)
-        if name == "Gatherv" and arg(0, "sendbuf") is IN_PLACE:
-            ptr, item, dt, counts, displs = self._args.root_spec("Gatherv", arg(1, "recvbuf"), "recvbuf",
-                                                                 self._args.root(root))
-            piece = self._args.own_piece("Gatherv", ptr, item, dt, counts, displs, self.rank)
-            put(0, "sendbuf", piece)
-            return args, (piece, ptr + displs[self.rank] * item)
-        if name == "Scatterv" and arg(1, "recvbuf") is IN_PLACE:
-            piece = self._args.own_piece("Scatterv", *self._args.root_spec("Scatterv", arg(0, "sendbuf"), "sendbuf",
-                                                                           self._args.root(root)), self.rank,
-                                         copy=False)
-            put(1, "recvbuf", piece)
-            return args, piece
-        return args, None
+            sendbuf = args[0] if args else kw.get("sendbuf")
+            recvbuf = args[1] if len(args) > 1 else kw.get("recvbuf")
+            if spec.vspec(recvbuf, "recvbuf", self.size, True, derive=sendbuf is IN_PLACE)[4] is None:
+                return _WHOLE
+        return None
 
     def _owned(self, capture):
         """Comm._run found the context owned: by our progress thread for a
@@ -290,16 +250,21 @@ class Nonblocking:
             _busy.discard(self)
 
 
-def _refresh(keep):
-    """What a persistent request's Start does first when this rank's IN_PLACE
-    block or piece was copied at _init: copy it again (MPI reads the
-    buffers at each start, not at _init).  None when nothing was copied."""
-    if not isinstance(keep, tuple):
+def _refresh(made):
+    """What a persistent request's Start does first when its planning copied
+    this rank's IN_PLACE block or piece (args.keeping): copy them again (MPI
+    reads the buffers at each start, not at _init).  None when nothing was
+    copied."""
+    copies = [(raw, np.frombuffer(ffi.buffer(ffi.cast("char *", at), raw.nbytes), np.uint8))
+              for raw, at in made if at is not None]
+    if not copies:
         return None
-    piece, at = keep
-    dst = piece.view(np.uint8).reshape(-1)
-    src = np.frombuffer(ffi.buffer(ffi.cast("char *", at), dst.nbytes), np.uint8)
-    return functools.partial(np.copyto, dst, src)
+    return functools.partial(_copy_all, copies)
+
+
+def _copy_all(copies):
+    for dst, src in copies:
+        np.copyto(dst, src)
 
 
 def _refreshed_start(refresh, start):
@@ -351,7 +316,7 @@ def _nonblocking(name):
             self._usable()
             return CollectiveRequest(self, _Run(self, got, (args, kw, None)))
         run = self._prepare(name, args, kw)
-        if key is not None and run is not None and run.keep[3][2] is None:
+        if key is not None and run is not None and not run.keep[3][2]:
             memo = self.__dict__.setdefault("_nb_memo", {})
             if len(memo) >= _MEMO:
                 memo.clear()

@@ -395,6 +395,63 @@ def test_a_repeated_v_icall_still_exchanges_counts(n):
     assert run_ranks(_repeated_v, n) == [True] * n
 
 
+def _inplace_scatter(comm, persistent):
+    """Scatter_init / Iscatter with IN_PLACE at the root, sendbuf rewritten
+    before each of 3 starts, the heap churned between: each rank's blocks."""
+    n, r, c = comm.size, comm.rank, 4
+    send = np.zeros(n * c) if r == 0 else None
+    got = np.zeros(c)
+    args = (send, shmcoll.IN_PLACE, 0) if r == 0 else (None, got, 0)
+    req = comm.Scatter_init(*args) if persistent else None
+    out = []
+    for k in range(3):
+        if r == 0:
+            send[:] = np.arange(n * c) + 100 * k
+        if persistent:
+            req.Start()
+            req.Wait()
+        else:
+            comm.Iscatter(*args).Wait()
+        [bytearray(4096) for _ in range(64)]        # freed scratch would be handed out, and written
+        out.append((send[:c] if r == 0 else got).copy())
+    if persistent:
+        req.Free()
+    return out
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_in_place_scatter_keeps_its_scratch(n, persistent):
+    for r, rounds in enumerate(run_ranks(_inplace_scatter, n, persistent)):
+        for k, got in enumerate(rounds):
+            assert np.array_equal(got, np.arange(4) + 4 * r + 100 * k), (r, k, got)
+
+
+def _inplace_alltoall(comm):
+    """Alltoall_init with IN_PLACE: recvbuf's blocks rewritten before each of
+    3 starts go out (the copy the planning made is made again at a start)."""
+    n, r, c = comm.size, comm.rank, 2
+    buf = np.zeros(n * c)
+    req = comm.Alltoall_init(shmcoll.IN_PLACE, buf)
+    out = []
+    for k in range(3):
+        buf[:] = np.arange(n * c) + 100 * r + 1000 * k        # block j goes to rank j
+        req.Start()
+        req.Wait()
+        [bytearray(4096) for _ in range(64)]
+        out.append(buf.copy())
+    req.Free()
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_persistent_in_place_alltoall_sends_what_recvbuf_holds_at_start(n):
+    for r, rounds in enumerate(run_ranks(_inplace_alltoall, n)):
+        for k, got in enumerate(rounds):
+            want = np.concatenate([np.arange(r * 2, r * 2 + 2) + 100 * q + 1000 * k for q in range(n)])
+            assert np.array_equal(got, want), (r, k, got, want)
+
+
 def _killed(comm, out, polling=False):
     """The last rank dies; the others wait for the call (polling: in a Test
     loop, each step checking liveness)."""
