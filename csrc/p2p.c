@@ -895,12 +895,18 @@ static PyObject *decline(PyObject *self, PyObject *const *args, size_t nargsf, P
     return PyObject_Vectorcall(PyTuple_GET_ITEM(self, 1), args, nargsf, kw);
 }
 
-/* An exact int in lo..hi into *v (absent: dflt). */
+/* An exact int (or float, truncated) in lo..hi into *v (absent: dflt). */
 static int int_in(PyObject *o, long dflt, long lo, long hi, long *v)
 {
     if (!o) {
         *v = dflt;
         return 1;
+    }
+    if (PyFloat_CheckExact(o)) {         /* truncated, as mpi4py's C int arguments take a float */
+        double d = PyFloat_AS_DOUBLE(o);
+        if (!(d > lo - 1.0 && d < hi + 1.0)) return 0;
+        *v = (long)d;
+        return *v >= lo && *v <= hi;
     }
     if (!PyLong_CheckExact(o)) return 0;
     int overflow;
