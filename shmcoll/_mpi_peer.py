@@ -50,11 +50,11 @@ def barrier(comm, nbytes, algorithm=None):
     return bound(comm.Barrier, algorithm=algorithm), (lambda: True)
 
 
-@op
-def bcast(comm, nbytes, algorithm=None):
+def broadcast(comm, nbytes, algorithm, spec=False):
+    """(run, check) of a Bcast from rank 0 (spec: of [buf, MPI.BYTE])."""
     buf = np.zeros(nbytes, np.uint8)
     want = pattern(nbytes, 0)
-    run = bound(comm.Bcast, buf, 0, algorithm=algorithm)
+    run = bound(comm.Bcast, [buf, MPI.BYTE] if spec else buf, 0, algorithm=algorithm)
 
     def check():
         buf[:] = want if comm.Get_rank() == 0 else 0
@@ -62,6 +62,11 @@ def bcast(comm, nbytes, algorithm=None):
         return bool(np.array_equal(buf, want))
 
     return run, check
+
+
+@op
+def bcast(comm, nbytes, algorithm=None):
+    return broadcast(comm, nbytes, algorithm)
 
 
 @op
@@ -144,18 +149,23 @@ def scatter(comm, nbytes, algorithm=None):
 
 #: The SUM operator of the library being measured (shmcoll.SUM or MPI.SUM): set by whoever runs OPS.
 SUM = None
+#: The MPI module of the library being measured (shmcoll.MPI or mpi4py's MPI): set by whoever runs OPS.
+MPI = None
 
 
-def reduction(comm, nbytes, method, dtype, algorithm, block=False):
+def reduction(comm, nbytes, method, dtype, algorithm, block=False, spec=False, runner=None):
     """(run, check) of a SUM reduction of nbytes of dtype per rank (block:
-    Reduce_scatter_block, whose recvbuf is one rank's share).  Inputs are
-    small integers, so every order of addition gives the same exact sum."""
+    Reduce_scatter_block, whose recvbuf is one rank's share; spec: of
+    [buf, count, MPI.DOUBLE] specs; runner(*args) -> run: the call made
+    another way, persistent or nonblocking).  Inputs are small integers,
+    so every order of addition gives the same exact sum."""
     rank, size = comm.Get_rank(), comm.Get_size()
     count = nbytes // np.dtype(dtype).itemsize
     send = np.zeros(count * (size if block else 1), dtype)
     recv = np.zeros(count, dtype)
-    args = (send, recv, SUM) + ((0,) if method == "Reduce" else ())
-    run = bound(getattr(comm, method), *args, algorithm=algorithm)
+    bufs = ([send, send.size, MPI.DOUBLE], [recv, count, MPI.DOUBLE]) if spec else (send, recv)
+    args = bufs + (SUM,) + ((0,) if method == "Reduce" else ())
+    run = runner(*args) if runner else bound(getattr(comm, method), *args, algorithm=algorithm)
 
     def check():
         j = np.arange(send.size)
@@ -191,40 +201,16 @@ def reduce_scatter(comm, nbytes, algorithm=None):
     return reduction(comm, nbytes, "Reduce_scatter_block", np.float64, algorithm, block=True)
 
 
-#: The MPI module of the library being measured (shmcoll.MPI or mpi4py's MPI): set by whoever runs OPS.
-MPI = None
-
-
 @op
 def bcast_spec(comm, nbytes, algorithm=None):
     """Bcast of a buffer spec, [buf, MPI.BYTE]: to set beside bcast's plain array."""
-    buf = np.zeros(nbytes, np.uint8)
-    want = pattern(nbytes, 0)
-    run = bound(comm.Bcast, [buf, MPI.BYTE], 0, algorithm=algorithm)
-
-    def check():
-        buf[:] = want if comm.Get_rank() == 0 else 0
-        run()
-        return bool(np.array_equal(buf, want))
-
-    return run, check
+    return broadcast(comm, nbytes, algorithm, spec=True)
 
 
 @op
 def allreduce_spec(comm, nbytes, algorithm=None):
-    """Allreduce of [send, count, MPI.DOUBLE] specs: to set beside allreduce."""
-    rank, size = comm.Get_rank(), comm.Get_size()
-    count = nbytes // 8
-    send, recv = np.zeros(count), np.zeros(count)
-    run = bound(comm.Allreduce, [send, count, MPI.DOUBLE], [recv, count, MPI.DOUBLE], MPI.SUM, algorithm=algorithm)
-
-    def check():
-        j = np.arange(count)
-        send[:] = (j * 7 + rank) % 13
-        run()
-        return bool(np.array_equal(recv, sum((j * 7 + r) % 13 for r in range(size)).astype(np.float64)))
-
-    return run, check
+    """Allreduce of [buf, count, MPI.DOUBLE] specs: to set beside allreduce."""
+    return reduction(comm, nbytes, "Allreduce", np.float64, algorithm, spec=True)
 
 
 @op
@@ -235,37 +221,39 @@ def allgatherv_spec(comm, nbytes, algorithm=None):
     return every_block(comm, nbytes, comm.Allgatherv, lambda recv: [recv, (counts, displs), MPI.BYTE], algorithm)
 
 
-def partner(comm):
-    """osu_multi_lat's pairs: rank 2k with 2k + 1; an odd count's last rank sits out (None)."""
+def paired(comm, nbytes, even, odd):
+    """(run, check) of an exchange between ranks 2k and 2k + 1 (osu_multi_lat's
+    pairs; an odd count's last rank sits out): even(buf, other) on the even
+    rank, odd(buf, other) on the odd one, which ends with the even rank's
+    bytes in its buf."""
     rank, size = comm.Get_rank(), comm.Get_size()
     other = rank ^ 1
-    return other if other < size else None
-
-
-@op
-def pingpong(comm, nbytes, algorithm=None):
-    """osu_latency: a round trip of nbytes, Send then Recv on even ranks,
-    Recv then Send on odd ones (pairs as osu_multi_lat).  The time is the
-    round trip; OSU prints half of it."""
-    other, rank = partner(comm), comm.Get_rank()
     buf = np.zeros(nbytes, np.uint8)
-    if other is None:
+    if other >= size:
         return (lambda: None), (lambda: True)
-    if rank % 2 == 0:
-        def run():
-            comm.Send(buf, other, 1)
-            comm.Recv(buf, other, 1)
-    else:
-        def run():
-            comm.Recv(buf, other, 1)
-            comm.Send(buf, other, 1)
+    run = functools.partial(even if rank % 2 == 0 else odd, buf, other)
 
-    def check():     # the even rank's pattern goes there and comes back
+    def check():
         buf[:] = pattern(nbytes, rank) if rank % 2 == 0 else 0
         run()
         return bool(np.array_equal(buf, pattern(nbytes, rank - rank % 2)))
 
     return run, check
+
+
+@op
+def pingpong(comm, nbytes, algorithm=None):
+    """osu_latency: a round trip of nbytes, Send then Recv on even ranks,
+    Recv then Send on odd ones.  The time is the round trip; OSU prints
+    half of it."""
+    def even(buf, other):
+        comm.Send(buf, other, 1)
+        comm.Recv(buf, other, 1)
+
+    def odd(buf, other):
+        comm.Recv(buf, other, 1)
+        comm.Send(buf, other, 1)
+    return paired(comm, nbytes, even, odd)
 
 
 WINDOW = 64
@@ -276,71 +264,48 @@ def bw(comm, nbytes, algorithm=None):
     """osu_bw: a window of 64 Isends of nbytes from even ranks to the odd
     ones' 64 Irecvs (each into the same buffer, as osu_bw), Waitall, then a
     4-byte ack back.  The time is one window; the bandwidth 64 * nbytes / it."""
-    other, rank = partner(comm), comm.Get_rank()
-    buf, ack = np.zeros(nbytes, np.uint8), np.zeros(4, np.uint8)
-    if other is None:
-        return (lambda: None), (lambda: True)
-    if rank % 2 == 0:
-        def run():
-            MPI.Request.Waitall([comm.Isend(buf, other, 100) for _ in range(WINDOW)])
-            comm.Recv(ack, other, 101)
-    else:
-        def run():
-            MPI.Request.Waitall([comm.Irecv(buf, other, 100) for _ in range(WINDOW)])
-            comm.Send(ack, other, 101)
+    ack = np.zeros(4, np.uint8)
 
-    def check():
-        buf[:] = pattern(nbytes, rank) if rank % 2 == 0 else 0
-        run()
-        return bool(np.array_equal(buf, pattern(nbytes, rank - rank % 2)))
+    def even(buf, other):
+        MPI.Request.Waitall([comm.Isend(buf, other, 100) for _ in range(WINDOW)])
+        comm.Recv(ack, other, 101)
 
-    return run, check
+    def odd(buf, other):
+        MPI.Request.Waitall([comm.Irecv(buf, other, 100) for _ in range(WINDOW)])
+        comm.Send(ack, other, 101)
+    return paired(comm, nbytes, even, odd)
 
 
 @op
 def allreduce_init(comm, nbytes, algorithm=None):
     """A persistent Allreduce (MPI-4 Allreduce_init once), each call Start + Wait: to set beside allreduce."""
-    rank, size = comm.Get_rank(), comm.Get_size()
-    count = nbytes // 8
-    send, recv = np.zeros(count), np.zeros(count)
-    req = comm.Allreduce_init(send, recv, MPI.SUM)
+    def runner(*args):
+        req = comm.Allreduce_init(*args)
 
-    def run():
-        req.Start()
-        req.Wait()
-
-    def check():
-        j = np.arange(count)
-        send[:] = (j * 7 + rank) % 13
-        run()
-        return bool(np.array_equal(recv, sum((j * 7 + r) % 13 for r in range(size)).astype(np.float64)))
-
-    return run, check
-
-
-def nonblocking_allreduce(comm, nbytes, work_s):
-    rank, size = comm.Get_rank(), comm.Get_size()
-    count = nbytes // 8
-    send, recv, scratch = np.zeros(count), np.zeros(count), np.ones(4096)
-
-    def run():
-        req = comm.Iallreduce(send, recv, MPI.SUM)
-        if work_s:      # OSU's dummy compute: busy for work_s of wall time
-            end = time.perf_counter() + work_s
-            while time.perf_counter() < end:
-                np.multiply(scratch, 1.0, out=scratch)
-        req.Wait()
-
-    def check():
-        j = np.arange(count)
-        send[:] = (j * 7 + rank) % 13
-        run()
-        return bool(np.array_equal(recv, sum((j * 7 + r) % 13 for r in range(size)).astype(np.float64)))
-
-    return run, check
+        def run():
+            req.Start()
+            req.Wait()
+        return run
+    return reduction(comm, nbytes, "Allreduce", np.float64, algorithm, runner=runner)
 
 
 OVERLAP_WORK_S = 0.005
+
+
+def nonblocking_allreduce(comm, nbytes, work_s):
+    """Iallreduce, work_s of numpy work (wall time: OSU's dummy compute), Wait."""
+    scratch = np.ones(4096)
+
+    def runner(*args):
+        def run():
+            req = comm.Iallreduce(*args)
+            if work_s:
+                end = time.perf_counter() + work_s
+                while time.perf_counter() < end:
+                    np.multiply(scratch, 1.0, out=scratch)
+            req.Wait()
+        return run
+    return reduction(comm, nbytes, "Allreduce", np.float64, None, runner=runner)
 
 
 @op
