@@ -58,7 +58,7 @@ class Args:
         return self.size if name in spec.BLOCKED.get(op, ()) else 0
 
     def root(self, root):
-        if isinstance(root, (float, np.floating)):
+        if isinstance(root, (float, np.floating)) and np.isfinite(root):
             root = int(root)        # truncated, as mpi4py's C int conversion does
         if isinstance(root, (bool, np.bool_)) or not isinstance(root, (int, np.integer)) \
                 or not 0 <= root < self.size:

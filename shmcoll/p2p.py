@@ -73,7 +73,7 @@ class _P2P:
 def _truncated(x):
     """A float rank or tag as mpi4py takes it (C's int conversion
     truncates: osu_multi_lat's partner is nprocs / 2 + rank, a float)."""
-    return int(x) if isinstance(x, (float, np.floating)) else x
+    return int(x) if isinstance(x, (float, np.floating)) and np.isfinite(x) else x   # nan, inf: refused as before
 
 
 def _covered(failed, source, tag):

@@ -251,7 +251,10 @@ def test_truncation(nbytes):
                                       (lambda c: c.Recv(np.zeros(1), -7), ERR_RANK),
                                       (lambda c: c.Send(np.zeros(1), 0, -1), ERR_TAG),
                                       (lambda c: c.Isend(np.zeros(1), 0, TAG_UB + 1), ERR_TAG),
-                                      (lambda c: c.Recv(np.zeros(1), 0, -5), ERR_TAG)])
+                                      (lambda c: c.Recv(np.zeros(1), 0, -5), ERR_TAG),
+                                      (lambda c: c.Send(np.zeros(1), float("nan")), ERR_RANK),
+                                      (lambda c: c.Isend(np.zeros(1), 0, float("inf")), ERR_TAG),
+                                      (lambda c: c.Send(np.zeros(1), 2.5 + c.size), ERR_RANK)])
 def test_bad_rank_or_tag(call, cls):
     """Raised on the rank that made the call; the others, waiting, raise too."""
     def job(comm):
