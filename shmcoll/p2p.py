@@ -44,6 +44,8 @@ def _buffer(comm, buf, name, writable):
     """A contiguous buffer C reads or writes: buf itself, or a spec's or a
     Fortran-ordered array's items as a C-ordered array over its memory.  A
     bad one aborts the job, as a collective's bad argument does."""
+    if type(buf) is np.ndarray and buf.flags.c_contiguous and (buf.flags.writeable or not writable):
+        return buf              # the common case, as the checks below would pass it
     if buf is None:
         return None             # no buffer: an empty message
     try:
@@ -123,6 +125,8 @@ class PointToPoint:
         return self._dev.addr
 
     def _dest(self, dest, what):
+        if type(dest) is int and 0 <= dest < self.size:
+            return dest
         dest = _truncated(dest)
         if not isinstance(dest, (int, np.integer)) or not (0 <= dest < self.size or dest == PROC_NULL):
             self._bad(MPIError(ERR_RANK, f"{what}: invalid rank {dest!r} (communicator of {self.size})"))
@@ -135,6 +139,8 @@ class PointToPoint:
         return int(source)
 
     def _tag(self, tag, what, any_ok):
+        if type(tag) is int and 0 <= tag <= TAG_UB:
+            return tag
         tag = _truncated(tag)
         if not isinstance(tag, (int, np.integer)) or not (0 <= tag <= TAG_UB or (any_ok and tag == ANY_TAG)):
             self._bad(MPIError(ERR_TAG, f"{what}: invalid tag {tag!r} (0 .. {TAG_UB}"
@@ -385,18 +391,14 @@ class _SendRequest(_P2PRequest):
         super().__init__()
         comm._usable()
         self._comm, self._what = comm, what
-        if type(dest) is not int or not 0 <= dest < comm.size:
-            dest = comm._dest(dest, what)
-        if type(tag) is not int or not 0 <= tag <= TAG_UB:
-            tag = comm._tag(tag, what, False)
+        dest, tag = comm._dest(dest, what), comm._tag(tag, what, False)
         self._dest, self._tag, self._sync, self._who = dest, tag, sync, dest
         self._seq = 0              # a rendezvous in flight: its number
         self._queued = False
         if dest == PROC_NULL:
             self._done = True
             return
-        # held: a rendezvous reads it until complete
-        self._buf = buf if type(buf) is np.ndarray and buf.flags.c_contiguous else _buffer(comm, buf, what, False)
+        self._buf = _buffer(comm, buf, what, False)      # held: a rendezvous reads it until complete
         self._done = False
         pp = comm._pp
         with pp.lock:
@@ -443,12 +445,7 @@ class _RecvRequest(_P2PRequest):
         if self._source == PROC_NULL:
             self._got = (0, PROC_NULL, ANY_TAG, 0)
             return
-        if obj:
-            self._buf = None
-        elif type(buf) is np.ndarray and buf.flags.c_contiguous and buf.flags.writeable:
-            self._buf = buf
-        else:
-            self._buf = _buffer(comm, buf, what, True)
+        self._buf = None if obj else _buffer(comm, buf, what, True)
         pp = comm._pp
         with pp.lock:
             if pp.recvs or not self._match(None):
