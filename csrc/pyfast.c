@@ -444,6 +444,18 @@ static int same_counts(const int64_t *prog, const int64_t *vec, int n)
     return at > 0 && !memcmp(prog + at, vec, 2 * (size_t)n * sizeof *vec);
 }
 
+/* IN_PLACE's block (roles b and q): buf holds `all` bytes, the ranks'
+ * blocks of whole items, and this rank, the root, keeps its own in place:
+ * the block's bytes into *block and its address into *at; 0 when not that
+ * (the Python path checks and raises). */
+static int in_block(sc_comm_t *c, int64_t root, char *buf, int64_t all, Py_ssize_t isz, int64_t *block, char **at)
+{
+    if (root != c->rank || !buf || all < 0 || all % c->size || !isz || (all / c->size) % isz) return 0;
+    *block = all / c->size;
+    *at = buf + root * *block;
+    return 1;
+}
+
 static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
 {
     const sc_info_t *info = (const sc_info_t *)PyBytes_AS_STRING(PyTuple_GET_ITEM(self, 0));
@@ -528,7 +540,8 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
                 if (count < 0 ? n % unit || (n / unit) % blocks : count > n / unit / blocks) { ok = 0; break; }
                 p += at, len = count < 0 ? n : (Py_ssize_t)count * unit * blocks, isz = unit;
             }
-            int64_t word = i == typed || (reduction && nbuf) || qin ? tix >= 0 ? (int64_t)dtypes[tix].hash : dtype_word(v) : 0;
+            int64_t word = i == typed || (reduction && nbuf) || (qin && roles[i] == 'I')
+                           ? tix >= 0 ? (int64_t)dtypes[tix].hash : dtype_word(v) : 0;
             if (roles[i] == 'I') sword = word;
             if (i == typed && !(key[SC_K_TYPE] = word)) { ok = 0; break; }      /* not an array Python keys alike */
             if (reduction && nbuf && word != key[SC_K_TYPE]) { ok = 0; break; }   /* Python refuses two dtypes */
@@ -570,22 +583,12 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
     }
     if (inplace) sbuf = rbuf;
     if (ok && blockout) {   /* Scatter's root: its block stays in sendbuf, keyed by sendbuf's dtype as Python's scratch */
-        int64_t root = key[SC_K_ROOT], all = key[SC_K_SEND];
-        ok = root == c->rank && sbuf && sword && all >= 0 && all % c->size == 0 && isz0 && (all / c->size) % isz0 == 0;
-        if (ok) {
-            key[SC_K_RECV] = all / c->size;
-            key[SC_K_TYPE] = sword;
-            rbuf = sbuf + root * key[SC_K_RECV];
-        }
+        ok = sword && in_block(c, key[SC_K_ROOT], sbuf, key[SC_K_SEND], isz0, &key[SC_K_RECV], &rbuf);
+        key[SC_K_TYPE] = sword;
     }
-    if (ok && blockin) {    /* Gather's root, Allgather: the block stays where it is, as Python's copy keys it */
-        int64_t root = strchr(roles, 'r') ? key[SC_K_ROOT] : c->rank, all = key[SC_K_RECV];
-        ok = root == c->rank && rbuf && all >= 0 && all % c->size == 0 && isz0 && (all / c->size) % isz0 == 0;
-        if (ok) {
-            key[SC_K_SEND] = all / c->size;
-            sbuf = rbuf + root * key[SC_K_SEND];
-        }
-    }
+    if (ok && blockin)      /* Gather's root, Allgather: the block stays where it is, as Python's copy keys it */
+        ok = in_block(c, strchr(roles, 'r') ? key[SC_K_ROOT] : c->rank, rbuf, key[SC_K_RECV], isz0, &key[SC_K_SEND],
+                      &sbuf);
     /* two buffers (not Bcast's one) that overlap, the same one included: Python refuses */
     int64_t slen = key[SC_K_SEND], rlen = key[SC_K_RECV];
     if (ok && nbuf == 2 && slen && rlen && sbuf < rbuf + rlen && rbuf < sbuf + slen) ok = 0;

@@ -23,7 +23,6 @@ items of each rank's datatype, displacements in bytes (MPI's).
 
 A datatype is an MPI datatype (.base, .count, Get_size: contiguous ones)
 or anything numpy names a dtype by."""
-import array
 import itertools
 import operator
 
@@ -226,8 +225,7 @@ def _sequence(x):
     integer for all."""
     if isinstance(x, np.ndarray):
         return x.ndim > 0               # a 0-d array is one integer
-    return isinstance(x, (list, tuple, array.array)) or (
-        hasattr(x, "__len__") and hasattr(x, "__getitem__") and not isinstance(x, (str, bytes)))
+    return hasattr(x, "__len__") and hasattr(x, "__getitem__") and not isinstance(x, (str, bytes))
 
 
 def _per_rank(seq, what, n):
