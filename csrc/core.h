@@ -289,4 +289,5 @@ void *sc_py_entry(int i);
 int64_t sc_p2p_lines(int64_t p);
 int sc_p2p_init(sc_comm_t *c);
 void sc_p2p_free(sc_comm_t *c);
+int64_t sc_p2p_helped(sc_comm_t *c);   /* bytes this rank wrote into its receivers' buffers (shared rendezvous) */
 void *sc_py_p2p(int i);

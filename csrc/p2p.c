@@ -13,6 +13,9 @@
  * A message is a header then, eager, its payload inline; a rendezvous
  * header carries the sender's buffer address and the receiver copies once
  * from it (process_vm_readv), then stamps the sender's completion slot.
+ * A long one is shared: the receiver offers its buffer in the pair's
+ * share line and the sender, while it waits, writes pieces of it from
+ * the back (process_vm_writev) as the receiver reads from the front.
  * Matching takes the receiver's unexpected queue first, then each
  * source's ring in order, moving a message that does not match into the
  * queue (private, bounded by p2p_queue_bytes; beyond it the ring is left
@@ -39,13 +42,25 @@
 #define NDONE 15                  /* outstanding rendezvous per pair, one completion slot each (the tail line holds them) */
 #define NSHADOW 64
 #define LONG_COPY (64 << 10)      /* a rendezvous copy this long lets the GIL go, as a long wait does */
+#define SHARE_MIN (64 << 10)      /* a rendezvous this long is copied by both ends (share) */
+#define PIECE_MIN (32 << 10)      /* a shared copy's pieces: an eighth of it within these bounds, */
+#define PIECE_MAX (512 << 10)     /* whole pages, at most 4095 of them (the claim word's fields) */
+#define DEFER 3                   /* deliver: a rendezvous to copy once the lock is let go (rdv_t) */
 
 typedef struct { int32_t tag, kind; int64_t n; uint64_t seq, addr; } msg_t;
 _Static_assert(sizeof(msg_t) == HDR, "message header");
-typedef struct { _Atomic uint64_t bell; sc_wq_t wq; char pad[SC_LINE - 16]; } bell_t;
+typedef struct { _Atomic uint64_t bell; sc_wq_t wq; _Atomic uint64_t help; char pad[SC_LINE - 24]; } bell_t;
 typedef struct { _Atomic uint64_t head; _Atomic uint32_t want; char pad[SC_LINE - 12]; } head_t;
 typedef struct { _Atomic uint64_t tail; _Atomic uint64_t done[NDONE]; char pad[SC_LINE - 8 * (NDONE + 1)]; } tail_t;
-_Static_assert(sizeof(bell_t) == SC_LINE && sizeof(head_t) == SC_LINE && sizeof(tail_t) == SC_LINE, "p2p lines");
+/* A pair's shared copy, written by the receiver: the claim word (tag 28
+ * bits, pieces 12, taken from the back 12, from the front 12), pieces
+ * finished, where the receiver's buffer and the sender's are, bytes, piece. */
+typedef struct { _Atomic uint64_t claim, fin, raddr, saddr, n, piece; char pad[SC_LINE - 48]; } share_t;
+_Static_assert(sizeof(bell_t) == SC_LINE && sizeof(head_t) == SC_LINE && sizeof(tail_t) == SC_LINE
+               && sizeof(share_t) == SC_LINE, "p2p lines");
+
+/* A rendezvous matched under the lock, copied after it (deliver, copy_rdv). */
+typedef struct { int s; uint64_t seq, addr; int64_t n; int share; } rdv_t;
 
 /* A staged message: the sender's, streaming; the receiver's, filling. */
 typedef struct { const char *buf; int64_t n, off; uint64_t seq; } out_t;
@@ -72,15 +87,23 @@ struct sc_p2p {
     in_t *ins;                    /* per source, NDONE each: staged messages being received */
     int nout, nin;
     int nshadow;
+    uint64_t help_seen;           /* the doorbell's help count when this rank last looked for shares to help */
+    _Atomic int64_t helped;       /* bytes it wrote for them */
+    char *sharing;                /* per source: a shared copy from it is under way (its share line is taken) */
     struct { pthread_t t; sc_comm_t *c; } shadow[NSHADOW];
 };
 
-int64_t sc_p2p_lines(int64_t p) { return p * SC_LINE + 2 * p * p * SC_LINE; }
+int64_t sc_p2p_lines(int64_t p) { return p * SC_LINE + 3 * p * p * SC_LINE; }
 static bell_t *bell_of(sc_comm_t *c, int r) { return (bell_t *)(c->base + c->off_p2p) + r; }
 static head_t *head_of(sc_comm_t *c, int s, int r) {
     return (head_t *)(c->base + c->off_p2p + c->size * SC_LINE + (int64_t)(s * c->size + r) * 2 * SC_LINE);
 }
 static tail_t *tail_of(sc_comm_t *c, int s, int r) { return (tail_t *)(head_of(c, s, r) + 1); }
+static share_t *share_of(sc_comm_t *c, int s, int r)
+{
+    return (share_t *)(c->base + c->off_p2p + c->size * SC_LINE + 2 * (int64_t)c->size * c->size * SC_LINE)
+           + (int64_t)s * c->size + r;
+}
 static char *ring_of(sc_comm_t *c, int s, int r) {
     return c->base + c->off_p2p_ring + (int64_t)(s * c->size + r) * c->p2p_ring_bytes;
 }
@@ -106,8 +129,9 @@ int sc_p2p_init(sc_comm_t *c)
     s->tl = s->rseq + p;
     s->outs = calloc((size_t)p * NDONE, sizeof(out_t));
     s->ins = calloc((size_t)p * NDONE, sizeof(in_t));
-    if (!s->outs || !s->ins) {
-        free(s->outs), free(s->ins), free(s->hd), free(s);
+    s->sharing = calloc((size_t)p, 1);
+    if (!s->outs || !s->ins || !s->sharing) {
+        free(s->outs), free(s->ins), free(s->sharing), free(s->hd), free(s);
         return SC_ENOMEM;
     }
     s->qend = &s->q;
@@ -128,7 +152,7 @@ void sc_p2p_free(sc_comm_t *c)
         sc_peers_close(s->shadow[i].c);      /* its own map of the peers' arenas */
         free(s->shadow[i].c);
     }
-    free(s->hd), free(s->outs), free(s->ins);
+    free(s->hd), free(s->outs), free(s->ins), free(s->sharing);
     pthread_mutex_destroy(&s->mu);
     free(s);
 }
@@ -158,10 +182,13 @@ static sc_comm_t *mine(sc_comm_t *c)
     return sh;
 }
 
+int64_t sc_p2p_helped(sc_comm_t *c) { return c->p2p ? atomic_load(&c->p2p->helped) : 0; }
+
 uint64_t sc_p2p_bell(sc_comm_t *c) { return atomic_load_explicit(&bell_of(c, c->rank)->bell, memory_order_acquire); }
 
 static int push(sc_comm_t *c);
 static int drain(sc_comm_t *c);
+static int help(sc_comm_t *sh);
 
 /* Wait until this rank's doorbell has moved past seen (who: the rank
  * awaited, -1 any: only its clean exit is an error for us); for at most
@@ -171,6 +198,7 @@ static int idle_for(sc_comm_t *sh, uint64_t seen, int who, int64_t for_ns)
 {
     static __thread int64_t checked;
     sc_p2p_t *p = sh->p2p;
+    if (help(sh)) return SC_OK;
     if (p->nout || p->nin) {             /* staged messages move on whoever waits (cma 0) */
         pthread_mutex_lock(&p->mu);
         int moved = push(sh) | drain(sh);
@@ -319,6 +347,7 @@ int sc_p2p_sent(sc_comm_t *c, int r, uint64_t seq, int block)
         uint64_t seen = sc_p2p_bell(c);
         if (done(c, r, seq)) return 1;
         if (!block) {
+            if (help(sh)) continue;
             if (c->p2p->nout) {
                 pthread_mutex_lock(&c->p2p->mu);
                 push(c);
@@ -347,6 +376,118 @@ int64_t sc_p2p_send(sc_comm_t *c, int r, int tag, const char *buf, int64_t n, in
         int w = sc_p2p_idle(sh, seen, r);
         if (w) return w;
     }
+}
+
+/* -- shared copies of long rendezvous ------------------------------------------
+ * The receiver claims pieces from the front of the claim word, the
+ * sender from the back, so each copies what the other has not reached;
+ * both count finished pieces in fin, and the receiver stamps the
+ * rendezvous complete only once fin has them all (the sender may be
+ * writing one into its buffer till then).  A sender busy elsewhere
+ * leaves the receiver all of it. */
+
+/* The next piece on claim word w: from the front, or (back) the back;
+ * -1 when none is left.  tag: the share's, or 0 for whatever share w holds. */
+static int64_t claim_piece(_Atomic uint64_t *w, uint64_t tag, int back)
+{
+    uint64_t v = atomic_load_explicit(w, memory_order_acquire);
+    for (;;) {
+        uint64_t k = v >> 24 & 0xfff, b = v >> 12 & 0xfff, f = v & 0xfff;
+        if (!(v >> 36) || (tag && v >> 36 != tag) || f + b >= k) return -1;
+        uint64_t next = back ? v + (1 << 12) : v + 1;
+        if (atomic_compare_exchange_weak_explicit(w, &v, next, memory_order_acquire, memory_order_acquire))
+            return back ? (int64_t)(k - 1 - b) : (int64_t)f;
+    }
+}
+
+/* Let the GIL go before a long copy, as a long wait does (arm's hooks; never the communicator's own context). */
+static void long_copy(sc_comm_t *sh, int64_t n)
+{
+    if (n >= LONG_COPY && sh != sh->p2p->main && sh->hooks.release && !sh->hooks.saved)
+        sh->hooks.saved = sh->hooks.release();
+}
+
+/* Write the pieces this rank can take of the shares its receivers
+ * offered (their shutters looked at before each, as a collective's
+ * pushes do: sc_shut).  1 if it copied any. */
+static int help(sc_comm_t *sh)
+{
+    sc_p2p_t *p = sh->p2p;
+    uint64_t asked = atomic_load_explicit(&bell_of(sh, sh->rank)->help, memory_order_acquire);
+    if (asked == p->help_seen) return 0;
+    p->help_seen = asked;
+    int copied = 0;
+    _Atomic int32_t *mine = &rank_rec(sh, sh->rank)->pushing;
+    for (int r = 0; r < sh->size; r++) {
+        share_t *x = share_of(sh, sh->rank, r);
+        int64_t i;
+        while (r != sh->rank && (i = claim_piece(&x->claim, 0, 1)) >= 0) {
+            int64_t q = (int64_t)x->piece, n = (int64_t)x->n, off = i * q, len = n - off < q ? n - off : q;
+            uint64_t at = x->raddr + (uint64_t)off;
+            long_copy(sh, len);
+            atomic_store_explicit(mine, r + 1, memory_order_seq_cst);
+            int err = sc_vm_move(rank_rec(sh, r)->pid, (char *)(uintptr_t)(x->saddr + (uint64_t)off), at, len,
+                                 &rank_rec(sh, r)->shut, sc_peer_ptr(sh, r, at, len), 0);
+            atomic_store_explicit(mine, 0, memory_order_release);
+            if (err) break;               /* r failed (it shut its door) or is gone: its wait says so */
+            copied = 1;
+            atomic_fetch_add_explicit(&p->helped, len, memory_order_relaxed);
+            uint64_t k = atomic_load_explicit(&x->claim, memory_order_relaxed) >> 24 & 0xfff;
+            if (atomic_fetch_add_explicit(&x->fin, 1, memory_order_acq_rel) + 1 == k) ring_bell(sh, r);
+        }
+    }
+    return copied;
+}
+
+/* Copy rendezvous d into buf (k bytes of it), shared with its sender if
+ * d->share, then stamp it complete: SC_OK or an error. */
+static int copy_rdv(sc_comm_t *sh, const rdv_t *d, char *buf, int64_t k)
+{
+    int s = d->s, err = 0, rc = SC_OK;
+    int32_t pid = rank_rec(sh, s)->pid;
+    long_copy(sh, k);
+    if (!d->share) {
+        err = sc_vm_move(pid, buf, d->addr, k, NULL, sc_peer_ptr(sh, s, d->addr, k), 0);
+    } else {
+        share_t *x = share_of(sh, s, sh->rank);
+        int64_t q = (k / 8 + 4095) & ~(int64_t)4095, i;
+        q = q < PIECE_MIN ? PIECE_MIN : q > PIECE_MAX ? PIECE_MAX : q;
+        if ((k + q - 1) / q > 4095) q = ((k + 4094) / 4095 + 4095) & ~(int64_t)4095;
+        uint64_t pieces = (uint64_t)((k + q - 1) / q), tag = d->seq % ((1 << 28) - 1) + 1;
+        atomic_store_explicit(&x->fin, 0, memory_order_relaxed);
+        atomic_store_explicit(&x->raddr, (uintptr_t)buf, memory_order_relaxed);
+        atomic_store_explicit(&x->saddr, d->addr, memory_order_relaxed);
+        atomic_store_explicit(&x->n, (uint64_t)k, memory_order_relaxed);
+        atomic_store_explicit(&x->piece, (uint64_t)q, memory_order_relaxed);
+        atomic_store_explicit(&x->claim, tag << 36 | pieces << 24, memory_order_release);
+        atomic_fetch_add_explicit(&bell_of(sh, s)->help, 1, memory_order_release);
+        ring_bell(sh, s);
+        while (!err && (i = claim_piece(&x->claim, tag, 0)) >= 0) {
+            int64_t off = i * q, len = k - off < q ? k - off : q;
+            err = sc_vm_move(pid, buf + off, d->addr + (uint64_t)off, len, NULL, sc_peer_ptr(sh, s, d->addr + off, len), 0);
+            if (!err) atomic_fetch_add_explicit(&x->fin, 1, memory_order_acq_rel);
+        }
+        if (err) {  /* no more claims; the sender's piece in flight lands before we return, none after */
+            atomic_store_explicit(&x->claim, tag << 36 | pieces << 24 | 0xfffULL << 12 | 0xfff, memory_order_release);
+            sc_shut(sh);
+        }
+        for (;;) {
+            uint64_t seen = sc_p2p_bell(sh);
+            if (err || atomic_load_explicit(&x->fin, memory_order_acquire) >= pieces) break;
+            if ((rc = idle_for(sh, seen, s, 0))) {
+                sc_shut(sh);
+                break;
+            }
+        }
+        pthread_mutex_lock(&sh->p2p->mu);
+        sh->p2p->sharing[s] = 0;
+        pthread_mutex_unlock(&sh->p2p->mu);
+        if (rc) return rc;
+    }
+    if (err) return sc_fail(sh, SC_ECMA, s, 0, err);
+    atomic_store_explicit(&tail_of(sh, s, sh->rank)->done[d->seq % NDONE], d->seq, memory_order_release);
+    ring_bell(sh, s);
+    return d->n > k ? SC_ETRUNCATE : SC_OK;
 }
 
 /* -- receiving ---------------------------------------------------------------- */
@@ -500,9 +641,12 @@ static void unlink_entry(sc_p2p_t *p, um_t **prev)
 /* Deliver message (source s, header m, eager payload at data) into buf of
  * cap bytes, c the calling thread's context (its map of the peers'
  * arenas is its own); a staged one only starts (STAGING, *stage its
- * receive): SC_ETRUNCATE if it is longer (cap bytes delivered, the
- * rendezvous completed all the same, so the sender never hangs). */
-static int deliver(sc_comm_t *c, int s, const msg_t *m, const char *data, char *buf, int64_t cap, in_t **stage)
+ * receive); a rendezvous from another rank is left to copy_rdv once the
+ * lock is let go (DEFER, *later): SC_ETRUNCATE if it is longer (cap
+ * bytes delivered, the rendezvous completed all the same, so the sender
+ * never hangs).  Under the lock. */
+static int deliver(sc_comm_t *c, int s, const msg_t *m, const char *data, char *buf, int64_t cap, in_t **stage,
+                   rdv_t *later)
 {
     int64_t k = m->n < cap ? m->n : cap;
     int rc = SC_OK;
@@ -520,14 +664,13 @@ static int deliver(sc_comm_t *c, int s, const msg_t *m, const char *data, char *
     }
     if (m->kind == EAGER) {
         if (k) memcpy(buf, data, (size_t)k);
+    } else if (k && s != c->rank) {
+        int share = k >= SHARE_MIN && !c->p2p->sharing[s];
+        if (share) c->p2p->sharing[s] = 1;
+        *later = (rdv_t){ s, m->seq, m->addr, m->n, share };
+        return DEFER;
     } else {
-        if (k && s == c->rank) memcpy(buf, (const char *)(uintptr_t)m->addr, (size_t)k);
-        else if (k) {   /* a plain copy where the sender's buffer is in its arena, mapped here (peers.c) */
-            if (k >= LONG_COPY && c != c->p2p->main && c->hooks.release && !c->hooks.saved)
-                c->hooks.saved = c->hooks.release();
-            int err = sc_vm_move(rank_rec(c, s)->pid, buf, m->addr, k, NULL, sc_peer_ptr(c, s, m->addr, k), 0);
-            if (err) rc = sc_fail(c, SC_ECMA, s, 0, err);
-        }
+        if (k) memcpy(buf, (const char *)(uintptr_t)m->addr, (size_t)k);
         atomic_store_explicit(&tail_of(c, s, c->rank)->done[m->seq % NDONE], m->seq, memory_order_release);
         ring_bell(c, s);
     }
@@ -543,6 +686,7 @@ static int try_recv(sc_comm_t *c, sc_comm_t *sh, int src, int tag, const ahead_t
     um_t **prev;
     msg_t m;
     char *data;
+    rdv_t later;
     pthread_mutex_lock(&p->mu);
     int s = find(c, src, tag, ahead, &prev, &m, &data), rc = 1;
     if (s >= 0) {
@@ -550,10 +694,10 @@ static int try_recv(sc_comm_t *c, sc_comm_t *sh, int src, int tag, const ahead_t
             um_t *u = *prev;
             unlink_entry(p, prev);
             m = (msg_t){ .tag = u->tag, .kind = u->kind, .n = u->n, .seq = u->seq, .addr = u->addr };
-            rc = deliver(sh, s, &m, u->data, buf, cap, stage);
+            rc = deliver(sh, s, &m, u->data, buf, cap, stage, &later);
             free(u);
         } else {
-            rc = deliver(sh, s, &m, data, buf, cap, stage);
+            rc = deliver(sh, s, &m, data, buf, cap, stage, &later);
             if (m.kind == EAGER) {
                 p->tl[s] += (uint64_t)rec_bytes(m.n);
             } else {
@@ -564,7 +708,7 @@ static int try_recv(sc_comm_t *c, sc_comm_t *sh, int src, int tag, const ahead_t
         out[0] = s, out[1] = m.tag, out[2] = m.n;
     }
     pthread_mutex_unlock(&p->mu);
-    return rc;
+    return rc == DEFER ? copy_rdv(sh, &later, buf, m.n < cap ? m.n : cap) : rc;
 }
 
 /* A staged receive's end: SC_OK or SC_ETRUNCATE once full (out: source,
@@ -672,10 +816,13 @@ int sc_p2p_mrecv(sc_comm_t *c, void *handle, char *buf, int64_t cap, int64_t *ou
     out[0] = u->src, out[1] = u->tag, out[2] = u->n;
     sc_comm_t *sh = mine(c);
     in_t *st = NULL;
+    rdv_t later;
+    int64_t k = buf ? (m.n < cap ? m.n : cap) : 0;
     pthread_mutex_lock(&c->p2p->mu);
-    int rc = deliver(sh, u->src, &m, u->data, buf, buf ? cap : 0, &st);
+    int rc = deliver(sh, u->src, &m, u->data, buf, buf ? cap : 0, &st, &later);
     pthread_mutex_unlock(&c->p2p->mu);
     free(u);
+    if (rc == DEFER) rc = copy_rdv(sh, &later, buf, k);
     while (rc == STAGING) {
         uint64_t seen = sc_p2p_bell(c);
         if ((rc = finish(c, st, out)) == 1 && !(rc = sc_p2p_idle(sh, seen, st->src))) rc = STAGING;

@@ -615,6 +615,92 @@ def test_staged_truncation_and_threads():
     assert run(job, 2, timeout=60) == ["peer", ("mpi", ERR_TRUNCATE)]
 
 
+SHARE = 64 << 10       # csrc/p2p.c SHARE_MIN: a rendezvous this long is copied by both ends
+SHARED_SIZES = [SHARE - 1, SHARE, SHARE + 1, 9 * (32 << 10) + 5, (1 << 20) + 7, (5 << 20) + 3]
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_shared_rendezvous(n):
+    """Long rendezvous copied by both ends (the sender writes pieces from
+    the back while the receiver reads from the front): ping-pong, a
+    Sendrecv ring, two sources into one rank by ANY_SOURCE, a receive
+    shorter than the message, Mprobe, and two threads taking long
+    messages from one source at once, each equal to numpy's reference;
+    and the senders did write part of them."""
+    from shmcoll._core import lib
+
+    def job(comm):
+        r, right, left = comm.rank, (comm.rank + 1) % n, (comm.rank - 1) % n
+        for nbytes in SHARED_SIZES:
+            got = np.empty(nbytes, np.uint8)
+            if r < 2:
+                for _ in range(2):
+                    if r == 0:
+                        comm.Send(data(0, 1, nbytes, np.uint8), 1, 1)
+                        comm.Recv(got, 1, 1)
+                    else:
+                        comm.Recv(got, 0, 1)
+                        comm.Send(data(1, 0, nbytes, np.uint8), 0, 1)
+                    assert np.array_equal(got, data(1 - r, r, nbytes, np.uint8)), nbytes
+            comm.Sendrecv(data(r, right, nbytes, np.uint8), right, 2, got, left, 2)
+            assert np.array_equal(got, data(left, r, nbytes, np.uint8)), nbytes
+        big = SHARED_SIZES[-1]
+        if r == 0:
+            st = Status()
+            for _ in range(n - 1):
+                got = np.empty(big, np.uint8)
+                comm.Recv(got, ANY_SOURCE, 3, st)
+                assert np.array_equal(got, data(st.Get_source(), 0, big, np.uint8)), st.Get_source()
+            msg = comm.Mprobe(1, 5)
+            got = np.empty(big, np.uint8)
+            msg.Recv(got)
+            assert np.array_equal(got, data(1, 0, big, np.uint8, salt=5))
+        else:
+            comm.Send(data(r, 0, big, np.uint8), 0, 3)
+            if r == 1:
+                comm.Send(data(1, 0, big, np.uint8, salt=5), 0, 5)
+
+        def worker(tag):
+            for i in range(6):
+                got = np.empty(big, np.uint8)
+                if r == 0:
+                    comm.Recv(got, 1, tag)
+                    assert np.array_equal(got, data(1, 0, big, np.uint8, salt=tag + i)), (tag, i)
+                elif r == 1:
+                    comm.Send(data(1, 0, big, np.uint8, salt=tag + i), 0, tag)
+        in_threads(worker, [(10,), (20,)])
+        comm.Barrier()
+        return comm._c.cma, lib.sc_p2p_helped(comm._c)
+    out = run(job, n, timeout=120)
+    assert all(cma for cma, _ in out)
+    assert sum(helped for _, helped in out) > 0
+
+
+def test_shared_truncation():
+    """A long message into a shorter receive: the receiver gets its first
+    bytes and ERR_TRUNCATE, and neither end writes past the receive (the
+    guard bytes after it keep their value); the job then aborts."""
+    big = (3 << 20) + 5
+
+    def job(comm):
+        try:
+            if comm.rank == 0:
+                comm.Send(data(0, 1, big, np.uint8), 1)
+                comm.Recv(np.zeros(1), 1)
+                return "sender returned"
+            space = np.full(big, 7, np.uint8)
+            short = space[:big // 2 + 1]
+            try:
+                comm.Recv(short, 0)
+            except MPIError as e:
+                ok = np.array_equal(short, data(0, 1, big, np.uint8)[:short.size]) and (space[short.size:] == 7).all()
+                return ("mpi", e.Get_error_class(), bool(ok))
+            return "receiver returned"
+        except shmcoll.PeerFailure:
+            return "peer"
+    assert run(job, 2, timeout=60) == ["peer", ("mpi", ERR_TRUNCATE, True)]
+
+
 def test_float_ranks_tags_and_roots_truncate_as_mpi4py():
     """mpi4py's C int arguments take a float and truncate it (osu_multi_lat
     computes its partner as nprocs / 2 + rank)."""
