@@ -4,11 +4,13 @@
  * line, bumped by whoever makes progress possible for that rank (a
  * message sent to it, space freed or a rendezvous completed in a ring it
  * writes); per ordered pair (s -> r) a single-producer single-consumer
- * ring of p2p_ring_bytes, its head line (written by s) and tail line
- * (written by r: tail, rendezvous completions).  Every blocking wait is a
- * wait on this rank's doorbell through the engine's wait (core.c
- * sc_wait_slow: spin, yield, futex sleep, liveness, stall timeout, signal
- * polls).
+ * ring of p2p_ring_bytes, whose records the receiver finds by the lap
+ * stamped in each (record), its want line (written by s: it waits for
+ * room), tail line (written by r: tail, rendezvous completions) and share
+ * line (copy_rdv).  Every blocking wait is a wait on this rank's doorbell
+ * through the engine's wait (core.c sc_wait_slow: spin, yield, futex
+ * sleep, liveness, stall timeout, signal polls), but for a receive from
+ * one rank, which first spins on that ring (recv).
  *
  * A message is a header then, eager, its payload inline; a rendezvous
  * header carries the sender's buffer address and the receiver copies once
@@ -42,15 +44,15 @@
 #define NDONE 15                  /* outstanding rendezvous per pair, one completion slot each (the tail line holds them) */
 #define NSHADOW 64
 #define LONG_COPY (64 << 10)      /* a rendezvous copy this long lets the GIL go, as a long wait does */
-#define SHARE_MIN (64 << 10)      /* a rendezvous this long is copied by both ends (share) */
-#define PIECE_MIN (32 << 10)      /* a shared copy's pieces: an eighth of it within these bounds, */
+#define SHARE_MIN (32 << 10)      /* a rendezvous this long is copied by both ends (share) */
+#define PIECE_MIN (16 << 10)      /* a shared copy's pieces: an eighth of it within these bounds, */
 #define PIECE_MAX (512 << 10)     /* whole pages, at most 4095 of them (the claim word's fields) */
 #define DEFER 3                   /* deliver: a rendezvous to copy once the lock is let go (rdv_t) */
 
 typedef struct { int32_t tag, kind; int64_t n; uint64_t seq, addr; } msg_t;
 _Static_assert(sizeof(msg_t) == HDR, "message header");
 typedef struct { _Atomic uint64_t bell; sc_wq_t wq; _Atomic uint64_t help; char pad[SC_LINE - 24]; } bell_t;
-typedef struct { _Atomic uint64_t head; _Atomic uint32_t want; char pad[SC_LINE - 12]; } head_t;
+typedef struct { _Atomic uint32_t want; char pad[SC_LINE - 4]; } head_t;    /* the sender's: it waits for room */
 typedef struct { _Atomic uint64_t tail; _Atomic uint64_t done[NDONE]; char pad[SC_LINE - 8 * (NDONE + 1)]; } tail_t;
 /* A pair's shared copy, written by the receiver: the claim word (tag 28
  * bits, pieces 12, taken from the back 12, from the front 12), pieces
@@ -79,7 +81,8 @@ struct sc_p2p {
     pthread_mutex_t mu;
     uint64_t id;
     sc_comm_t *main;              /* the communicator's own context */
-    uint64_t *hd, *rseq, *tl;     /* per peer: our head in its ring, our rendezvous count to it, our tail in its ring */
+    uint64_t *hd, *rseq, *tl;     /* per peer: our head in its ring, our rendezvous count to it, our tail in its ring, */
+    uint64_t *seen;               /* and its tail in our ring when we last read it (room) */
     int start;                    /* ANY_SOURCE scans from here, rotating */
     um_t *q, **qend;
     int64_t qbytes;
@@ -121,12 +124,13 @@ int sc_p2p_init(sc_comm_t *c)
     static _Atomic uint64_t ids;
     int p = c->size;
     sc_p2p_t *s = calloc(1, sizeof *s);
-    if (!s || !(s->hd = calloc(3 * (size_t)p, sizeof(uint64_t)))) {
+    if (!s || !(s->hd = calloc(4 * (size_t)p, sizeof(uint64_t)))) {
         free(s);
         return SC_ENOMEM;
     }
     s->rseq = s->hd + p;
     s->tl = s->rseq + p;
+    s->seen = s->tl + p;
     s->outs = calloc((size_t)p * NDONE, sizeof(out_t));
     s->ins = calloc((size_t)p * NDONE, sizeof(in_t));
     s->sharing = calloc((size_t)p, 1);
@@ -225,19 +229,22 @@ int sc_p2p_idle(sc_comm_t *sh, uint64_t seen, int who) { return idle_for(sh, see
 
 /* -- sending ------------------------------------------------------------------ */
 
-/* Room for `need` bytes at our head in the ring to r (after a pad to its
- * start if the record would wrap); on no room, ask r to ring our bell
- * when it frees some.  need is at most half the ring (device.py checks
- * the eager limit), so pad and record fit once the ring has drained. */
+/* Room for a record of `need` bytes at our head in the ring to r, and
+ * the header after it (record), after a pad to its start if they would
+ * wrap; on no room, ask r to ring our bell when it frees some.  need is
+ * at most half the ring less a header (device.py checks the eager
+ * limit), so pad and record fit once the ring has drained. */
 static int room(sc_comm_t *c, int r, int64_t need, int64_t *pad)
 {
     sc_p2p_t *s = c->p2p;
+    need += HDR;
     int64_t R = c->p2p_ring_bytes, off = (int64_t)(s->hd[r] % (uint64_t)R);
     *pad = off + need > R ? R - off : 0;
+    if ((int64_t)(s->hd[r] + *pad + need - s->seen[r]) <= R) return 1;   /* the tail line stays the receiver's */
     head_t *h = head_of(c, c->rank, r);
     tail_t *t = tail_of(c, c->rank, r);
     for (int tries = 0; tries < 2; tries++) {
-        uint64_t tail = atomic_load_explicit(&t->tail, memory_order_acquire);
+        uint64_t tail = s->seen[r] = atomic_load_explicit(&t->tail, memory_order_acquire);
         if ((int64_t)(s->hd[r] + *pad + need - tail) <= R) {
             if (atomic_load_explicit(&h->want, memory_order_relaxed))
                 atomic_store_explicit(&h->want, 0, memory_order_relaxed);
@@ -249,21 +256,42 @@ static int room(sc_comm_t *c, int r, int64_t need, int64_t *pad)
     return 0;
 }
 
+/* A record's kind word carries, above the kind's 8 bits, the lap of the
+ * ring on which it starts at pos (1 on the first): the receiver finds the
+ * next record by its stamp, with no head line to read first.  What lies
+ * where the next record will start may be an older record's payload,
+ * whose bytes could read as that stamp; so the writer clears that kind
+ * word before it stamps a record (room keeps one header past each record
+ * free for it): a reader that sees a stamp then finds, where that record
+ * ends, either nothing or the next record. */
+static uint32_t lap(uint64_t pos, uint64_t R) { return (uint32_t)((pos / R) % 0xffffff + 1) << 8; }
+static _Atomic int32_t *kind_word(char *at) { return (_Atomic int32_t *)(at + offsetof(msg_t, kind)); }
+
+/* Write a record of len bytes at pos: payload, header, the next one's
+ * kind word cleared, then its stamped kind (release: a reader that sees
+ * the stamp sees the rest). */
+static void record(char *ring, uint64_t R, uint64_t pos, int64_t len, const msg_t *m, const char *buf, int64_t n)
+{
+    char *at = ring + pos % R;
+    if (n) memcpy(at + HDR, buf, (size_t)n);
+    atomic_store_explicit(kind_word(ring + (pos + (uint64_t)len) % R), 0, memory_order_relaxed);
+    memcpy(at, &m->tag, sizeof m->tag);
+    memcpy(at + offsetof(msg_t, n), &m->n, HDR - offsetof(msg_t, n));
+    atomic_store_explicit(kind_word(at), (int32_t)(lap(pos, R) | (uint32_t)m->kind), memory_order_release);
+}
+
 static void put(sc_comm_t *c, int r, int64_t pad, const msg_t *m, const char *buf, int64_t n)
 {
     sc_p2p_t *s = c->p2p;
-    int64_t R = c->p2p_ring_bytes;
+    uint64_t R = (uint64_t)c->p2p_ring_bytes;
     char *ring = ring_of(c, c->rank, r);
     if (pad) {
         msg_t p = { .kind = PAD, .n = pad };
-        memcpy(ring + s->hd[r] % (uint64_t)R, &p, HDR);
+        record(ring, R, s->hd[r], pad, &p, NULL, 0);
         s->hd[r] += (uint64_t)pad;
     }
-    char *at = ring + s->hd[r] % (uint64_t)R;
-    memcpy(at, m, HDR);
-    if (n) memcpy(at + HDR, buf, (size_t)n);
+    record(ring, R, s->hd[r], rec_bytes(n), m, buf, n);
     s->hd[r] += (uint64_t)rec_bytes(n);
-    atomic_store_explicit(&head_of(c, c->rank, r)->head, s->hd[r], memory_order_release);
     ring_bell(c, r);
 }
 
@@ -539,9 +567,11 @@ static int peek(sc_comm_t *c, int s, msg_t *m, char **data)
     uint64_t R = (uint64_t)c->p2p_ring_bytes;
     char *ring = ring_of(c, s, c->rank);
     for (;;) {
-        uint64_t head = atomic_load_explicit(&head_of(c, s, c->rank)->head, memory_order_acquire);
-        if (head == p->tl[s]) return 0;
-        memcpy(m, ring + p->tl[s] % R, HDR);
+        char *at = ring + p->tl[s] % R;
+        uint32_t k = (uint32_t)atomic_load_explicit(kind_word(at), memory_order_acquire);
+        if ((k & ~0xffu) != lap(p->tl[s], R)) return 0;
+        memcpy(m, at, HDR);
+        m->kind = (int32_t)(k & 0xff);
         if (m->kind == DATA) {               /* never matched: it goes where its staged receive said */
             fill(c, s, m, ring + p->tl[s] % R + HDR);
             p->tl[s] += (uint64_t)rec_bytes(m->n);
@@ -735,13 +765,23 @@ static int recv(sc_comm_t *c, int src, int tag, const ahead_t *ahead, char *buf,
 {
     sc_comm_t *sh = mine(c);
     in_t *st = stage ? *stage : NULL;
+    /* A blocking receive from one other rank first spins on that ring
+     * alone, for half the spin time: the message's own line is then all
+     * that crosses between the CPUs, where a wait on the doorbell reads
+     * the doorbell's line first. */
+    int64_t direct = block && !st && src >= 0 && src != c->rank && sh->spin_ns > 0 ? sc_now_ns() + sh->spin_ns / 2 : 0;
     for (;;) {
-        uint64_t seen = sc_p2p_bell(c);
+        uint64_t seen = direct ? 0 : sc_p2p_bell(c);
         int rc = st ? finish(c, st, out) : try_recv(c, sh, src, tag, ahead, buf, cap, out, &st);
         if (rc == STAGING) rc = finish(c, st, out);
         if (rc != 1 || !block) {
             if (stage) *stage = rc == 1 ? st : NULL;
             return rc == 1 && st ? STAGING : rc;
+        }
+        if (direct) {
+            if (st || sc_now_ns() >= direct) direct = 0;
+            cpu_relax();
+            continue;
         }
         if ((rc = sc_p2p_idle(sh, seen, st ? st->src : src < 0 ? -1 : src))) return rc;
     }

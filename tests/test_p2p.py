@@ -615,8 +615,40 @@ def test_staged_truncation_and_threads():
     assert run(job, 2, timeout=60) == ["peer", ("mpi", ERR_TRUNCATE)]
 
 
-SHARE = 64 << 10       # csrc/p2p.c SHARE_MIN: a rendezvous this long is copied by both ends
-SHARED_SIZES = [SHARE - 1, SHARE, SHARE + 1, 9 * (32 << 10) + 5, (1 << 20) + 7, (5 << 20) + 3]
+def test_payload_that_reads_as_a_header():
+    """The receiver finds each record by the lap stamp in its kind word.
+    Payloads made of nothing but the stamp of the lap after their own, in sizes
+    that shift the records' starts from lap to lap, each sent only once
+    the receiver waits for it (so it looks at old payload first), must
+    never pass for a record: each message arrives whole, once, in order."""
+    ring = 1024
+    sizes = [(7 * i) % 37 * 4 + 4 for i in range(600)]
+    laps, pos = [], 0
+    for nb in sizes:        # where csrc/p2p.c puts each record: its lap; the next lap's stamp goes in its payload
+        rec = 32 + -(-nb // 32) * 32
+        pos += ring - pos % ring if pos % ring + rec + 32 > ring else 0
+        laps.append(pos // ring + 1)
+        pos += rec
+
+    def job(comm):
+        for i, nb in enumerate(sizes):
+            words = np.full(nb // 4, (laps[i] + 1) << 8 | 1, np.int32)
+            if comm.rank == 0:
+                comm.Send(words, 1, i % 3)
+                comm.Recv(np.zeros(1, np.uint8), 1)
+                continue
+            got = np.empty(nb // 4, np.int32)
+            st = Status()
+            comm.Recv(got, 0, ANY_TAG, st)
+            comm.Send(np.zeros(1, np.uint8), 0)
+            assert st.Get_tag() == i % 3 and st.Get_count(np.int32) == nb // 4, i
+            assert np.array_equal(got, words), i
+        return True
+    assert run(job, 2, options={"p2p_ring_bytes": ring, "p2p_eager_bytes": 256}, timeout=60) == [True, True]
+
+
+SHARE = 32 << 10       # csrc/p2p.c SHARE_MIN: a rendezvous this long is copied by both ends
+SHARED_SIZES = [SHARE - 1, SHARE, SHARE + 1, 9 * (16 << 10) + 5, (1 << 20) + 7, (5 << 20) + 3]
 
 
 @pytest.mark.parametrize("n", [2, 3, 5])
