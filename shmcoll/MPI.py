@@ -210,23 +210,35 @@ class _Bottom:
 BOTTOM = _Bottom()
 
 
-class buffer:
-    """mpi4py's MPI.buffer, as a memoryview of bytes."""
+class buffer(np.ndarray):
+    """mpi4py's MPI.buffer: bytes of memory (an object's, an address's or
+    new ones) that know their address; a 1-D uint8 array underneath, so
+    that it exports the buffer protocol and a message takes it as bytes."""
 
     def __new__(cls, obj=None):
-        return memoryview(bytearray() if obj is None else obj).cast("B")
+        if obj is None:
+            obj = bytearray()
+        mem = memoryview(obj)
+        if not mem.contiguous:
+            raise BufferError("MPI.buffer: the object's memory is not contiguous")
+        out = np.frombuffer(mem.cast("B") if mem.ndim != 1 or mem.format != "B" else mem, np.uint8).view(cls)
+        out._obj = obj
+        return out
+
+    def __array_finalize__(self, parent):
+        self._obj = getattr(parent, "_obj", None)
 
     @staticmethod
     def allocate(nbytes, clear=False):
-        return memoryview(bytearray(int(nbytes)))
+        return buffer(np.zeros(int(nbytes), np.uint8) if clear else np.empty(int(nbytes), np.uint8))
 
     @staticmethod
     def frombuffer(obj, readonly=False):
         """obj's memory as bytes (BufferError if it is read-only and readonly is false)."""
-        mem = memoryview(obj)
-        if not readonly and mem.readonly:
+        if not readonly and memoryview(obj).readonly:
             raise BufferError("buffer.frombuffer: the object is read-only (pass readonly=True)")
-        return mem.cast("B")
+        out = buffer(obj)
+        return out.toreadonly() if readonly else out
 
     @staticmethod
     def fromaddress(address, nbytes, readonly=False):
@@ -234,8 +246,39 @@ class buffer:
         import ctypes
         if nbytes and not address:
             raise ValueError("buffer.fromaddress: a null address with nbytes > 0")
-        mem = memoryview((ctypes.c_char * int(nbytes)).from_address(address) if nbytes else bytearray()).cast("B")
-        return mem.toreadonly() if readonly else mem
+        out = buffer((ctypes.c_char * int(nbytes)).from_address(address) if nbytes else None)
+        return out.toreadonly() if readonly else out
+
+    @property
+    def address(self):
+        return self.ctypes.data
+
+    @property
+    def obj(self):
+        return self._obj
+
+    @property
+    def readonly(self):
+        return not self.flags.writeable
+
+    @property
+    def format(self):
+        return "B"
+
+    def tobytes(self, order=None):
+        return bytes(memoryview(self))
+
+    def toreadonly(self):
+        out = self.view()
+        out.flags.writeable = False
+        return out
+
+    def cast(self, format, shape=None):
+        mem = memoryview(self)
+        return mem.cast(format) if shape is None else mem.cast(format, shape)
+
+    def release(self):
+        """Nothing to let go: the memory lives as long as its object (numpy holds it)."""
 
 
 def _comm_lock_table(comm):
@@ -261,12 +304,12 @@ memory = buffer
 
 
 def Alloc_mem(size, info=None):
-    """size bytes of memory (numpy's allocator)."""
-    return memoryview(np.empty(int(size), np.uint8))
+    """size bytes of memory (numpy's allocator), as an MPI.buffer."""
+    return buffer.allocate(size)
 
 
 def Free_mem(mem):
-    mem.release()
+    """Nothing to do: the memory goes with its last reference."""
 
 
 # -- the environment ----------------------------------------------------------------
@@ -412,6 +455,11 @@ class Session(_Uncovered):
 
 class Grequest(_Uncovered):
     _calls = ("Start",)
+
+    def __new__(cls, *args, **kw):
+        if args and isinstance(args[0], Request):      # mpi4py: only a generalized request converts
+            raise TypeError(f"Grequest({type(args[0]).__name__}): not a generalized request")
+        return super().__new__(cls, *args, **kw)
 
 
 WIN_NULL = None

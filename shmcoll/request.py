@@ -9,6 +9,7 @@ request completes even while its owner waits on another.  An engine's
 poll must be safe from any thread (it takes its own lock)."""
 import array
 import os
+import weakref
 
 PROC_NULL = -1          # MPICH's values: a program that prints them sees what it would under MPICH
 ANY_SOURCE = -2
@@ -159,13 +160,19 @@ class Request:
     operation raised) and _cancel().  A completed request becomes
     inactive: further Waits return at once with an empty status, as in
     MPI, and null (== REQUEST_NULL, false), as MPI sets a completed
-    handle; a persistent one only when freed.  Request() is a null one."""
+    handle; a persistent one only when freed.  Request() is a null one;
+    Request(req) and Prequest(preq) are other handles to req (mpi4py's):
+    of exactly that class, equal to req, sharing its state."""
     _null = False
 
     def __new__(cls, *args, **kw):
+        if len(args) == 1 and not kw and cls in (Request, Prequest):
+            return _handle(args[0], cls)
         return object.__new__(_Null if cls is Request else cls)
 
-    def __init__(self):
+    def __init__(self, *handle):
+        if handle:                  # Request(req): __new__ made the handle, req's state stays as it is
+            return
         self._active = True
         self._status = _EMPTY
         self._result = None
@@ -258,9 +265,34 @@ class Request:
         return not self._null
 
     def __eq__(self, other):
-        return self is other or isinstance(other, Request) and self._null and other._null
+        if self is other or getattr(other, "__dict__", None) is self.__dict__:
+            return True
+        return isinstance(other, Request) and self._null and other._null
 
-    __hash__ = object.__hash__
+    def __hash__(self):
+        return id(self.__dict__)
+
+    @property
+    def handle(self):
+        """An int naming this request while it lives (fromhandle's argument; toint and py2f give it too)."""
+        key = id(self.__dict__)
+        _handles[key] = self
+        return key
+
+    def toint(self):
+        return self.handle
+
+    py2f = toint
+
+    @classmethod
+    def fromhandle(cls, handle):
+        """Another handle, of class cls, to the request whose handle this is."""
+        req = _handles.get(handle)
+        if req is None:
+            raise ValueError(f"{cls.__name__}.fromhandle: {handle!r} names no live request")
+        return _handle(req, cls)
+
+    fromint = f2py = fromhandle
 
     # -- on many ---------------------------------------------------------------
     @staticmethod
@@ -469,7 +501,9 @@ class Prequest(Request):
     (Start), each start complete at its Wait.  Subclasses implement
     _start()."""
 
-    def __init__(self):
+    def __init__(self, *handle):
+        if handle:
+            return
         super().__init__()
         self._active = False
 
@@ -501,3 +535,23 @@ class _Null(Request):
 
 
 REQUEST_NULL = _NULL_IDLE = _Null()
+_handles = weakref.WeakValueDictionary()       # handle -> a live request (Request.handle, fromhandle)
+
+
+def _handle(req, cls):
+    """Another handle to req, of class cls: its __dict__ is req's, with
+    req's own methods (what its subclass implements) bound into it, so the
+    handle acts as req does and either sees what the other did."""
+    if not isinstance(req, Request):
+        raise TypeError(f"{cls.__name__}(request): a request is needed, not {type(req).__name__}")
+    d = req.__dict__
+    d.setdefault("_null", type(req)._null)
+    for klass in type(req).__mro__:
+        if klass in (Prequest, Request):
+            break
+        for name, f in vars(klass).items():
+            if name.startswith("_") and not name.startswith("__") and callable(f) and name not in d:
+                d[name] = getattr(req, name)
+    other = object.__new__(cls)
+    other.__dict__ = d
+    return other

@@ -210,6 +210,51 @@ def test_environment():
         MPI.COMM_NULL.Barrier()
 
 
+def test_buffer_as_mpi4py():
+    """MPI.buffer is mpi4py's class: it knows its address and object, casts,
+    tobytes takes (and ignores) an order, and a message takes it as bytes."""
+    import array
+    obj = array.array("i", [0, 1, 2, 3])
+    buf = MPI.buffer.frombuffer(obj)
+    assert type(buf) is MPI.buffer and buf.obj is obj and buf.nbytes == 16 and not buf.readonly
+    assert buf.address == obj.buffer_info()[0] and list(buf.cast("i")) == [0, 1, 2, 3]
+    assert buf.tobytes("i") == obj.tobytes() and buf.format == "B" and buf.itemsize == 1
+    buf[4] = 9
+    assert obj[1] == 9
+    mem = MPI.Alloc_mem(32)
+    assert type(mem) is MPI.buffer and mem.nbytes == 32 and MPI.buffer.fromaddress(mem.address, 32).address == mem.address
+    ro = MPI.buffer.frombuffer(b"abc", readonly=True)
+    assert ro.readonly and ro.tobytes() == b"abc"
+    with pytest.raises(BufferError):
+        MPI.buffer.frombuffer(b"abc")
+    MPI.COMM_SELF.Sendrecv(np.arange(32, dtype=np.uint8), 0, 1, mem, 0, 1)
+    assert np.array_equal(np.frombuffer(mem, np.uint8), np.arange(32))
+    MPI.Free_mem(mem)
+
+
+def test_request_handles_as_mpi4py():
+    """Request(req), Prequest(preq) and fromhandle give other handles of
+    exactly that class, equal to the request and acting on it."""
+    preq = MPI.COMM_SELF.Send_init(b"", MPI.PROC_NULL, 0)
+    for dupe in (MPI.Prequest(preq), MPI.Prequest.fromhandle(preq.handle), MPI.Request(preq)):
+        assert dupe == preq and hash(dupe) == hash(preq) and dupe is not preq
+    assert type(MPI.Prequest(preq)) is MPI.Prequest and type(MPI.Request(preq)) is MPI.Request
+    with pytest.raises(TypeError):
+        MPI.Grequest(preq)
+    MPI.Prequest(preq).Start()
+    MPI.Request(preq).Wait()
+    assert preq.Test()
+    req = MPI.COMM_SELF.Irecv(np.zeros(2), 0, 7)
+    MPI.COMM_SELF.Send(np.arange(2.0), 0, 7)
+    st = MPI.Status()
+    MPI.Request.fromhandle(req.handle).Wait(st)
+    assert st.Get_tag() == 7 and req == MPI.REQUEST_NULL and not req
+    preq.Free()
+    assert not MPI.Request(preq) and MPI.Request(MPI.REQUEST_NULL) == MPI.REQUEST_NULL
+    with pytest.raises(TypeError):
+        MPI.Request(3)
+
+
 @pytest.mark.parametrize("call", [lambda: MPI.Win.Create(None), lambda: MPI.File.Open(None, "x"),
                                   lambda: MPI.Cartcomm(), lambda: MPI.DOUBLE.Create_vector(2, 1, 2),
                                   lambda: MPI.DOUBLE.Create_struct([1], [0], [MPI.INT]),
