@@ -65,6 +65,7 @@ typedef struct sc_line sc_line_t;
  * displacements (header word SC_H_COUNTS: where), which the entry
  * compares exactly before running it. */
 #define SC_CACHE 256
+#define SC_WAYS 4        /* entries per set of the cache (pyfast.c sc_cache_slot) */
 #define SC_GIL_NS 20000
 #define SC_NB 16         /* neighbours a rank may check: a star's centre up to 17 ranks */
 typedef struct { int64_t key[SC_KEY]; const int64_t *prog; } sc_entry_t;
@@ -229,6 +230,7 @@ struct sc_comm {
     struct {                 /* the fast entries' program cache (pyfast.c) */
         sc_entry_t cache[SC_CACHE];
         sc_entry_t *last;        /* the entry the last fast call found (pyfast.c lookup) */
+        uint32_t cache_turn;     /* which entry of a full set the next install takes */
     };
     struct {                 /* lifetime, after everything a call reads, so no per-call field moves */
         /* the world's abort word, for a communicator made from it (NULL:
@@ -273,6 +275,7 @@ void sc_twin_learn(int64_t *t, int v, int64_t ns);
 void sc_twin_ran(int64_t *t, int v);
 
 int sc_cache_slot(const int64_t *key);
+void sc_cache_put(sc_comm_t *c, const int64_t *key, const int64_t *prog);
 int64_t sc_fingerprint(const int64_t *vec, int n);
 /* What a fast entry reads in place on every call (csrc/pyfast.c): its
  * communicator, collective id, the argument whose dtype the signature

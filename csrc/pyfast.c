@@ -26,7 +26,10 @@ static uint64_t hash_key(const int64_t *k)
     for (int i = 0; i < SC_KEY; i++) h += ((uint64_t)k[i] ^ (uint64_t)k[i] >> 29) * m[i];
     return h ^ (h >> 31);
 }
-int sc_cache_slot(const int64_t *key) { return (int)(hash_key(key) % SC_CACHE); }
+/* The cache is SC_WAYS-way set associative: a key may sit in any entry
+ * of its set, so a few call shapes whose keys share a set (dtype hashes
+ * differ from process to process) all stay in C. */
+int sc_cache_slot(const int64_t *key) { return (int)(hash_key(key) % (SC_CACHE / SC_WAYS)) * SC_WAYS; }
 
 static int same_key(const int64_t *a, const int64_t *b)
 {
@@ -35,14 +38,32 @@ static int same_key(const int64_t *a, const int64_t *b)
     return !d;
 }
 
+/* Install prog for key: in the entry that holds key, else an empty one of
+ * its set, else the next in turn (round robin over the set's entries). */
+void sc_cache_put(sc_comm_t *c, const int64_t *key, const int64_t *prog)
+{
+    sc_entry_t *set = &c->cache[sc_cache_slot(key)], *e = NULL;
+    for (int w = 0; w < SC_WAYS && !e; w++)
+        if (set[w].prog && same_key(set[w].key, key)) e = &set[w];
+    for (int w = 0; w < SC_WAYS && !e; w++)
+        if (!set[w].prog) e = &set[w];
+    if (!e) e = &set[c->cache_turn++ % SC_WAYS];
+    if (c->last == e) c->last = NULL;
+    memcpy(e->key, key, sizeof e->key);
+    e->prog = prog;
+}
+
 /* A loop of one collective finds its entry again without hashing (the
  * key is compared all the same: Python may have refilled the entry). */
 static const int64_t *lookup(sc_comm_t *c, const int64_t *key)
 {
     sc_entry_t *e = c->last;
     if (!e || !e->prog || !same_key(e->key, key)) {
-        e = &c->cache[sc_cache_slot(key)];
-        if (!e->prog || !same_key(e->key, key)) return NULL;
+        sc_entry_t *set = &c->cache[sc_cache_slot(key)];
+        e = NULL;
+        for (int w = 0; w < SC_WAYS && !e; w++)
+            if (set[w].prog && same_key(set[w].key, key)) e = &set[w];
+        if (!e) return NULL;
         c->last = e;
     }
     return e->prog;

@@ -380,9 +380,7 @@ class Device:
                 for k, (t, _, n) in self._twins.items()}
 
     def _install(self, key, prog):
-        e = self.c.cache[lib.sc_cache_slot(ffi.new("int64_t[]", key))]
-        e.key = list(key)
-        e.prog = ffi.cast("int64_t *", prog.ctypes.data)
+        lib.sc_cache_put(self.c, ffi.new("int64_t[]", key), ffi.cast("int64_t *", prog.ctypes.data))
 
     def _scratch(self, n):
         if n and (self._tmp is None or self._tmp.size < n):
