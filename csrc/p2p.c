@@ -921,13 +921,21 @@ static int args(const char *what, Py_ssize_t n, Py_ssize_t want, PyObject *const
     return *c && (*c)->p2p;
 }
 
+int sc_py_plain(const Py_buffer *b);      /* pyfast.c */
+
+/* A C-contiguous buffer of plain data in this machine's byte order; else
+ * an exception, on which Python's checks (p2p._buffer) name the problem. */
 static int buffer(PyObject *v, Py_buffer *b, int writable)
 {
     if (v == Py_None) {
         memset(b, 0, sizeof *b);
         return 1;
     }
-    return !PyObject_GetBuffer(v, b, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0));
+    if (PyObject_GetBuffer(v, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0))) return 0;
+    if (sc_py_plain(b)) return 1;
+    PyBuffer_Release(b);
+    PyErr_SetString(PyExc_TypeError, "not plain data in this machine's byte order");
+    return 0;
 }
 
 static void release(Py_buffer *b)

@@ -168,7 +168,15 @@ static int parse(PyObject *const *args, size_t nargsf, PyObject *kw, PyObject *n
     return 1;
 }
 
-static int plain(const Py_buffer *b) { return !b->format || !strchr(b->format, 'O'); }
+/* Plain data the C entries take as it is: no Python objects, and this
+ * machine's byte order (Python refuses a foreign one, as mpi4py does). */
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define FOREIGN ">!"
+#else
+#define FOREIGN "<"
+#endif
+static int plain(const Py_buffer *b) { return !b->format || !strpbrk(b->format, "O" FOREIGN); }
+int sc_py_plain(const Py_buffer *b) { return plain(b); }
 
 /* numpy arrays without the buffer protocol: building the format string
  * for every call (to refuse object dtypes) cost more than the rest of a

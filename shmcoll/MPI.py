@@ -18,7 +18,8 @@ import numpy as np
 
 from . import __version__, comms, launcher, ops, p2p
 from .info import INFO_ENV, INFO_NULL, MAX_INFO_KEY, MAX_INFO_VAL, Info  # noqa: F401
-from .sendmodes import BSEND_OVERHEAD, BUFFER_AUTOMATIC, Attach_buffer, Detach_buffer, Flush_buffer  # noqa: F401
+from .sendmodes import (BSEND_OVERHEAD, BUFFER_AUTOMATIC, Attach_buffer, Detach_buffer, Flush_buffer,  # noqa: F401
+                        Iflush_buffer)
 from .buffers import IN_PLACE
 from .comm import Comm as _Comm
 from .datatype import COMBINERS, PREDEFINED, Datatype
@@ -216,17 +217,33 @@ class buffer(np.ndarray):
     that it exports the buffer protocol and a message takes it as bytes."""
 
     def __new__(cls, obj=None):
+        from .buffers import array
         if obj is None:
             obj = bytearray()
-        mem = memoryview(obj)
+        mem = memoryview(array(obj))        # DLPack, CUDA array interface: the memory they describe
         if not mem.contiguous:
             raise BufferError("MPI.buffer: the object's memory is not contiguous")
         out = np.frombuffer(mem.cast("B") if mem.ndim != 1 or mem.format != "B" else mem, np.uint8).view(cls)
         out._obj = obj
+        # a CUDA array interface is device memory by contract: as mpi4py, no host access through the buffer
+        out._device = hasattr(obj, "__cuda_array_interface__") and not isinstance(obj, np.ndarray)
         return out
 
     def __array_finalize__(self, parent):
         self._obj = getattr(parent, "_obj", None)
+        self._device = getattr(parent, "_device", False)
+
+    def _host(self, what):
+        if self._device:
+            raise BufferError(f"MPI.buffer.{what}: the memory is a device's (CUDA array interface)")
+
+    def __getitem__(self, index):
+        self._host("__getitem__")
+        return super().__getitem__(index)
+
+    def __setitem__(self, index, value):
+        self._host("__setitem__")
+        super().__setitem__(index, value)
 
     @staticmethod
     def allocate(nbytes, clear=False):
@@ -235,9 +252,9 @@ class buffer(np.ndarray):
     @staticmethod
     def frombuffer(obj, readonly=False):
         """obj's memory as bytes (BufferError if it is read-only and readonly is false)."""
-        if not readonly and memoryview(obj).readonly:
-            raise BufferError("buffer.frombuffer: the object is read-only (pass readonly=True)")
         out = buffer(obj)
+        if not readonly and out.readonly:
+            raise BufferError("buffer.frombuffer: the object is read-only (pass readonly=True)")
         return out.toreadonly() if readonly else out
 
     @staticmethod
@@ -266,6 +283,7 @@ class buffer(np.ndarray):
         return "B"
 
     def tobytes(self, order=None):
+        self._host("tobytes")
         return bytes(memoryview(self))
 
     def toreadonly(self):
@@ -274,6 +292,7 @@ class buffer(np.ndarray):
         return out
 
     def cast(self, format, shape=None):
+        self._host("cast")
         mem = memoryview(self)
         return mem.cast(format) if shape is None else mem.cast(format, shape)
 
@@ -463,7 +482,7 @@ class Grequest(_Uncovered):
 
 
 WIN_NULL = None
-for _call in ("Open_port", "Close_port", "Publish_name", "Unpublish_name", "Lookup_name", "Iflush_buffer",
+for _call in ("Open_port", "Close_port", "Publish_name", "Unpublish_name", "Lookup_name",
               "Compute_dims", "Add_error_class", "Add_error_code", "Add_error_string", "Remove_error_class",
               "Remove_error_code", "Remove_error_string", "Register_datarep", "Get_hw_resource_info"):
     globals()[_call] = _uncovered(_call)

@@ -173,8 +173,8 @@ class Args:
         else:
             sptr, sbytes, _ = buffers.view(sendbuf, "sendbuf", writable=False)
             dt = buffers.dtype_of(sendbuf)
-            if rdt is not None and rdt != dt:
-                raise TypeError(f"{what}: sendbuf has dtype {dt} but recvbuf {rdt}; a reduction takes one dtype")
+            if rdt is not None and rdt != dt:       # mpi4py: a ValueError (a mismatch of datatypes)
+                raise ValueError(f"{what}: sendbuf has dtype {dt} but recvbuf {rdt}; a reduction takes one dtype")
         if dt.hasobject:
             raise TypeError(f"{what}: dtype {dt} holds Python objects")
         if counts is not None and sum(n for n, _ in counts) != sbytes:

@@ -48,11 +48,12 @@ def view(buf, name, writable):
     return ffi.from_buffer(buf, require_writable=writable), nbytes, itemsize
 
 
-def checked(buf, name, writable):
+def checked(buf, name, writable, typed=False):
     """(the array or a memoryview, nbytes, itemsize) of a buffer argument
     that C can take as it is: plain data, contiguous (Fortran order too,
     as in mpi4py: made a 1-D array over the same memory), writable where
-    written; anything else raises, naming it."""
+    written, in this machine's byte order unless a datatype is given
+    (typed: a spec's); anything else raises, naming it."""
     if buf is IN_PLACE:
         raise ValueError(f"{name}: IN_PLACE is not allowed here")
     buf = array(buf)
@@ -60,13 +61,16 @@ def checked(buf, name, writable):
         if buf.dtype.hasobject:
             raise TypeError(f"{name} holds Python objects (dtype {buf.dtype}); only plain data can be "
                             f"shared between processes")
+        if not typed and not buf.dtype.isnative:      # mpi4py: no datatype for a foreign byte order
+            raise BufferError(f"{name} has dtype {buf.dtype.str}, not in this machine's byte order; give its "
+                              f"datatype ([buf, MPI.INT]) or pass buf.astype(buf.dtype.newbyteorder('='))")
         if not buf.flags.c_contiguous:
             if not buf.flags.f_contiguous:
                 raise ValueError(f"{name} must be contiguous (got strides {buf.strides}); pass "
                                  f"np.ascontiguousarray(...)")
             buf = buf.ravel(order="K")      # Fortran order: contiguous memory, its bytes in memory order
         if writable and not buf.flags.writeable:
-            raise ValueError(f"{name} is read-only but this collective writes into it")
+            raise BufferError(f"{name} is read-only but this call writes into it")      # mpi4py: BufferError
         nbytes, itemsize = buf.nbytes, buf.itemsize
     else:
         try:
@@ -82,7 +86,7 @@ def checked(buf, name, writable):
         if not mv.c_contiguous:             # Fortran order: as the array over it
             return checked(np.asarray(mv), name, writable)
         if writable and mv.readonly:
-            raise ValueError(f"{name} is read-only but this collective writes into it")
+            raise BufferError(f"{name} is read-only but this call writes into it")      # mpi4py: BufferError
         nbytes, itemsize = mv.nbytes, mv.itemsize
         buf = mv
     if itemsize == 0:
@@ -116,6 +120,8 @@ def ints(seq, what, n):
         a = np.asarray(seq)
     except Exception:
         a = None
+    if a is not None and a.size and a.dtype.kind not in "iu" and a.dtype.kind in "fcbSUV":
+        raise TypeError(f"{what} must be integers, not {seq!r}")       # mpi4py: as its C ints take them
     if a is None or a.ndim != 1 or a.size != n or (a.size and a.dtype.kind not in "iu"):
         raise ValueError(f"{what} must be {n} integers, one per rank, not {seq!r}")
     a = a.astype(np.int64)

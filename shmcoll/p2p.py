@@ -44,7 +44,8 @@ def _buffer(comm, buf, name, writable):
     """A contiguous buffer C reads or writes: buf itself, or a spec's or a
     Fortran-ordered array's items as a C-ordered array over its memory.  A
     bad one aborts the job, as a collective's bad argument does."""
-    if type(buf) is np.ndarray and buf.flags.c_contiguous and (buf.flags.writeable or not writable):
+    if (type(buf) is np.ndarray and buf.flags.c_contiguous and (buf.flags.writeable or not writable)
+            and buf.dtype.isnative and not buf.dtype.hasobject):
         return buf              # the common case, as the checks below would pass it
     if buf is None:
         return None             # no buffer: an empty message
@@ -52,6 +53,8 @@ def _buffer(comm, buf, name, writable):
         buf = buffers.array(buf)        # DLPack, CUDA array interface: the numpy array over them
         if isinstance(buf, (list, tuple)):
             return spec.simple(buf, name, writable)
+        if isinstance(buf, np.ndarray):
+            buffers.checked(buf, name, writable)    # Python objects, a foreign byte order: refused
         if isinstance(buf, np.ndarray) and not buf.flags.c_contiguous and buf.flags.f_contiguous:
             return buf.T
         memoryview(buf).cast("B")      # contiguous: what C will ask of it

@@ -46,6 +46,10 @@ class _Attached:
                 raise MPIError(ERR_BUFFER, f"{what}: the attached buffer ({self.size} bytes, {used} in use) has no room "
                                            f"for {nbytes} bytes + BSEND_OVERHEAD ({BSEND_OVERHEAD}); attach a larger one")
 
+    def pending(self):
+        with self.lock:
+            return [q for q, _ in self.sends]
+
     def flush(self):
         """Wait until every buffered send from it is delivered."""
         with self.lock:
@@ -78,6 +82,27 @@ def _detach(slot, where):
 def _flush(slot):
     if slot[0] is not None:
         slot[0].flush()
+
+
+class _Flush(Request):
+    """Iflush_buffer: complete once the buffered sends in flight when it
+    was made are delivered (those made later are not waited for)."""
+
+    def __init__(self, slot):
+        super().__init__()
+        self._sends = slot[0].pending() if slot[0] is not None else []
+
+    def _test(self):
+        self._sends = [q for q in self._sends if not q._test()]
+        return not self._sends
+
+    def _idle(self):
+        if self._sends:
+            self._sends[0]._idle()
+
+
+def Iflush_buffer():
+    return _Flush(_process)
 
 
 def Attach_buffer(buf):
@@ -132,6 +157,10 @@ class SendModes:
 
     def Flush_buffer(self):
         _flush(self.__dict__.setdefault("_bsend_slot", [None]))
+
+    def Iflush_buffer(self):
+        """MPI-4.1: a request complete once this communicator's buffered sends in flight are delivered."""
+        return _Flush(self.__dict__.setdefault("_bsend_slot", [None]))
 
     def Ibsend(self, buf, dest, tag=0):
         """Complete when made: the message is copied into the attached buffer's room."""

@@ -54,6 +54,8 @@ def datatype(x, name):
     items of its base (Create_contiguous) as a subarray dtype, whose
     arrays are plain arrays of the base, count items per element."""
     if hasattr(x, "base") and hasattr(x, "Get_size"):
+        if x.base is None:                  # mpi4py: a null datatype in a message is a ValueError
+            raise ValueError(f"{name}: the datatype is DATATYPE_NULL")
         base, count = np.dtype(x.base), int(getattr(x, "count", 1))
         dt = base if count == 1 else np.dtype((base, (count,)))
         if dt.itemsize != x.Get_size():
@@ -95,7 +97,7 @@ def _raw(buf, dtype, name, writable):
     if buf is None:
         raw = np.empty(0, np.uint8)
     else:
-        b = buffers.checked(buf, name, writable)[0]      # contiguous, plain data, writable where written
+        b = buffers.checked(buf, name, writable, dtype is not None)[0]  # contiguous, plain, writable where written
         raw = np.asarray(b).reshape(-1).view(np.uint8) if isinstance(b, np.ndarray) else np.frombuffer(b, np.uint8)
     if dtype is None:
         return raw, buffers.dtype_of(buf) if buf is not None else np.dtype(np.uint8)
@@ -261,13 +263,19 @@ def wvector(spec, name, nranks, writable):
     displacements per rank), checked against the buffer."""
     if spec is IN_PLACE:
         raise ValueError(f"{name}: IN_PLACE is not allowed here")
-    if not isinstance(spec, (list, tuple)) or len(spec) not in (3, 4):
-        raise ValueError(f"{name}: Alltoallw takes [buf, (counts, displs), datatypes] or "
+    if not isinstance(spec, (list, tuple)) or len(spec) not in (2, 3, 4):
+        raise ValueError(f"{name}: Alltoallw takes [buf, datatypes], [buf, (counts, displs), datatypes] or "
                          f"[buf, counts, displs, datatypes], not {spec!r}")
-    if len(spec) == 3:
+    if type(spec[0]).__name__ == "_Bottom" and (len(spec) == 2 or any(x is None for x in spec[1:-1])):  # MPI.BOTTOM
+        raise ValueError(f"{name}: BOTTOM requires counts and displacements")
+    if len(spec) == 2:                      # mpi4py: one item of each datatype per rank, all at the start
+        (buf, types), counts, displs = spec, [1] * nranks, [0] * nranks
+    elif len(spec) == 3:
         buf, (counts, displs), types = spec[0], _pair(spec[1], name, "counts, displacements"), spec[2]
     else:
         buf, counts, displs, types = spec
+    if counts is None and displs is None:
+        counts, displs = [1] * nranks, [0] * nranks
     raw = _raw(buf, None, name, writable)[0]
     if is_datatype(types):
         types = [types] * nranks

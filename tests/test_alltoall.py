@@ -181,7 +181,7 @@ LOCAL = {
     "size": ("ValueError", ["sendbuf", "recvbuf"]),
     "split": ("ValueError", ["sendbuf", "blocks"]),
     "overlap": ("ValueError", ["overlap"]),
-    "readonly": ("ValueError", ["recvbuf", "read-only"]),
+    "readonly": ("BufferError", ["recvbuf", "read-only"]),
     "noncontig": ("ValueError", ["recvbuf", "contiguous"]),
     "nonbuffer": ("TypeError", ["sendbuf", "int"]),
     "dtype": ("KeyError", ["recvbuf", "no-such-type"]),     # an unknown typecode, as mpi4py

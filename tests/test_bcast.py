@@ -223,8 +223,8 @@ LOCAL = {  # kind -> (exception type, words the message must contain)
     "dtype": ("KeyError", ["buf", "no-such-type"]),     # an unknown typecode, as mpi4py
     "count": ("ValueError", ["buf", "bytes"]),
     "noncontig": ("ValueError", ["buf", "contiguous"]),
-    "readonly": ("ValueError", ["buf", "read-only"]),
-    "bytes": ("ValueError", ["buf", "read-only"]),
+    "readonly": ("BufferError", ["buf", "read-only"]),
+    "bytes": ("BufferError", ["buf", "read-only"]),
     "nonbuffer": ("TypeError", ["buf", "dict"]),
     "root": ("ArgumentError", ["root"]),        # a ValueError with MPI class ERR_ROOT
     "negroot": ("ArgumentError", ["root"]),

@@ -67,12 +67,61 @@ def test_dlpack_complex_as_two_float_lanes():
 def test_dlpack_read_only_flag_device_and_strides():
     a = np.arange(6, dtype=np.int64)
     assert not buffers.array(Exporter(a, versioned=True, readonly=True)).flags.writeable
-    with pytest.raises(ValueError, match="read-only"):
+    with pytest.raises(BufferError, match="read-only"):
         buffers.checked(Exporter(a, versioned=True, readonly=True), "recvbuf", True)
     with pytest.raises(BufferError, match="device type 2"):
         buffers.array(Exporter(a, device=2))
     with pytest.raises(BufferError, match="not contiguous"):
         buffers.array(Exporter(a, strides=[2]))
+
+
+def test_dlpack_as_mpi4py_reads_it():
+    """mpi4py's asdlpack: a Fortran-ordered tensor is its flat bytes, a
+    dtype mpi4py has no format for is bytes, a bad __dlpack_device__ is
+    the TypeError or ValueError of unpacking it, a capsule that is not a
+    DLPack one a BufferError."""
+    a = np.arange(6, dtype=np.int32)
+    ex = Exporter(a.reshape(2, 3), strides=[1, 2])              # Fortran order over the same memory
+    assert np.array_equal(buffers.array(ex), a) and buffers.array(ex).ndim == 1
+    ex = Exporter(a)
+    ex.managed.tensor.dtype.code = 3                            # kDLOpaqueHandle: bytes
+    got = buffers.array(ex)
+    assert got.dtype == np.uint8 and got.tobytes() == a.tobytes()
+    for device, exc in ((lambda: None, TypeError), (lambda: (None, 0), TypeError), (lambda: (1,), ValueError),
+                        (None, TypeError)):
+        ex = Exporter(a)
+        ex.__dlpack_device__ = device
+        with pytest.raises(exc):
+            buffers.array(ex)
+    ex = Exporter(a)
+    ex.__dlpack__ = lambda *args, **kw: None
+    with pytest.raises(BufferError, match="capsule"):
+        buffers.array(ex)
+    ex = Exporter(a)
+    ex.shape[0] = -1
+    with pytest.raises(BufferError, match="negative"):
+        buffers.array(ex)
+
+
+def test_cai_as_mpi4py_reads_it():
+    """mpi4py's ascaibuf: its exceptions for each malformed interface,
+    its warning for a descr that is not the typestr's, and a foreign byte
+    order refused."""
+    a = np.arange(4, dtype=np.float64)
+
+    def bad(**kw):
+        c = CAI(a)
+        c.__cuda_array_interface__.update(kw)
+        return c
+    for kw, exc in (({"mask": True}, BufferError), ({"data": 0}, TypeError), ({"data": (1,)}, ValueError),
+                    ({"typestr": 42}, TypeError), ({"typestr": "<fX"}, ValueError), ({"shape": 4}, TypeError),
+                    ({"shape": (4, -1)}, BufferError), ({"typestr": ">f8"}, BufferError),
+                    ({"typestr": "#f8"}, BufferError), ({"descr": 3}, TypeError), ({"strides": (16,)}, BufferError)):
+        with pytest.raises(exc):
+            buffers.array(bad(**kw))
+    with pytest.warns(RuntimeWarning, match="descr"):
+        buffers.array(bad(descr=[("", "<f4")] * 2))
+    assert np.array_equal(buffers.array(bad(typestr="|f8", descr=[("", "|f8")])), a)
 
 
 def test_cai_host_memory_and_unreadable_pointer():

@@ -232,6 +232,49 @@ def test_buffer_as_mpi4py():
     MPI.Free_mem(mem)
 
 
+def test_message_checks_as_mpi4py():
+    """mpi4py's exceptions for what a message may not be: a foreign byte
+    order without a datatype (BufferError; with one it goes), a null
+    datatype (ValueError), float counts (TypeError), a read-only receive
+    (BufferError), two datatypes in a reduction (ValueError); and
+    Alltoallw's [buf, datatypes], one item each."""
+    self_ = MPI.COMM_SELF
+    s, r = np.arange(3, dtype=">i4"), np.zeros(3, ">i4")
+    with pytest.raises(BufferError, match="byte order"):
+        self_.Sendrecv(s, 0, 0, r, 0, 0)
+    self_.Sendrecv([s, MPI.INT], 0, 0, [r, MPI.INT], 0, 0)
+    assert np.array_equal(r, s)
+    with pytest.raises(ValueError, match="DATATYPE_NULL"):
+        self_.Sendrecv([np.zeros(4), 0, 1, MPI.DATATYPE_NULL], 0, 0, [None, 0, "B"], 0, 0)
+    with pytest.raises(TypeError):
+        self_.Alltoallv([bytearray(3), np.array([3.1])], [bytearray(4), (3, np.array([1.1]))])
+    with pytest.raises(BufferError, match="read-only"):
+        self_.Sendrecv(np.zeros(2), 0, 0, b"ab" * 8, 0, 0)
+    with pytest.raises(ValueError, match="dtype"):
+        self_.Reduce([np.zeros(1, np.int32), 1, MPI.INT], [np.zeros(1, np.float32), 1, MPI.FLOAT])
+    sbuf, rbuf = bytearray(b"abc"), bytearray(3)
+    self_.Alltoallw([sbuf, None, None, [MPI.CHAR]], [rbuf, [MPI.CHAR]])
+    assert rbuf == bytearray(b"a\0\0")
+    with pytest.raises(ValueError, match="BOTTOM"):
+        self_.Alltoallw([MPI.BOTTOM, None, [0], [MPI.BYTE]], [rbuf, [0], [0], [MPI.BYTE]])
+
+
+def test_iflush_buffer():
+    """Comm.Iflush_buffer (MPI-4.1): complete once the buffered sends in
+    flight when it was made are delivered, not before."""
+    comm = MPI.COMM_SELF.Dup()
+    comm.Attach_buffer(MPI.Alloc_mem((1 << 21) + MPI.BSEND_OVERHEAD))
+    comm.Bsend(np.arange(1 << 17, dtype=np.float64), 0, 3)     # 1 MiB: a rendezvous, pending till received
+    flush = comm.Iflush_buffer()
+    assert not flush.Test()
+    got = np.zeros(1 << 17)
+    comm.Recv(got, 0, 3)
+    flush.Wait()
+    assert np.array_equal(got, np.arange(1 << 17)) and MPI.Iflush_buffer().Test()
+    comm.Detach_buffer()
+    comm.Free()
+
+
 def test_request_handles_as_mpi4py():
     """Request(req), Prequest(preq) and fromhandle give other handles of
     exactly that class, equal to the request and acting on it."""

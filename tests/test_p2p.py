@@ -286,6 +286,24 @@ def test_bad_buffer_aborts():
     assert out[0] in ("BufferError", "TypeError", "ValueError") and out[1:] == ["peer", "peer"]
 
 
+@pytest.mark.parametrize("buf", ["objects", "foreign"])
+def test_object_or_foreign_arrays_abort(buf):
+    """An array of Python objects (its buffer would send pointers) or in a
+    foreign byte order is refused where it is sent, and the peers raise."""
+    def job(comm):
+        bad = np.array([object()] * 4) if buf == "objects" else np.arange(4, dtype=">i4")
+        try:
+            if comm.rank == 0:
+                comm.Send(bad, 1)
+            else:
+                comm.Recv(np.zeros(32, np.uint8), 0)
+        except shmcoll.PeerFailure:
+            return "peer"
+        except (BufferError, TypeError) as e:
+            return type(e).__name__
+    assert run(job, 2, timeout=30) == ["TypeError" if buf == "objects" else "BufferError", "peer"]
+
+
 def test_proc_null():
     def job(comm):
         st = Status()

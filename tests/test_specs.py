@@ -288,7 +288,7 @@ REFUSED = {
     "no_split": ("ValueError", ["split", "blocks"]),
     "not_a_datatype": ("TypeError", ["datatype"]),
     "count_not_int": ("TypeError", ["count", "integer"]),
-    "dtypes_differ": ("TypeError", ["dtype"]),
+    "dtypes_differ": ("ValueError", ["dtype"]),
     "counts_differ": ("ValueError", ["recvbuf"]),
     "vcounts_past_buffer": ("ValueError", ["past the buffer"]),
     "vcounts_length": ("ValueError", ["one per rank"]),
