@@ -520,7 +520,8 @@ static int copy_rdv(sc_comm_t *sh, const rdv_t *d, char *buf, int64_t k)
 
 /* -- receiving ---------------------------------------------------------------- */
 
-static int matches(int src, int tag, int s, int t) { return (src < 0 || src == s) && (tag < 0 || tag == t); }
+/* ANY_TAG (-1) matches the user's tags, never a collective's own (below -1: A2AV_TAG). */
+static int matches(int src, int tag, int s, int t) { return (src < 0 || src == s) && (tag == -1 ? t >= 0 : tag == t); }
 
 /* Receives posted before this one and not yet matched, as (source, tag)
  * pairs: a message one of them matches is theirs (MPI matches a message
@@ -815,6 +816,36 @@ int sc_p2p_sendrecv(sc_comm_t *c, int dest, int stag, const char *sbuf, int64_t 
     }
 }
 
+/* Alltoallv over point-to-point: row holds, in bytes, what this rank
+ * sends each rank, where from, what it receives from each, where to.  At
+ * step k it sends to rank + k and receives from rank - k together
+ * (Sendrecv), on a tag no user receive matches; its own piece is a copy.
+ * A piece that arrives other than its receiver expects is SC_EMISMATCH,
+ * out: the sender, the bytes it sent, the bytes expected. */
+#define A2AV_TAG (-2)
+static int alltoallv(sc_comm_t *c, const char *sbuf, char *rbuf, const int64_t *row, int64_t *out)
+{
+    int p = c->size, r = c->rank;
+    const int64_t *sn = row, *sd = row + p, *rn = row + 2 * p, *rd = row + 3 * p;
+    if (sn[r] != rn[r]) {
+        out[0] = r, out[1] = sn[r], out[2] = rn[r];
+        return SC_EMISMATCH;
+    }
+    if (sn[r]) memmove(rbuf + rd[r], sbuf + sd[r], (size_t)sn[r]);
+    for (int k = 1; k < p; k++) {
+        int dest = (r + k) % p, src = (r - k + p) % p;
+        int64_t got[3] = { 0, 0, 0 };
+        int rc = sc_p2p_sendrecv(c, dest, A2AV_TAG, sbuf + sd[dest], sn[dest], src, A2AV_TAG, rbuf + rd[src], rn[src],
+                                 got);
+        if (rc == SC_ETRUNCATE || (!rc && got[2] != rn[src])) {
+            out[0] = src, out[1] = got[2], out[2] = rn[src];
+            return SC_EMISMATCH;
+        }
+        if (rc) return rc;
+    }
+    return SC_OK;
+}
+
 /* Probe (src, tag): out = source, tag, bytes; detach: the message leaves
  * matching and *handle holds it for sc_p2p_mrecv (Mprobe).  SC_OK found,
  * 1 not yet (non-blocking), or an error. */
@@ -1053,6 +1084,28 @@ static PyObject *py_mrecv(PyObject *m, PyObject *const *a, Py_ssize_t n)
     return r;
 }
 
+/* alltoallv(ctx, send address, recv address, row) -> (rc, rank, bytes sent, bytes expected): row an int64
+ * buffer (alltoallv); the addresses those of buffers the caller holds, checked against row by Python */
+static PyObject *py_alltoallv(PyObject *m, PyObject *const *a, Py_ssize_t n)
+{
+    sc_comm_t *c;
+    Py_buffer row;
+    int64_t out[3] = { 0, 0, 0 };
+    if (!args("alltoallv", n, 4, a, &c) || !buffer(a[3], &row, 0)) return NULL;
+    char *sbuf = PyLong_AsVoidPtr(a[1]), *rbuf = PyLong_AsVoidPtr(a[2]);
+    if (PyErr_Occurred() || row.len != 4 * c->size * (Py_ssize_t)sizeof(int64_t)) {
+        release(&row);
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "alltoallv: row must hold 4 * size int64");
+        return NULL;
+    }
+    sc_comm_t *sh = arm(c);
+    int rc = alltoallv(c, sbuf, rbuf, row.buf, out);
+    resume(sh, rc);
+    release(&row);
+    if (rc == SC_EINTR && PyErr_Occurred()) return NULL;
+    return Py_BuildValue("(iLLL)", rc, (long long)out[0], (long long)out[1], (long long)out[2]);
+}
+
 /* bell(ctx) -> this rank's doorbell now; idle(ctx, seen, who, for_ns) -> rc once it moved past seen,
  * or for_ns (nonzero) passed */
 static PyObject *py_bell(PyObject *m, PyObject *const *a, Py_ssize_t n)
@@ -1081,9 +1134,10 @@ static PyObject *py_idle(PyObject *m, PyObject *const *a, Py_ssize_t n)
  * exact int rank and tag in range, no status or a Status, and nothing
  * pending on the communicator: one C call; anything else goes to the
  * Python method, failures to the handler (rc, (rc, source, tag, bytes)). */
-enum { FAST_SEND, FAST_RECV, FAST_SENDRECV };
+enum { FAST_SEND, FAST_RECV, FAST_SENDRECV, FAST_ALLTOALLV };
 int sc_py_parse(PyObject *const *args, size_t nargsf, PyObject *kw, PyObject *names, PyObject **out);
 int sc_py_buffer(PyObject *v, int writable, Py_buffer *b);
+int sc_py_vbuffer(PyObject *v, int n, int writable, int64_t *vec, Py_buffer *b, Py_ssize_t *isz);
 
 static PyObject *decline(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
 {
@@ -1123,10 +1177,53 @@ static int send_args(sc_comm_t *c, PyObject **a, long *dest, long *tag)
     return a[0] && a[1] && int_in(a[1], 0, 0, c->size - 1, dest) && int_in(a[2], 0, 0, SC_TAG_UB, tag);
 }
 
+/* Alltoallv(sendbuf, recvbuf) of v-specs of plain buffers, each piece
+ * inside its buffer and the two buffers apart, no algorithm named: one C
+ * call (alltoallv); anything else goes to the Python method, failures to
+ * the handler (rc, (rc, rank, bytes sent, bytes expected)). */
+#define A2AV_MAX 1024
+static PyObject *fast_alltoallv(PyObject *self, sc_comm_t *c, PyObject *const *args, size_t nargsf, PyObject *kw)
+{
+    PyObject *a[8] = { NULL };
+    int p = c->size, ok = 0;
+    int64_t vs[2 * A2AV_MAX], vr[2 * A2AV_MAX], row[4 * A2AV_MAX], out[3] = { 0, 0, 0 };
+    Py_buffer sb = { 0 }, rb = { 0 };
+    Py_ssize_t si = 0, ri = 0;
+    if (p <= A2AV_MAX && sc_py_parse(args, nargsf, kw, PyTuple_GET_ITEM(self, 3), a) && a[0] && a[1]
+        && (!a[2] || a[2] == Py_None) && sc_py_vbuffer(a[0], p, 0, vs, &sb, &si)) {
+        ok = sc_py_vbuffer(a[1], p, 1, vr, &rb, &ri);
+        for (int i = 0; ok && i < p; i++) {
+            row[i] = vs[i] * si, row[p + i] = vs[p + i] * si, row[2 * p + i] = vr[i] * ri, row[3 * p + i] = vr[p + i] * ri;
+            ok = row[p + i] + row[i] <= sb.len && row[3 * p + i] + row[2 * p + i] <= rb.len;
+        }
+        ok = ok && ((char *)sb.buf + sb.len <= (char *)rb.buf || (char *)rb.buf + rb.len <= (char *)sb.buf
+                    || !sb.len || !rb.len);
+    }
+    if (!ok) {
+        release(&sb), release(&rb);
+        return decline(self, args, nargsf, kw);
+    }
+    sc_comm_t *sh = arm(c);
+    int rc = alltoallv(c, sb.buf, rb.buf, row, out);
+    resume(sh, rc);
+    release(&sb), release(&rb);
+    if (rc == SC_EINTR && PyErr_Occurred()) return NULL;
+    if (!rc) Py_RETURN_NONE;
+    PyObject *r = Py_BuildValue("(L(LLLL))", (long long)rc, (long long)rc, (long long)out[0], (long long)out[1],
+                                (long long)out[2]);
+    PyObject *res = r ? PyObject_CallObject(PyTuple_GET_ITEM(self, 2), r) : NULL;
+    Py_XDECREF(r);
+    return res;
+}
+
 static PyObject *fast(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
 {
     sc_comm_t *c = PyLong_AsVoidPtr(PyTuple_GET_ITEM(self, 0));
     long kind = PyLong_AsLong(PyTuple_GET_ITEM(self, 6)), dest = 0, stag = 0, src = 0, rtag = 0;
+    if (kind == FAST_ALLTOALLV) {
+        if (c->closed || !c->p2p) return decline(self, args, nargsf, kw);
+        return fast_alltoallv(self, c, args, nargsf, kw);
+    }
     PyObject *a[8] = { NULL }, *st = NULL;
     Py_buffer sb = { 0 }, rb = { 0 };
     if (c->closed || !c->p2p || c->p2p_pending || !sc_py_parse(args, nargsf, kw, PyTuple_GET_ITEM(self, 3), a))
@@ -1169,7 +1266,7 @@ static PyObject *fast(PyObject *self, PyObject *const *args, size_t nargsf, PyOb
 #define FAST(name, f) {name, (PyCFunction)(void (*)(void))f, METH_FASTCALL, NULL}
 static PyMethodDef defs[] = {
     FAST("send", py_send), FAST("sent", py_sent), FAST("recv", py_recv), FAST("probe", py_probe),
-    FAST("mrecv", py_mrecv), FAST("bell", py_bell), FAST("idle", py_idle),
+    FAST("mrecv", py_mrecv), FAST("bell", py_bell), FAST("idle", py_idle), FAST("alltoallv", py_alltoallv),
     {"entry", (PyCFunction)(void (*)(void))fast, METH_FASTCALL | METH_KEYWORDS, NULL}, {NULL, NULL, 0, NULL},
 };
 

@@ -315,9 +315,40 @@ refuse:
 }
 
 /* n non-negative exact ints of a list or tuple into out; 0 if not that. */
+/* n integers from a buffer of C integers (array.array, a numpy int array): 0 if it is not one, or one is negative. */
+static int int_buffer(PyObject *seq, int n, int64_t *out)
+{
+    Py_buffer b;
+    if (PyObject_GetBuffer(seq, &b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)) {
+        PyErr_Clear();
+        return 0;
+    }
+    const char *f = b.format ? b.format : "B";
+    if (*f == '@' || *f == '=' || (*f == '<' && !strcmp(FOREIGN, ">!"))) f++;
+    int sign = f[0] && !f[1] && strchr("bhilq", f[0]), ok = f[0] && !f[1] && (sign || strchr("BHILQ", f[0]))
+                                                              && b.ndim == 1 && b.itemsize > 0
+                                                              && b.len == (Py_ssize_t)n * b.itemsize;
+    for (int i = 0; ok && i < n; i++) {
+        const char *at = (const char *)b.buf + (Py_ssize_t)i * b.itemsize;
+        int64_t v = 0;
+        switch (b.itemsize) {
+        case 1: v = sign ? (int64_t)*(const int8_t *)at : (int64_t)*(const uint8_t *)at; break;
+        case 2: v = sign ? (int64_t)*(const int16_t *)at : (int64_t)*(const uint16_t *)at; break;
+        case 4: v = sign ? (int64_t)*(const int32_t *)at : (int64_t)*(const uint32_t *)at; break;
+        case 8: v = *(const int64_t *)at; ok = sign || v >= 0; break;
+        default: ok = 0;
+        }
+        out[i] = v;
+        ok = ok && v >= 0;
+    }
+    PyBuffer_Release(&b);
+    return ok;
+}
+
+/* n non-negative integers: a list or tuple of exact ints, or a buffer of C integers. */
 static int ints(PyObject *seq, int n, int64_t *out)
 {
-    if (!PyList_Check(seq) && !PyTuple_Check(seq)) return 0;
+    if (!PyList_Check(seq) && !PyTuple_Check(seq)) return int_buffer(seq, n, out);
     if (PySequence_Fast_GET_SIZE(seq) != n) return 0;
     PyObject **it = PySequence_Fast_ITEMS(seq);
     for (int i = 0; i < n; i++) {
@@ -440,7 +471,7 @@ static PyObject *vspec(PyObject *v, int n, int64_t *vec)
         if (PyTuple_GET_SIZE(counts) != 2) return NULL;
         displ = PyTuple_GET_ITEM(counts, 1);
         counts = PyTuple_GET_ITEM(counts, 0);
-        if (!PyList_Check(displ) && !PyTuple_Check(displ)) return NULL;     /* a stride, None: Python's */
+        if (displ == Py_None || PyLong_Check(displ)) return NULL;     /* None, a stride: Python's (int_buffer refuses a 0-d one) */
     }
     if (!ints(counts, n, vec)) return NULL;
     if (k == 3 && (PyList_Check(it[2]) || PyTuple_Check(it[2]))) return NULL;
@@ -455,6 +486,34 @@ static PyObject *vspec(PyObject *v, int n, int64_t *vec)
         for (int i = 0; i < n; at += vec[i++]) vec[n + i] = at;
     }
     return it[0];
+}
+
+/* For point-to-point's Alltoallv entry (p2p.c): a v-spec's memory (b:
+ * numpy's fields, b->obj NULL, or a buffer request to release), its
+ * item size, counts and displacements (vec, in items); 0 if it is not
+ * the fast path's (no exception set). */
+int sc_py_vbuffer(PyObject *v, int n, int writable, int64_t *vec, Py_buffer *b, Py_ssize_t *isz)
+{
+    b->obj = NULL;
+    PyObject *o = interned() ? vspec(v, n, vec) : NULL;
+    if (!o) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (quick(o, writable, (char **)&b->buf, &b->len, isz)) return 1;
+    if (PyObject_GetBuffer(o, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0))) {
+        PyErr_Clear();
+        b->obj = NULL;
+        return 0;
+    }
+    if (!plain(b)) {
+        PyBuffer_Release(b);
+        b->obj = NULL;
+        return 0;
+    }
+    learn(o, b);
+    *isz = b->itemsize;
+    return 1;
 }
 
 /* The key word of a v-variant (also device.fingerprint's): its n counts

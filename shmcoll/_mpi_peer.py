@@ -69,12 +69,18 @@ def bcast(comm, nbytes, algorithm=None):
     return broadcast(comm, nbytes, algorithm)
 
 
-@op
-def alltoall(comm, nbytes, algorithm=None):
+def exchange(comm, nbytes, algorithm, v):
+    """(run, check) of nbytes from every rank to every rank: Alltoall, or
+    (v) Alltoallv of mpi4py's full specs, as osu_alltoallv passes them."""
     rank, size = comm.Get_rank(), comm.Get_size()
     send = np.zeros((size, nbytes), np.uint8)
     recv = np.zeros((size, nbytes), np.uint8)
-    run = bound(comm.Alltoall, send, recv, algorithm=algorithm)
+    if v:
+        counts, displs = [nbytes] * size, [nbytes * j for j in range(size)]
+        run = bound(comm.Alltoallv, [send, (counts, displs), MPI.BYTE], [recv, (counts, displs), MPI.BYTE],
+                    algorithm=algorithm)
+    else:
+        run = bound(comm.Alltoall, send, recv, algorithm=algorithm)
 
     def check():
         for j in range(size):  # block j goes to rank j; seed encodes (src, dst)
@@ -84,6 +90,17 @@ def alltoall(comm, nbytes, algorithm=None):
         return all(np.array_equal(recv[j], pattern(nbytes, j * size + rank)) for j in range(size))
 
     return run, check
+
+
+@op
+def alltoall(comm, nbytes, algorithm=None):
+    return exchange(comm, nbytes, algorithm, False)
+
+
+@op
+def alltoallv(comm, nbytes, algorithm=None):
+    """Alltoallv of [buf, (counts, displs), MPI.BYTE] specs (osu_alltoallv's)."""
+    return exchange(comm, nbytes, algorithm, True)
 
 
 def every_block(comm, nbytes, method, recv_spec, algorithm):

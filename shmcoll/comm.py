@@ -25,7 +25,7 @@ from .comms import Communicators
 from ._core import ffi, lib
 from .buffers import IN_PLACE
 from .coll import select
-from .device import fingerprint, learn_dtype
+from .device import P2P, fingerprint, learn_dtype
 from .errors import ERR_ARG, ERR_COMM, ERRORS_ARE_FATAL, ArgumentError, Errhandler, MismatchError, MPIError, PeerFailure, ShmcollError
 from .nonblocking import Nonblocking
 from .ops import BUILTINS, SUM
@@ -92,6 +92,11 @@ OPCODES = {op: op.code for op in BUILTINS.values()}    # the C entries' built-in
 def _addr(ptr):
     """The address C takes for a pointer from buffers.view (0: none)."""
     return 0 if ptr is None else buffers.address(ptr)
+
+
+#: What selected() names the automatic Alltoallv/w: pairs of Sendrecv by
+#: point-to-point in one C call (csrc/p2p.c alltoallv), not a schedule.
+SENDRECV = "sendrecv (point-to-point)"
 
 
 class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
@@ -218,7 +223,10 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
 
     def selected(self, op, nbytes, root=0, dtype=None):
         """The algorithm that algorithm=None uses for op at nbytes (a
-        reduction's: of that dtype; twins: the single-copy program's)."""
+        reduction's: of that dtype; twins: the single-copy program's;
+        Alltoallv/w: SENDRECV, the exchange by point-to-point)."""
+        if op in ("alltoallv", "alltoallw"):
+            return SENDRECV
         return self._resolve(op, nbytes, root, None, dtype)[0]
 
     def schedule(self, op, nbytes=0, root=0, algorithm=None, dtype=None):
@@ -432,6 +440,8 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
         first (one Allgather), so all plan from the same table, and a piece
         whose size its two ranks disagree on raises on every rank alike."""
         sptr, sbytes, rptr, rbytes, row = checked
+        if algorithm is None and self._capture != op and not self._pending:   # a blocking call with nothing ahead
+            return self._pieces_p2p(op, sptr, rptr, row)
         p = self.size
         every = np.empty((p, row.size), np.int64)
         self.Allgather(row, every)
@@ -445,6 +455,26 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
         alg = -1 if algorithm is None else select.IDS[op][select.check_name(op, algorithm)]
         self._run(op, (select.TABLE[op][0], alg, table), int(every[:, :p].max(initial=0)), 0, algorithm,
                   _addr(sptr), _addr(rptr), counts=table)
+
+    def _pieces_p2p(self, op, sptr, rptr, row):  # selected() names it SENDRECV
+        """The automatic Alltoallv/w: one C call that exchanges each pair's
+        pieces by point-to-point (csrc/p2p.c alltoallv), with no table
+        gathered first; a piece whose two ranks disagree on its size
+        aborts the job from the rank that receives it."""
+        self._talking = True
+        rc, who, sent, wanted = P2P["alltoallv"](self._ctx, _addr(sptr), _addr(rptr), row)
+        if rc:
+            self._pieces_failed(select.method(op), rc, (rc, who, sent, wanted))
+
+    def _pieces_failed(self, what, rc, got):
+        """The p2p Alltoallv's failure (also its C entry's): raise, the job aborted."""
+        self._usable()
+        self._talking = True
+        if rc == lib.SC_EMISMATCH:
+            _, who, sent, wanted = got
+            self._bad(MismatchError(f"{what}: rank {who} sends rank {self.rank} {sent} bytes but rank {self.rank} "
+                                    f"receives {wanted} from rank {who}"))
+        self._fail(rc, what)
 
     # -- reductions ------------------------------------------------------------
     @collective

@@ -98,7 +98,8 @@ def _pairs(pairs):
 
 
 _ENTRIES = (("Send", ("buf", "dest", "tag")), ("Recv", ("buf", "source", "tag", "status")),
-            ("Sendrecv", ("sendbuf", "dest", "sendtag", "recvbuf", "source", "recvtag", "status")))
+            ("Sendrecv", ("sendbuf", "dest", "sendtag", "recvbuf", "source", "recvtag", "status")),
+            ("Alltoallv", ("sendbuf", "recvbuf", "algorithm")))
 _STATUS_FIELDS = tuple(sys.intern(f) for f in ("source", "tag", "nbytes", "error", "cancelled"))
 
 
@@ -106,11 +107,12 @@ class PointToPoint:
     """Comm's point-to-point methods."""
 
     def _p2p_bind(self):
-        """Send, Recv and Sendrecv of this instance: C entries for plain buffers (csrc/p2p.c fast()),
-        the methods below for anything else."""
+        """Send, Recv, Sendrecv and Alltoallv (point-to-point underneath) of this instance: C entries
+        for plain buffers (csrc/p2p.c fast()), the methods for anything else."""
         for kind, (name, names) in enumerate(_ENTRIES):
+            failed = self._pieces_failed if name == "Alltoallv" else self._p2p_failed
             state = (self._dev.addr, getattr(type(self), name).__get__(self),
-                     functools.partial(self._p2p_failed, name), tuple(sys.intern(n) for n in names), Status,
+                     functools.partial(failed, name), tuple(sys.intern(n) for n in names), Status,
                      _STATUS_FIELDS, kind)
             self.__dict__[name] = p2p_entry(state)
 

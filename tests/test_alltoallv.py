@@ -108,26 +108,37 @@ def test_alltoallv_in_place(n):
     assert run_ranks(_in_place, n) == [True] * n
 
 
-def _mismatch(comm):
+def _mismatch(comm, algorithm):
     n, me = comm.size, comm.rank
     sc = [2] * n
     rc = [2] * n
     if me == n - 1:
         rc[0] = 3           # expects one item more from rank 0 than it sends
     send, recv = np.zeros(2 * n), np.zeros(sum(rc))
-    out = attempt(comm, "Alltoallv", lambda: comm.Alltoallv([send, sc], [recv, rc]))
-    again = attempt(comm, "Alltoallv", lambda: comm.Alltoallv([send, [2] * n], [np.zeros(2 * n), [2] * n]))
+    out = attempt(comm, "Alltoallv", lambda: comm.Alltoallv([send, sc], [recv, rc], algorithm=algorithm))
+    if algorithm is None:
+        return out, None
+    again = attempt(comm, "Alltoallv", lambda: comm.Alltoallv([send, [2] * n], [np.zeros(2 * n), [2] * n],
+                                                              algorithm=algorithm))
     return out, again
 
 
 @pytest.mark.parametrize("n", [2, 3, 5])
-def test_alltoallv_mismatched_counts_raise_on_every_rank(n):
-    """Never wrong data: every rank raises MismatchError naming the pair,
-    and the communicator stays usable (every rank refused alike)."""
-    for out, again in run_ranks(_mismatch, n):
+@pytest.mark.parametrize("algorithm", [None, "pairwise"])
+def test_alltoallv_mismatched_counts_raise_on_every_rank(n, algorithm):
+    """Never wrong data, never a hang.  The automatic Alltoallv (point-to-
+    point, no table gathered first): the rank that receives the bad piece
+    raises MismatchError naming the pair and aborts the job, so every
+    other rank raises PeerFailure, in the call or in its Barrier.  A named
+    schedule gathers the table first: every rank raises MismatchError and
+    the communicator stays usable."""
+    for rank, (out, again) in enumerate(run_ranks(_mismatch, n, algorithm)):
+        if algorithm is None and rank != n - 1:
+            assert out[0] in ("Alltoallv", "Barrier") and out[1] in ("PeerAborted", "PeerDied"), out
+            continue
         assert out[0] == "Alltoallv" and out[1] == "MismatchError", out
         assert f"rank 0 sends rank {n - 1} 16 bytes but rank {n - 1} receives 24" in out[2]
-        assert again is None
+        assert algorithm is None or again is None
 
 
 class Contig:
@@ -183,3 +194,40 @@ def test_forms_mpi4py_refuses_are_refused(form, error, says):
     a non-contiguous array: an error naming contiguity."""
     (got, message), = run_ranks(_refused, 1, form)
     assert got == error and says in message
+
+
+def _fast_and_apart(comm):
+    """Warm Alltoallv calls of mpi4py's forms (counts and displacements as
+    lists, array.array, numpy arrays) run no Python function of shmcoll's;
+    a user's ANY_SOURCE/ANY_TAG receive posted before them is not matched
+    by their messages, and gets the user's message after."""
+    import array
+    from test_specs import _python_frames
+    from shmcoll.request import ANY_SOURCE, ANY_TAG
+    n, me = comm.size, comm.rank
+    counts = [me + d + 1 for d in range(n)]
+    displs = list(np.cumsum(counts) - counts)
+    rcounts = [s + me + 1 for s in range(n)]
+    rdispls = list(np.cumsum(rcounts) - rcounts)
+    send = np.concatenate([pattern(counts[d], np.int32, me, d) for d in range(n)])
+    want = np.concatenate([pattern(rcounts[s], np.int32, s, me) for s in range(n)])
+    pending = comm.Irecv(np.zeros(1, np.int64), ANY_SOURCE, ANY_TAG)
+    forms = [lambda c: c, lambda c: array.array("i", c), lambda c: np.array(c, np.int64)]
+    ok, frames = True, []
+    for form in forms:
+        for _ in range(3):
+            recv = np.full(sum(rcounts), -1, np.int32)
+            frames = _python_frames(lambda: comm.Alltoallv([send, (form(counts), form(displs)), "i"],
+                                                           [recv, (form(rcounts), form(rdispls)), "i"]))
+            ok = ok and bool((recv == want).all())
+    early = pending.Test()
+    comm.Barrier()              # no rank's own message below is sent before every rank looked
+    comm.Send(np.full(1, me, np.int64), (me + 1) % n, 9)
+    pending.Wait()
+    return ok, frames, early
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_alltoallv_takes_the_c_entry_apart_from_user_receives(n):
+    for ok, frames, early in run_ranks(_fast_and_apart, n):
+        assert ok and frames == [] and not early, (ok, frames, early)
