@@ -273,6 +273,27 @@ static int interned(void)
  * ([buf, count, MPI.BYTE], ...: simple_spec) cut to its items as
  * spec.simple cuts it; 0 when neither (the Python path reads or refuses
  * it).  b->obj set: a buffer to release. */
+/* v's memory: numpy's fields (b->obj NULL), or a buffer request of
+ * plain data (release it); 0 if neither (no exception set). */
+static int memory(PyObject *v, int writable, Py_buffer *b, Py_ssize_t *isz)
+{
+    b->obj = NULL;
+    if (quick(v, writable, (char **)&b->buf, &b->len, isz)) return 1;
+    if (PyObject_GetBuffer(v, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0))) {
+        PyErr_Clear();
+        b->obj = NULL;
+        return 0;
+    }
+    if (!plain(b)) {
+        PyBuffer_Release(b);
+        b->obj = NULL;
+        return 0;
+    }
+    learn(v, b);
+    *isz = b->itemsize;
+    return 1;
+}
+
 int sc_py_buffer(PyObject *v, int writable, Py_buffer *b)
 {
     Py_ssize_t isz;
@@ -286,20 +307,7 @@ int sc_py_buffer(PyObject *v, int writable, Py_buffer *b)
         }
         if (!(v = simple_spec(v, &count, &displ, &tix))) return 0;
     }
-    if (!quick(v, writable, (char **)&b->buf, &b->len, &isz)) {
-        if (PyObject_GetBuffer(v, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0))) {
-            PyErr_Clear();
-            b->obj = NULL;
-            return 0;
-        }
-        if (!plain(b)) {
-            PyBuffer_Release(b);
-            b->obj = NULL;
-            return 0;
-        }
-        learn(v, b);
-        isz = b->itemsize;
-    }
+    if (!memory(v, writable, b, &isz)) return 0;
     if (count < 0 && displ == 0 && tix < 0) return 1;
     Py_ssize_t unit = tix >= 0 ? dtypes[tix].itemsize : isz, n;
     if (unit <= 0 || displ > b->len / unit) goto refuse;
@@ -500,20 +508,7 @@ int sc_py_vbuffer(PyObject *v, int n, int writable, int64_t *vec, Py_buffer *b, 
         PyErr_Clear();
         return 0;
     }
-    if (quick(o, writable, (char **)&b->buf, &b->len, isz)) return 1;
-    if (PyObject_GetBuffer(o, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0))) {
-        PyErr_Clear();
-        b->obj = NULL;
-        return 0;
-    }
-    if (!plain(b)) {
-        PyBuffer_Release(b);
-        b->obj = NULL;
-        return 0;
-    }
-    learn(o, b);
-    *isz = b->itemsize;
-    return 1;
+    return memory(o, writable, b, isz);
 }
 
 /* The key word of a v-variant (also device.fingerprint's): its n counts

@@ -225,7 +225,7 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
         """The algorithm that algorithm=None uses for op at nbytes (a
         reduction's: of that dtype; twins: the single-copy program's;
         Alltoallv/w: SENDRECV, the exchange by point-to-point)."""
-        if op in ("alltoallv", "alltoallw"):
+        if op in ("alltoallv", "alltoallw") and not self._forced.get(op):
             return SENDRECV
         return self._resolve(op, nbytes, root, None, dtype)[0]
 
@@ -440,7 +440,7 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
         first (one Allgather), so all plan from the same table, and a piece
         whose size its two ranks disagree on raises on every rank alike."""
         sptr, sbytes, rptr, rbytes, row = checked
-        if algorithm is None and self._capture != op and not self._pending:   # a blocking call with nothing ahead
+        if algorithm is None and not self._forced.get(op) and self._capture != op and not self._pending:
             return self._pieces_p2p(op, sptr, rptr, row)
         p = self.size
         every = np.empty((p, row.size), np.int64)

@@ -110,6 +110,8 @@ class PointToPoint:
         """Send, Recv, Sendrecv and Alltoallv (point-to-point underneath) of this instance: C entries
         for plain buffers (csrc/p2p.c fast()), the methods for anything else."""
         for kind, (name, names) in enumerate(_ENTRIES):
+            if name == "Alltoallv" and self._forced.get("alltoallv"):
+                continue                # an algorithm forced by options: the method runs its schedule
             failed = self._pieces_failed if name == "Alltoallv" else self._p2p_failed
             state = (self._dev.addr, getattr(type(self), name).__get__(self),
                      functools.partial(failed, name), tuple(sys.intern(n) for n in names), Status,
