@@ -472,8 +472,11 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
         self._talking = True
         if rc == lib.SC_EMISMATCH:
             _, who, sent, wanted = got
-            self._bad(MismatchError(f"{what}: rank {who} sends rank {self.rank} {sent} bytes but rank {self.rank} "
-                                    f"receives {wanted} from rank {who}"))
+            exc = MismatchError(f"{what}: rank {who} sends rank {self.rank} {sent} bytes but rank {self.rank} "
+                                f"receives {wanted} from rank {who}")
+            if self.size == 1:          # found before anything moved, and no peer waits: the communicator goes on
+                raise exc
+            self._bad(exc)
         self._fail(rc, what)
 
     # -- reductions ------------------------------------------------------------

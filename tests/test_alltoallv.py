@@ -231,3 +231,19 @@ def _fast_and_apart(comm):
 def test_alltoallv_takes_the_c_entry_apart_from_user_receives(n):
     for ok, frames, early in run_ranks(_fast_and_apart, n):
         assert ok and frames == [] and not early, (ok, frames, early)
+
+
+def test_one_rank_mismatch_leaves_the_communicator_usable():
+    """At one rank the automatic Alltoallv finds a mismatch before anything
+    moves and no peer waits: MismatchError (a ValueError, as mpi4py's
+    tests expect), and the next call works (mpi4py's test_msgspec)."""
+    def job(comm):
+        try:
+            comm.Alltoallv([np.zeros(1, np.int32), [1]], [np.zeros(1, np.int32), [0]])
+            return None
+        except ValueError as e:
+            got = type(e).__name__
+        out = np.zeros(2, np.int32)
+        comm.Alltoallv([np.arange(2, dtype=np.int32), [2]], [out, [2]])
+        return got, out.tolist()
+    assert run_ranks(job, 1) == [("MismatchError", [0, 1])]
