@@ -468,7 +468,10 @@ static PyObject *simple_spec(PyObject *v, int64_t *count, int64_t *displ, int *t
  * int per rank): its array, with counts then displacements (packed when
  * not given) in vec; NULL when not that simple ([buf, counts, displs],
  * which mpi4py refuses, included: Python raises). */
-static PyObject *vspec(PyObject *v, int n, int64_t *vec)
+/* tix: NULL, the spec's datatype must be its array's own; else where
+ * the datatype's index goes (-1: none given), over any buffer (Alltoallv:
+ * its bytes counted in the datatype's items, as mpi4py reads them). */
+static PyObject *vspec(PyObject *v, int n, int64_t *vec, int *tix)
 {
     if (!PyList_Check(v) && !PyTuple_Check(v)) return NULL;
     Py_ssize_t k = PySequence_Fast_GET_SIZE(v);
@@ -486,7 +489,11 @@ static PyObject *vspec(PyObject *v, int n, int64_t *vec)
     int displs = displ != NULL;
     PyObject *dtype = k == 4 ? it[3] : k == 3 ? it[2] : NULL;
     int own = Py_TYPE(it[0]) == ndarray ? known(((np_array *)it[0])->descr) : -1;
-    if (dtype && (own < 0 || type_index(dtype, it[0]) != own)) return NULL;     /* a v-spec of its own dtype */
+    if (tix) {
+        if ((*tix = dtype ? type_index(dtype, it[0]) : -1) < 0 && dtype) return NULL;
+    } else if (dtype && (own < 0 || type_index(dtype, it[0]) != own)) {
+        return NULL;                                    /* a v-spec of its own dtype */
+    }
     if (displs) {
         if (!ints(displ, n, vec + n)) return NULL;
     } else {
@@ -503,12 +510,16 @@ static PyObject *vspec(PyObject *v, int n, int64_t *vec)
 int sc_py_vbuffer(PyObject *v, int n, int writable, int64_t *vec, Py_buffer *b, Py_ssize_t *isz)
 {
     b->obj = NULL;
-    PyObject *o = interned() ? vspec(v, n, vec) : NULL;
+    int tix = -1;
+    PyObject *o = interned() ? vspec(v, n, vec, &tix) : NULL;
     if (!o) {
         PyErr_Clear();
         return 0;
     }
-    return memory(o, writable, b, isz);
+    Py_ssize_t unit = tix >= 0 ? dtypes[tix].itemsize : 0;     /* before memory(): learn may replace the entry */
+    if (!memory(o, writable, b, isz)) return 0;
+    if (unit) *isz = unit;
+    return 1;
 }
 
 /* The key word of a v-variant (also device.fingerprint's): its n counts
@@ -560,7 +571,7 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
         PyObject *v = a[i];
         switch (roles[i]) {
         case 'v':
-            if (c->size > 1024 || !v || !(v = vspec(v, c->size, vec))) { ok = 0; break; }
+            if (c->size > 1024 || !v || !(v = vspec(v, c->size, vec, NULL))) { ok = 0; break; }
             key[SC_K_COUNTS] = sc_fingerprint(vec, c->size);
             /* fall through: the spec's array is an output */
         case 'I': case 'O':

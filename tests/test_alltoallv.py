@@ -247,3 +247,25 @@ def test_one_rank_mismatch_leaves_the_communicator_usable():
         comm.Alltoallv([np.arange(2, dtype=np.int32), [2]], [out, [2]])
         return got, out.tolist()
     assert run_ranks(job, 1) == [("MismatchError", [0, 1])]
+
+
+def _byte_specs(comm):
+    """osu_alltoallv's specs: [mmap, (array.array counts, displs), MPI.BYTE]; warm, all C."""
+    import mmap
+    from array import array
+    from shmcoll import MPI
+    from test_specs import _python_frames
+    n, me, k = comm.size, comm.rank, 12
+    counts, displs = array("i", [k] * n), array("i", [k * j for j in range(n)])
+    s, r = mmap.mmap(-1, k * n), mmap.mmap(-1, k * n)
+    np.frombuffer(s, np.uint8)[:] = np.arange(k * n, dtype=np.uint8) + 50 * me
+    frames = []
+    for _ in range(3):
+        frames = _python_frames(lambda: comm.Alltoallv([s, (counts, displs), MPI.BYTE], [r, (counts, displs), MPI.BYTE]))
+    want = np.concatenate([np.arange(k * me, k * me + k, dtype=np.uint8) + 50 * j for j in range(n)])
+    return bool((np.frombuffer(r, np.uint8) == want).all()), frames
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_osu_byte_specs_over_mmap_take_the_c_entry(n):
+    assert run_ranks(_byte_specs, n) == [(True, [])] * n
