@@ -680,7 +680,6 @@ static int deliver(sc_comm_t *c, int s, const msg_t *m, const char *data, char *
                    rdv_t *later)
 {
     int64_t k = m->n < cap ? m->n : cap;
-    int rc = SC_OK;
     if (m->kind == STAGED) {             /* matched: clear its sender to stream the pieces (fill takes them) */
         in_t *e = *stage = &c->p2p->ins[s * NDONE + m->seq % NDONE];
         *e = (in_t){ buf, cap, m->n, 0, m->seq, s, m->tag, 1 };
@@ -705,7 +704,7 @@ static int deliver(sc_comm_t *c, int s, const msg_t *m, const char *data, char *
         atomic_store_explicit(&tail_of(c, s, c->rank)->done[m->seq % NDONE], m->seq, memory_order_release);
         ring_bell(c, s);
     }
-    return rc ? rc : m->n > cap ? SC_ETRUNCATE : SC_OK;
+    return m->n > cap ? SC_ETRUNCATE : SC_OK;
 }
 
 /* One try at a receive of (src, tag) into buf: SC_OK (out: source, tag,
@@ -1144,6 +1143,16 @@ static PyObject *decline(PyObject *self, PyObject *const *args, size_t nargsf, P
     return PyObject_Vectorcall(PyTuple_GET_ITEM(self, 1), args, nargsf, kw);
 }
 
+/* A fast entry's failure to its handler: handler(rc, (rc, out[0], out[1], out[2])). */
+static PyObject *failed(PyObject *self, int64_t rc, const int64_t *out)
+{
+    PyObject *r = Py_BuildValue("(L(LLLL))", (long long)rc, (long long)rc, (long long)out[0], (long long)out[1],
+                                (long long)out[2]);
+    PyObject *res = r ? PyObject_CallObject(PyTuple_GET_ITEM(self, 2), r) : NULL;
+    Py_XDECREF(r);
+    return res;
+}
+
 /* An exact int (or float, truncated) in lo..hi into *v (absent: dflt). */
 static int int_in(PyObject *o, long dflt, long lo, long hi, long *v)
 {
@@ -1209,11 +1218,7 @@ static PyObject *fast_alltoallv(PyObject *self, sc_comm_t *c, PyObject *const *a
     release(&sb), release(&rb);
     if (rc == SC_EINTR && PyErr_Occurred()) return NULL;
     if (!rc) Py_RETURN_NONE;
-    PyObject *r = Py_BuildValue("(L(LLLL))", (long long)rc, (long long)rc, (long long)out[0], (long long)out[1],
-                                (long long)out[2]);
-    PyObject *res = r ? PyObject_CallObject(PyTuple_GET_ITEM(self, 2), r) : NULL;
-    Py_XDECREF(r);
-    return res;
+    return failed(self, rc, out);
 }
 
 static PyObject *fast(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
@@ -1242,13 +1247,7 @@ static PyObject *fast(PyObject *self, PyObject *const *args, size_t nargsf, PyOb
     release(&sb);
     release(&rb);
     if (rc == SC_EINTR && PyErr_Occurred()) return NULL;
-    if (rc) {
-        PyObject *r = Py_BuildValue("(L(LLLL))", (long long)rc, (long long)rc, (long long)out[0], (long long)out[1],
-                                    (long long)out[2]);
-        PyObject *res = r ? PyObject_CallObject(PyTuple_GET_ITEM(self, 2), r) : NULL;
-        Py_XDECREF(r);
-        return res;
-    }
+    if (rc) return failed(self, rc, out);
     if (st) {
         PyObject *names = PyTuple_GET_ITEM(self, 5), *v[5] = { PyLong_FromLongLong(out[0]), PyLong_FromLongLong(out[1]),
                                                                 PyLong_FromLongLong(out[2]), PyLong_FromLong(0),

@@ -38,13 +38,20 @@ static int same_key(const int64_t *a, const int64_t *b)
     return !d;
 }
 
+/* The entry of key's set that holds key, or NULL. */
+static sc_entry_t *held(sc_comm_t *c, const int64_t *key)
+{
+    sc_entry_t *set = &c->cache[sc_cache_slot(key)];
+    for (int w = 0; w < SC_WAYS; w++)
+        if (set[w].prog && same_key(set[w].key, key)) return &set[w];
+    return NULL;
+}
+
 /* Install prog for key: in the entry that holds key, else an empty one of
  * its set, else the next in turn (round robin over the set's entries). */
 void sc_cache_put(sc_comm_t *c, const int64_t *key, const int64_t *prog)
 {
-    sc_entry_t *set = &c->cache[sc_cache_slot(key)], *e = NULL;
-    for (int w = 0; w < SC_WAYS && !e; w++)
-        if (set[w].prog && same_key(set[w].key, key)) e = &set[w];
+    sc_entry_t *set = &c->cache[sc_cache_slot(key)], *e = held(c, key);
     for (int w = 0; w < SC_WAYS && !e; w++)
         if (!set[w].prog) e = &set[w];
     if (!e) e = &set[c->cache_turn++ % SC_WAYS];
@@ -59,11 +66,7 @@ static const int64_t *lookup(sc_comm_t *c, const int64_t *key)
 {
     sc_entry_t *e = c->last;
     if (!e || !e->prog || !same_key(e->key, key)) {
-        sc_entry_t *set = &c->cache[sc_cache_slot(key)];
-        e = NULL;
-        for (int w = 0; w < SC_WAYS && !e; w++)
-            if (set[w].prog && same_key(set[w].key, key)) e = &set[w];
-        if (!e) return NULL;
+        if (!(e = held(c, key))) return NULL;
         c->last = e;
     }
     return e->prog;
@@ -269,10 +272,6 @@ static int interned(void)
                       && (s_get_size = PyUnicode_InternFromString("Get_size")));
 }
 
-/* v's bytes for point-to-point (p2p.c): a plain buffer, or a simple spec
- * ([buf, count, MPI.BYTE], ...: simple_spec) cut to its items as
- * spec.simple cuts it; 0 when neither (the Python path reads or refuses
- * it).  b->obj set: a buffer to release. */
 /* v's memory: numpy's fields (b->obj NULL), or a buffer request of
  * plain data (release it); 0 if neither (no exception set). */
 static int memory(PyObject *v, int writable, Py_buffer *b, Py_ssize_t *isz)
@@ -294,6 +293,10 @@ static int memory(PyObject *v, int writable, Py_buffer *b, Py_ssize_t *isz)
     return 1;
 }
 
+/* v's bytes for point-to-point (p2p.c): a plain buffer, or a simple spec
+ * ([buf, count, MPI.BYTE], ...: simple_spec) cut to its items as
+ * spec.simple cuts it; 0 when neither (the Python path reads or refuses
+ * it).  b->obj set: a buffer to release. */
 int sc_py_buffer(PyObject *v, int writable, Py_buffer *b)
 {
     Py_ssize_t isz;
@@ -322,7 +325,6 @@ refuse:
     return 0;
 }
 
-/* n non-negative exact ints of a list or tuple into out; 0 if not that. */
 /* n integers from a buffer of C integers (array.array, a numpy int array): 0 if it is not one, or one is negative. */
 static int int_buffer(PyObject *seq, int n, int64_t *out)
 {
@@ -343,7 +345,7 @@ static int int_buffer(PyObject *seq, int n, int64_t *out)
         case 1: v = sign ? (int64_t)*(const int8_t *)at : (int64_t)*(const uint8_t *)at; break;
         case 2: v = sign ? (int64_t)*(const int16_t *)at : (int64_t)*(const uint16_t *)at; break;
         case 4: v = sign ? (int64_t)*(const int32_t *)at : (int64_t)*(const uint32_t *)at; break;
-        case 8: v = *(const int64_t *)at; ok = sign || v >= 0; break;
+        case 8: v = *(const int64_t *)at; break;        /* an unsigned one past INT64_MAX reads negative */
         default: ok = 0;
         }
         out[i] = v;
@@ -489,11 +491,9 @@ static PyObject *vspec(PyObject *v, int n, int64_t *vec, int *tix)
     int displs = displ != NULL;
     PyObject *dtype = k == 4 ? it[3] : k == 3 ? it[2] : NULL;
     int own = Py_TYPE(it[0]) == ndarray ? known(((np_array *)it[0])->descr) : -1;
-    if (tix) {
-        if ((*tix = dtype ? type_index(dtype, it[0]) : -1) < 0 && dtype) return NULL;
-    } else if (dtype && (own < 0 || type_index(dtype, it[0]) != own)) {
-        return NULL;                                    /* a v-spec of its own dtype */
-    }
+    int t = dtype ? type_index(dtype, it[0]) : -1;
+    if (dtype && (t < 0 || (!tix && t != own))) return NULL;     /* without tix: a v-spec of its own dtype */
+    if (tix) *tix = t;
     if (displs) {
         if (!ints(displ, n, vec + n)) return NULL;
     } else {

@@ -20,7 +20,7 @@ from . import __version__, comms, launcher, ops, p2p
 from .info import INFO_ENV, INFO_NULL, MAX_INFO_KEY, MAX_INFO_VAL, Info  # noqa: F401
 from .sendmodes import (BSEND_OVERHEAD, BUFFER_AUTOMATIC, Attach_buffer, Detach_buffer, Flush_buffer,  # noqa: F401
                         Iflush_buffer)
-from .buffers import IN_PLACE
+from .buffers import BOTTOM, IN_PLACE
 from .comm import Comm as _Comm
 from .datatype import COMBINERS, PREDEFINED, Datatype
 from .datatype import _typedict, _typedict_c, _typedict_f  # noqa: F401  (mpi4py's names, used by its tests)
@@ -187,28 +187,6 @@ def __getattr__(name):
 
 
 # -- buffers ----------------------------------------------------------------------
-class _Bottom:
-    """BOTTOM (address zero, for absolute addresses of derived datatypes):
-    not covered, so using it as a buffer raises."""
-
-    def __int__(self):
-        return 0
-
-    def _refuse(self, *args, **kw):
-        raise NotImplementedError("shmcoll.MPI: BOTTOM as a buffer (absolute addresses) is not covered")
-
-    __buffer__ = __array__ = __len__ = _refuse
-    # read where a buffer argument is taken (buffers.array) before anything else
-    __dlpack__ = property(_refuse)
-
-    def __repr__(self):
-        return "BOTTOM"
-
-    def __reduce__(self):
-        return "BOTTOM"
-
-
-BOTTOM = _Bottom()
 
 
 class buffer(np.ndarray):

@@ -25,6 +25,30 @@ class _InPlace:
 IN_PLACE = _InPlace()
 
 
+class _Bottom:
+    """BOTTOM (address zero, for absolute addresses of derived datatypes):
+    not covered, so using it as a buffer raises."""
+
+    def __int__(self):
+        return 0
+
+    def _refuse(self, *args, **kw):
+        raise NotImplementedError("shmcoll.MPI: BOTTOM as a buffer (absolute addresses) is not covered")
+
+    __buffer__ = __array__ = __len__ = _refuse
+    # read where a buffer argument is taken (buffers.array) before anything else
+    __dlpack__ = property(_refuse)
+
+    def __repr__(self):
+        return "BOTTOM"
+
+    def __reduce__(self):
+        return "BOTTOM"
+
+
+BOTTOM = _Bottom()
+
+
 def array(buf):
     """An object exporting DLPack or the CUDA array interface but no
     buffer (a CPU torch tensor) as the numpy array over its memory

@@ -10,10 +10,11 @@ kept alive by the numpy array, so its destructor frees the tensor once
 the array is gone; writable unless the exporter marks it read-only
 (numpy's own from_dlpack makes every legacy, unversioned import
 read-only, so a receive into one would be refused).  Only CPU memory: a
-device tensor is refused naming its device.  The CUDA array interface is GPU memory by
-contract; shmcoll moves host memory only, so an interface whose pointer
-this process cannot read (process_vm_readv on itself: device memory is
-not mapped readable) is refused, and one over host memory is read."""
+device tensor is refused naming its device.  The CUDA array interface is
+GPU memory by contract; shmcoll moves host memory only, so an interface
+whose pointer this process cannot read (process_vm_readv on itself:
+device memory is not mapped readable) is refused, and one over host
+memory is read."""
 import ctypes
 import operator
 import os
@@ -81,19 +82,16 @@ def _format(kind, itemsize):
 
 
 def _dl_format(dt):
-    """(dtype, itemsize) of a DLPack dtype as mpi4py's asdlpack reads it."""
-    if dt.lanes != 1:
-        if dt.code == 2 and dt.lanes == 2 and dt.bits // 8 in (4, 8, np.dtype(np.longdouble).itemsize):
-            return np.dtype(f"c{2 * dt.bits // 8}") if dt.bits // 8 != np.dtype(np.longdouble).itemsize \
-                else np.dtype(np.clongdouble), 2 * dt.bits // 8
-        return _BYTES, 1
+    """The numpy dtype of a DLPack dtype as mpi4py's asdlpack reads it."""
+    if dt.lanes != 1:               # a complex as two float lanes; any other vector is bytes
+        two_floats = dt.code == 2 and dt.lanes == 2 and dt.bits // 8 in (4, 8, np.dtype(np.longdouble).itemsize)
+        return _format("c", 2 * dt.bits // 8) if two_floats else _BYTES
     if dt.code == 4 and dt.bits == 16:        # kDLBfloat: bytes to mpi4py; bfloat16 where ml_dtypes is there
         from .ops import BF16
-        return (BF16, 2) if BF16 is not None else (_BYTES, 1)
+        return BF16 if BF16 is not None else _BYTES
     if dt.code not in _DL_KINDS or dt.bits % 8:
-        return _BYTES, 1
-    f = _format(_DL_KINDS[dt.code], dt.bits // 8)
-    return f, f.itemsize
+        return _BYTES
+    return _format(_DL_KINDS[dt.code], dt.bits // 8)
 
 
 def _over(ptr, nbytes, owner, readonly, dtype=_BYTES):
@@ -164,7 +162,7 @@ def from_dlpack(obj):
         raise BufferError("dlpack: strides item is negative")
     if strides is not None and not _contiguous(shape, strides, 1):
         raise BufferError("dlpack: buffer is not contiguous")
-    dtype, _ = _dl_format(t.dtype)
+    dtype = _dl_format(t.dtype)
     count = int(np.prod(shape, dtype=np.int64))
     flat = _over((t.data or 0) + t.byte_offset, count * ((t.dtype.bits * t.dtype.lanes + 7) // 8), cap, readonly,
                  dtype)

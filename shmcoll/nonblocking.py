@@ -8,8 +8,9 @@ without blocking, Wait runs it, and for calls of BACKGROUND_BYTES and
 more a progress thread of the communicator steps it while the caller
 computes, where the ranks leave a CPU spare for it (with none, the
 thread only takes turns with its rank: an Allreduce_init of 64 KiB took
-3x the blocking call at 2 ranks on 2 CPUs, 4x at 4).  A blocking call first completes the nonblocking ones started
-before it (MPI orders a communicator's collectives alike on every rank);
+4x the blocking call at 4 ranks on 2 CPUs).  A blocking call first
+completes the nonblocking ones started before it (MPI orders a
+communicator's collectives alike on every rank);
 the C fast entries decline to the Python path while any are pending
 (bit PENDING of the closed word, one test they already make).
 
@@ -31,6 +32,7 @@ from .errors import ArgumentError, ShmcollError
 from .buffers import IN_PLACE
 from .args import keeping
 from .request import Prequest, Request, register
+from .topology import spare_cpus
 from . import spec
 
 BACKGROUND_BYTES = 64 << 10     # from here a call's run overlaps the caller's work on the progress thread
@@ -60,7 +62,7 @@ def _spare_cpu(comm):
     """Whether comm's ranks may run on more CPUs than there are ranks (a progress thread's room)."""
     got = comm.__dict__.get("_spare_cpu")
     if got is None:
-        got = comm.__dict__["_spare_cpu"] = len(frozenset().union(*(s.cpus for s in comm.slots))) > len(comm.slots)
+        got = comm.__dict__["_spare_cpu"] = spare_cpus(comm.slots) > 0
     return got
 
 

@@ -53,14 +53,7 @@ def _buffer(comm, buf, name, writable):
         buf = buffers.array(buf)        # DLPack, CUDA array interface: the numpy array over them
         if isinstance(buf, (list, tuple)):
             return spec.simple(buf, name, writable)
-        if isinstance(buf, np.ndarray):
-            buffers.checked(buf, name, writable)    # Python objects, a foreign byte order: refused
-        if isinstance(buf, np.ndarray) and not buf.flags.c_contiguous and buf.flags.f_contiguous:
-            return buf.T
-        memoryview(buf).cast("B")      # contiguous: what C will ask of it
-        if writable and memoryview(buf).readonly:
-            raise BufferError(f"{name}: the receive buffer is read-only")
-        return buf
+        return buffers.checked(buf, name, writable)[0]     # as a collective's buffer: the same checks
     except (TypeError, ValueError, BufferError) as e:
         comm._bad(e)
 

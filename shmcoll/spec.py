@@ -30,7 +30,7 @@ import numpy as np
 
 from . import buffers
 from ._core import ffi
-from .buffers import IN_PLACE
+from .buffers import BOTTOM, IN_PLACE
 from .device import learn_dtype
 
 
@@ -266,15 +266,15 @@ def wvector(spec, name, nranks, writable):
     if not isinstance(spec, (list, tuple)) or len(spec) not in (2, 3, 4):
         raise ValueError(f"{name}: Alltoallw takes [buf, datatypes], [buf, (counts, displs), datatypes] or "
                          f"[buf, counts, displs, datatypes], not {spec!r}")
-    if type(spec[0]).__name__ == "_Bottom" and (len(spec) == 2 or any(x is None for x in spec[1:-1])):  # MPI.BOTTOM
-        raise ValueError(f"{name}: BOTTOM requires counts and displacements")
-    if len(spec) == 2:                      # mpi4py: one item of each datatype per rank, all at the start
-        (buf, types), counts, displs = spec, [1] * nranks, [0] * nranks
+    if len(spec) == 2:
+        (buf, types), counts, displs = spec, None, None
     elif len(spec) == 3:
         buf, (counts, displs), types = spec[0], _pair(spec[1], name, "counts, displacements"), spec[2]
     else:
         buf, counts, displs, types = spec
-    if counts is None and displs is None:
+    if buf is BOTTOM and (counts is None or displs is None):
+        raise ValueError(f"{name}: BOTTOM requires counts and displacements")
+    if counts is None and displs is None:   # mpi4py: one item of each datatype per rank, all at the start
         counts, displs = [1] * nranks, [0] * nranks
     raw = _raw(buf, None, name, writable)[0]
     if is_datatype(types):

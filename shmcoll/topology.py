@@ -55,10 +55,15 @@ class Slot:
     cpus: frozenset[int]       # real CPU ids for os.sched_setaffinity
 
 
+def spare_cpus(slots) -> int:
+    """The CPUs the ranks may run on, all together, less the ranks (below 0: oversubscribed)."""
+    return len(frozenset().union(*(s.cpus for s in slots))) - len(slots)
+
+
 def oversubscribed(slots) -> bool:
     """More ranks than the CPUs they may run on, all together: some must
     take turns on a CPU, so waits should hand the CPU over, not spin."""
-    return len(slots) > len(frozenset().union(*(s.cpus for s in slots)))
+    return spare_cpus(slots) < 0
 
 
 @dataclass(frozen=True)
