@@ -1129,11 +1129,14 @@ static PyObject *py_idle(PyObject *m, PyObject *const *a, Py_ssize_t n)
 /* -- the fast entries: Send, Recv and Sendrecv of one communicator ---------------
  * Bound per communicator as pyfast.c's collectives are: self = (context,
  * the checked Python method, the error handler, argument names, Status,
- * the status fields' names, kind: FAST_SEND, _RECV, _SENDRECV).  A plain contiguous buffer, an
- * exact int rank and tag in range, no status or a Status, and nothing
- * pending on the communicator: one C call; anything else goes to the
- * Python method, failures to the handler (rc, (rc, source, tag, bytes)). */
-enum { FAST_SEND, FAST_RECV, FAST_SENDRECV, FAST_ALLTOALLV };
+ * the status fields' names, kind: FAST_SEND, _RECV, _SENDRECV, ..., and for
+ * Isend and Irecv made = (the class of a send complete when made, that of
+ * a receive matched when made, made(kind, buf, rank, tag, handle) for one
+ * in flight)).  A plain contiguous buffer, an exact int rank and tag in
+ * range, no status or a Status, and nothing pending on the communicator:
+ * one C call; anything else goes to the Python method, failures to the
+ * handler (rc, (rc, source, tag, bytes)). */
+enum { FAST_SEND, FAST_RECV, FAST_SENDRECV, FAST_ALLTOALLV, FAST_ISEND, FAST_IRECV };
 int sc_py_parse(PyObject *const *args, size_t nargsf, PyObject *kw, PyObject *names, PyObject **out);
 int sc_py_buffer(PyObject *v, int writable, Py_buffer *b);
 int sc_py_vbuffer(PyObject *v, int n, int writable, int64_t *vec, Py_buffer *b, Py_ssize_t *isz);
@@ -1221,6 +1224,53 @@ static PyObject *fast_alltoallv(PyObject *self, sc_comm_t *c, PyObject *const *a
     return failed(self, rc, out);
 }
 
+static PyObject *s_got;           /* interned "_got" */
+
+/* A request of class cls made without its __init__: its class holds what
+ * a complete one's fields read; a receive's (source, tag, bytes) go in _got. */
+static PyObject *made_now(PyObject *cls, const int64_t *got)
+{
+    PyTypeObject *t = (PyTypeObject *)cls;
+    PyObject *r = t->tp_alloc(t, 0);
+    if (!r || !got) return r;
+    PyObject *v = Py_BuildValue("(LLL)", (long long)got[0], (long long)got[1], (long long)got[2]);
+    if (!v || (!s_got && !(s_got = PyUnicode_InternFromString("_got"))) || PyObject_SetAttr(r, s_got, v)) Py_CLEAR(r);
+    Py_XDECREF(v);
+    return r;
+}
+
+/* Isend(buf, dest, tag) and Irecv(buf, source, tag): an eager send that
+ * fits its ring, or a receive whose message is here, complete in this one
+ * call (made_now); a rendezvous begun or a staged message matched is
+ * handed to made() to keep in flight; no room or no message yet, to the
+ * Python method, which keeps the call pending. */
+static PyObject *fast_nonblocking(PyObject *self, sc_comm_t *c, long kind, PyObject *const *args, size_t nargsf,
+                                  PyObject *kw)
+{
+    PyObject *a[8] = { NULL }, *st = NULL, *made = PyTuple_GET_ITEM(self, 7);
+    Py_buffer b = { 0 };
+    long rank = 0, tag = 0;
+    if (c->closed || !c->p2p || c->p2p_pending || !sc_py_parse(args, nargsf, kw, PyTuple_GET_ITEM(self, 3), a)
+        || !(kind == FAST_ISEND ? send_args(c, a, &rank, &tag) : recv_args(self, c, a, &rank, &tag, &st))
+        || !sc_py_buffer(a[0], kind == FAST_IRECV, &b))
+        return decline(self, args, nargsf, kw);
+    sc_comm_t *sh = arm(c);
+    int64_t out[3] = { 0, 0, 0 }, rc;
+    void *stage = NULL;
+    if (kind == FAST_ISEND) rc = sc_p2p_send(c, (int)rank, (int)tag, b.buf, b.len, 0, 0);
+    else rc = recv(c, (int)rank, (int)tag, NULL, b.buf, b.len, 0, out, &stage);
+    resume(sh, rc);
+    release(&b);
+    if (rc == SC_EINTR && PyErr_Occurred()) return NULL;
+    if (rc == SC_EAGAIN || (kind == FAST_IRECV && rc == 1)) return decline(self, args, nargsf, kw);
+    if (rc == SC_OK) return made_now(PyTuple_GET_ITEM(made, kind == FAST_IRECV), kind == FAST_IRECV ? out : NULL);
+    if (rc < 0) return failed(self, rc, out);
+    PyObject *h = kind == FAST_ISEND ? PyLong_FromLongLong(rc) : PyLong_FromVoidPtr(stage);
+    PyObject *r = h ? PyObject_CallFunction(PyTuple_GET_ITEM(made, 2), "lOllO", kind, a[0], rank, tag, h) : NULL;
+    Py_XDECREF(h);
+    return r;
+}
+
 static PyObject *fast(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
 {
     sc_comm_t *c = PyLong_AsVoidPtr(PyTuple_GET_ITEM(self, 0));
@@ -1229,6 +1279,7 @@ static PyObject *fast(PyObject *self, PyObject *const *args, size_t nargsf, PyOb
         if (c->closed || !c->p2p) return decline(self, args, nargsf, kw);
         return fast_alltoallv(self, c, args, nargsf, kw);
     }
+    if (kind >= FAST_ISEND) return fast_nonblocking(self, c, kind, args, nargsf, kw);
     PyObject *a[8] = { NULL }, *st = NULL;
     Py_buffer sb = { 0 }, rb = { 0 };
     if (c->closed || !c->p2p || c->p2p_pending || !sc_py_parse(args, nargsf, kw, PyTuple_GET_ITEM(self, 3), a))
@@ -1262,11 +1313,45 @@ static PyObject *fast(PyObject *self, PyObject *const *args, size_t nargsf, PyOb
     Py_RETURN_NONE;
 }
 
+/* Request.Waitall(requests, statuses=None), bound to (the class of a send
+ * complete when made, that of a receive matched when made, the Python
+ * Waitall): those two complete here, as their Wait would (inactive, null);
+ * any other request's Wait is called; statuses asked for: the Python one. */
+static PyObject *s_active, *s_null, *s_wait;
+static PyObject *waitall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
+{
+    if (kw || PyVectorcall_NARGS(nargsf) != 1
+        || (!s_active && !((s_active = PyUnicode_InternFromString("_active"))
+                           && (s_null = PyUnicode_InternFromString("_null"))
+                           && (s_wait = PyUnicode_InternFromString("Wait")))))
+        return PyErr_Occurred() ? NULL : PyObject_Vectorcall(PyTuple_GET_ITEM(self, 2), args, nargsf, kw);
+    PyObject *seq = PySequence_Fast(args[0], "Waitall: requests must be a sequence");
+    if (!seq) return NULL;
+    PyObject **r = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0, n = PySequence_Fast_GET_SIZE(seq); i < n; i++) {
+        PyTypeObject *t = Py_TYPE(r[i]);
+        PyObject *res;
+        if (t == (PyTypeObject *)PyTuple_GET_ITEM(self, 0) || t == (PyTypeObject *)PyTuple_GET_ITEM(self, 1))
+            res = PyObject_SetAttr(r[i], s_active, Py_False) || PyObject_SetAttr(r[i], s_null, Py_True)
+                  ? NULL : Py_NewRef(Py_True);
+        else
+            res = PyObject_CallMethodNoArgs(r[i], s_wait);
+        if (!res) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        Py_DECREF(res);
+    }
+    Py_DECREF(seq);
+    Py_RETURN_TRUE;
+}
+
 #define FAST(name, f) {name, (PyCFunction)(void (*)(void))f, METH_FASTCALL, NULL}
 static PyMethodDef defs[] = {
     FAST("send", py_send), FAST("sent", py_sent), FAST("recv", py_recv), FAST("probe", py_probe),
     FAST("mrecv", py_mrecv), FAST("bell", py_bell), FAST("idle", py_idle), FAST("alltoallv", py_alltoallv),
-    {"entry", (PyCFunction)(void (*)(void))fast, METH_FASTCALL | METH_KEYWORDS, NULL}, {NULL, NULL, 0, NULL},
+    {"entry", (PyCFunction)(void (*)(void))fast, METH_FASTCALL | METH_KEYWORDS, NULL},
+    {"waitall", (PyCFunction)(void (*)(void))waitall, METH_FASTCALL | METH_KEYWORDS, NULL}, {NULL, NULL, 0, NULL},
 };
 
 /* Method definition i (NULL past the last), for Python to bind with PyCFunction_NewEx. */

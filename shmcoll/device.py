@@ -194,19 +194,19 @@ learn_dtype = _new_cfunction(int(ffi.cast("uintptr_t", lib.sc_py_entry(2))), Non
 _huge_arrays = _new_cfunction(int(ffi.cast("uintptr_t", lib.sc_py_entry(3))), None, None)
 
 
-#: point-to-point's C functions (csrc/p2p.c): send, sent, recv, probe, mrecv, bell, idle; entry (p2p_entry)
+#: point-to-point's C functions (csrc/p2p.c): send, sent, recv, probe, mrecv, bell, idle; entry and waitall (p2p_entry)
 _P2P_DEFS = {}
 for _i in range(16):
     _d = lib.sc_py_p2p(_i)
     if _d == ffi.NULL:
         break
     _P2P_DEFS[ffi.string(ffi.cast("char **", _d)[0]).decode()] = int(ffi.cast("uintptr_t", _d))
-P2P = {name: _new_cfunction(d, None, None) for name, d in _P2P_DEFS.items() if name != "entry"}
+P2P = {name: _new_cfunction(d, None, None) for name, d in _P2P_DEFS.items() if name not in ("entry", "waitall")}
 
 
-def p2p_entry(state):
-    """A point-to-point fast entry bound to state (csrc/p2p.c fast())."""
-    return _new_cfunction(_P2P_DEFS["entry"], state, None)
+def p2p_entry(state, name="entry"):
+    """A point-to-point fast entry bound to state (csrc/p2p.c fast(), or waitall())."""
+    return _new_cfunction(_P2P_DEFS[name], state, None)
 
 
 def huge_arrays(min_bytes, slot_bytes=0):

@@ -92,7 +92,9 @@ def _pairs(pairs):
 
 _ENTRIES = (("Send", ("buf", "dest", "tag")), ("Recv", ("buf", "source", "tag", "status")),
             ("Sendrecv", ("sendbuf", "dest", "sendtag", "recvbuf", "source", "recvtag", "status")),
-            ("Alltoallv", ("sendbuf", "recvbuf", "algorithm")))
+            ("Alltoallv", ("sendbuf", "recvbuf", "algorithm")), ("Isend", ("buf", "dest", "tag")),
+            ("Irecv", ("buf", "source", "tag")))
+_ISEND = 4                    # Isend's kind in _ENTRIES: made()'s first argument
 _STATUS_FIELDS = tuple(sys.intern(f) for f in ("source", "tag", "nbytes", "error", "cancelled"))
 
 
@@ -100,16 +102,23 @@ class PointToPoint:
     """Comm's point-to-point methods."""
 
     def _p2p_bind(self):
-        """Send, Recv, Sendrecv and Alltoallv (point-to-point underneath) of this instance: C entries
-        for plain buffers (csrc/p2p.c fast()), the methods for anything else."""
+        """Send, Recv, Sendrecv, Alltoallv (point-to-point underneath), Isend and Irecv of this
+        instance: C entries for plain buffers (csrc/p2p.c fast()), the methods for anything else."""
         for kind, (name, names) in enumerate(_ENTRIES):
             if name == "Alltoallv" and self._forced.get("alltoallv"):
                 continue                # an algorithm forced by options: the method runs its schedule
             failed = self._pieces_failed if name == "Alltoallv" else self._p2p_failed
             state = (self._dev.addr, getattr(type(self), name).__get__(self),
                      functools.partial(failed, name), tuple(sys.intern(n) for n in names), Status,
-                     _STATUS_FIELDS, kind)
+                     _STATUS_FIELDS, kind, (_Sent, _Received, self._made))
             self.__dict__[name] = p2p_entry(state)
+
+    def _made(self, kind, buf, rank, tag, handle):
+        """The request of an Isend whose rendezvous the C entry began, or of an
+        Irecv whose staged message it matched (handle: the sequence number or the stage)."""
+        if kind == _ISEND:
+            return _SendRequest(self, buf, rank, tag, False, "Isend", seq=handle)
+        return _RecvRequest(self, buf, rank, tag, "Irecv", stage=handle)
 
     # -- checks and failures ------------------------------------------------------
     @property
@@ -387,7 +396,7 @@ class _P2PRequest(Request):
 
 
 class _SendRequest(_P2PRequest):
-    def __init__(self, comm, buf, dest, tag, sync, what):
+    def __init__(self, comm, buf, dest, tag, sync, what, seq=0):
         super().__init__()
         comm._usable()
         self._comm, self._what = comm, what
@@ -400,6 +409,9 @@ class _SendRequest(_P2PRequest):
             return
         self._buf = _buffer(comm, buf, what, False)      # held: a rendezvous reads it until complete
         self._done = False
+        if seq:                    # the C entry put it in the ring: a rendezvous in flight
+            self._seq = seq
+            return
         pp = comm._pp
         with pp.lock:
             if pp.sends.get(dest) or not self._push():
@@ -433,7 +445,7 @@ class _SendRequest(_P2PRequest):
 
 
 class _RecvRequest(_P2PRequest):
-    def __init__(self, comm, buf, source, tag, what, obj=False):
+    def __init__(self, comm, buf, source, tag, what, obj=False, stage=None):
         super().__init__()
         comm._usable()
         self._comm, self._what, self._obj = comm, what, obj
@@ -446,9 +458,10 @@ class _RecvRequest(_P2PRequest):
             self._got = (0, PROC_NULL, ANY_TAG, 0)
             return
         self._buf = None if obj else _buffer(comm, buf, what, True)
+        self._stage = stage        # the C entry matched a staged message: its pieces to come
         pp = comm._pp
         with pp.lock:
-            if pp.recvs or not self._match(None):
+            if stage is not None or pp.recvs or not self._match(None):
                 pp.recvs.append(self)
                 comm._p2p_pending()
 
@@ -496,6 +509,37 @@ class _RecvRequest(_P2PRequest):
                 pp.recvs.remove(self)
                 self._cancelled = True
                 self._comm._p2p_pending()
+
+
+class _Sent(Request):
+    """An Isend complete when made (an eager message in its ring): made by
+    the C entry without __init__, so the class holds a fresh one's fields.
+    Request.Waitall completes it in C (csrc/p2p.c waitall)."""
+    _active, _status, _result = True, request._EMPTY, None
+
+    def _test(self):
+        return True
+
+    def Wait(self, status=None):
+        if status is not None:
+            status._set(self._status if self._active and self._test() else request._EMPTY)
+        self._active, self._null = False, True
+        return True
+
+
+class _Received(_Sent):
+    """An Irecv matched when made: the C entry set _got, (source, tag, bytes)."""
+    _got = None
+
+    def _test(self):
+        if self._got is not None:
+            self._status = Status()
+            self._status._found(*self._got)
+            self._got = None
+        return True
+
+
+request.Request.Waitall = staticmethod(p2p_entry((_Sent, _Received, request.Request.Waitall), "waitall"))
 
 
 class _Persistent(Prequest):

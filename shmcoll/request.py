@@ -545,7 +545,8 @@ def _handle(req, cls):
     if not isinstance(req, Request):
         raise TypeError(f"{cls.__name__}(request): a request is needed, not {type(req).__name__}")
     d = req.__dict__
-    d.setdefault("_null", type(req)._null)
+    for name in ("_null", "_active", "_status", "_result"):    # a class may hold them (p2p._Sent)
+        d.setdefault(name, getattr(req, name))
     for klass in type(req).__mro__:
         if klass in (Prequest, Request):
             break

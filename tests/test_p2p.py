@@ -584,8 +584,8 @@ def test_staged_rendezvous(n):
             comm.Sendrecv(data(r, right, nbytes, np.uint8), right, 1, got, left, 1)
             assert np.array_equal(got, data(left, r, nbytes, np.uint8)), nbytes
         sizes = [3 * RING, 16, 5 * RING + 3, EAGER + 1]
-        reqs = [comm.Irecv(np.empty(s, np.uint8), left, 2 + i % 2) for i, s in enumerate(sizes)]
-        bufs = [q._buf for q in reqs]
+        bufs = [np.empty(s, np.uint8) for s in sizes]
+        reqs = [comm.Irecv(b, left, 2 + i % 2) for i, b in enumerate(bufs)]
         sends = [comm.Isend(data(r, right, s, np.uint8, salt=i), right, 2 + i % 2) for i, s in enumerate(sizes)]
         Request.Waitall(reqs + sends)
         for i, (s, b) in enumerate(zip(sizes, bufs)):
@@ -809,3 +809,61 @@ def test_p2p_specs_take_the_c_entry(form):
         return ok, frames
     for ok, frames in run(job, 2):
         assert ok and frames == [], frames
+
+
+@pytest.mark.parametrize("cma", [1, 0])
+def test_isend_irecv_waitall_take_the_c_entries(cma):
+    """A window of eager Isends, Irecvs of messages already here and their
+    Waitall run no Python function of shmcoll's (the C entries and
+    csrc/p2p.c waitall); the data, the statuses (Wait's, Waitall's,
+    Get_status', a Request(req) handle's) and a rendezvous or staged
+    message begun in C (made()) are as numpy's reference says."""
+    import sys
+
+    def job(comm):
+        comm._c.cma = cma
+        other, w, big = 1 - comm.rank, 6, 3 * RING
+        frames = []
+
+        def prof(frame, event, arg):
+            if event == "call" and "shmcoll" in frame.f_code.co_filename:
+                frames.append(frame.f_code.co_name)
+        comm.Barrier()
+        if comm.rank == 1:
+            msgs = [data(1, 0, 8, np.float64, salt=i) for i in range(w)]
+            sys.setprofile(prof)
+            try:
+                Request.Waitall([comm.Isend(m, 0, 3 + i % 2) for i, m in enumerate(msgs)])
+            finally:
+                sys.setprofile(None)
+            req = comm.Isend(data(1, 0, big, np.uint8), 0, 9)     # a rendezvous (staged without cma)
+            comm.Send(np.ones(1), 0, 8)
+            req.Wait()
+            return frames
+        comm.Probe(1, 4)
+        while not comm.Iprobe(1, 3 + (w - 1) % 2):      # all of the window is here
+            pass
+        got = [np.empty(1) for _ in range(w)]
+        sys.setprofile(prof)
+        try:
+            reqs = [comm.Irecv(g, 1, 3 + i % 2) for i, g in enumerate(got)]
+            Request.Waitall(reqs[:-2])
+        finally:
+            sys.setprofile(None)
+        assert all(np.array_equal(g, data(1, 0, 8, np.float64, salt=i)) for i, g in enumerate(got)), got
+        st, other_st = Status(), Status()
+        assert reqs[-2].Get_status(st) and (st.Get_source(), st.Get_tag(), st.Get_count()) == (1, 3 + w % 2, 8)
+        assert Request(reqs[-1]).Get_status(other_st) and other_st.Get_tag() == 3 + (w - 1) % 2
+        reqs[-2].Wait(st)
+        assert (st.Get_source(), st.Get_tag(), st.Get_count(MPI.DOUBLE)) == (1, 3 + w % 2, 1)
+        statuses = [Status()]
+        Request.Waitall(reqs[-1:], statuses)
+        assert statuses[0].Get_tag() == 3 + (w - 1) % 2 and not reqs[-1] and reqs[-1] == MPI.REQUEST_NULL
+        reqs[-1].Wait(st)              # inactive: an empty status
+        assert (st.Get_source(), st.Get_tag(), st.Get_count()) == (ANY_SOURCE, ANY_TAG, 0)
+        comm.Recv(np.empty(1), 1, 8)    # the rendezvous' header is here: the Irecv matches it in C
+        big_got = np.empty(big, np.uint8)
+        comm.Irecv(big_got, 1, 9).Wait()
+        assert np.array_equal(big_got, data(1, 0, big, np.uint8))
+        return frames
+    assert run(job, 2) == [[], []]
