@@ -27,7 +27,7 @@ PAGE = 4096
 MAX_RANKS = 1024
 MIN_CHAN = 2 * PAGE
 P2P_MIN = 1024              # a point-to-point ring's least bytes (a few headers and eager messages)
-P2P_BUDGET = 16 << 20       # the n^2 rings' bytes by default, each 4-64 KiB
+P2P_BUDGET = 16 << 20       # the n^2 rings' bytes by default, each 4 KiB - 1 MiB
 ABORT_REASONS = {1: "raised an exception", 2: "died", 3: "passed bad or mismatched arguments", 4: "exited",
                  5: "timed out waiting for a peer", 6: "was interrupted (KeyboardInterrupt)",
                  7: "could not read or write a peer's memory (single copy)",
@@ -76,7 +76,7 @@ def make_plan(nranks, topo, slots, options=None, environ=os.environ):
         raise ValueError(f"inline_bytes must be in 0 .. {lib.SC_INLINE}, not {p['inline_bytes']}")
     if p["p2p_ring_bytes"] is None:
         fit = P2P_BUDGET // (nranks * nranks)
-        p["p2p_ring_bytes"] = max(4096, min(64 << 10, 1 << max(fit.bit_length() - 1, 0)))
+        p["p2p_ring_bytes"] = max(4096, min(1 << 20, 1 << max(fit.bit_length() - 1, 0)))
     _p2p(p, res)
     p["chunk_opt"], p["tile_opt"], p["cma_opt"], p["nt_opt"] = (p["chunk_bytes"], p["tile_bytes"], p["cma_bytes"],
                                                           p["nt_bytes"])

@@ -51,7 +51,7 @@ DEFAULTS = {
     "reduce_block_bytes": None,        # reduce_scatter_allgather: blocks of this many bytes, folded and gathered
                                        # while in cache (default: an eighth of the shared cache over the ranks,
                                        # 2 MiB at least, as each block costs the ranks one more sync)
-    "p2p_ring_bytes": None,     # point-to-point: each ordered pair's ring (default: 64 KiB up to 16 ranks, then
+    "p2p_ring_bytes": None,     # point-to-point: each ordered pair's ring (default: 1 MiB up to 4 ranks, then
                                 # shrinking so the n^2 rings stay near 16 MiB, 4 KiB at least; docs/p2p.md)
     "p2p_eager_bytes": None,    # messages up to this go inline through the ring, the sender never waiting for a
                                 # receive; larger ones by rendezvous, one copy from the sender's buffer

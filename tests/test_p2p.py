@@ -449,7 +449,8 @@ def test_default_sizes():
     def job(comm):
         p = comm.plan.params
         return p["p2p_ring_bytes"], p["p2p_eager_bytes"]
-    assert run_ranks(job, 2)[0] == (64 << 10, 16 << 10)
+    assert run_ranks(job, 2)[0] == (1 << 20, 16 << 10)
+    assert run_ranks(job, 8)[0] == (256 << 10, 16 << 10)
 
 
 def test_fast_entries_and_specs():
