@@ -1,4 +1,4 @@
-"""`shmcoll run | topo | bench | options | alcd | program`."""
+"""`shmcoll run | topo | bench | options | alcd | program | model`."""
 import argparse
 import os
 import sys
@@ -166,6 +166,53 @@ def _program(argv):
     return 0
 
 
+def _model(argv):
+    ap = _parser("shmcoll model", description="Each algorithm's time predicted from its schedule (paper 002's "
+                 "model) beside the time measured here, the error, and the sizes where the fastest changes.")
+    ap.add_argument("-n", "--np", type=int, default=None, dest="n",
+                    help="ranks (default: this machine's CPUs, or the cores of --params' machine)")
+    ap.add_argument("--topology", default=None, help="virtual topology SxC[xN] the ranks are placed on")
+    ap.add_argument("--op", action="append", choices=["alltoall", "bcast", "allgather", "allreduce"],
+                    help="collective (repeatable; default all four)")
+    ap.add_argument("--sizes", default="8,4K,64K,1M", help="comma-separated bytes, as shmcoll.schedule counts "
+                    "them (default 8,4K,64K,1M)")
+    ap.add_argument("--params", default=None, help="the machine's parameters: a JSON file (--measure writes it), "
+                    "or 'example' for the built-in illustrative 2-socket 32-core machine; default: measured now")
+    ap.add_argument("--measure", action="store_true", help="measure this machine's parameters (into --params "
+                    "FILE when given) before predicting")
+    ap.add_argument("--no-run", action="store_true", help="predictions only: launch no collective")
+    ap.add_argument("--min-time", type=float, default=0.05, help="seconds per timed repetition (default 0.05)")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    a = ap.parse_args(argv)
+    from . import model
+    from .model import report
+    try:
+        sizes = [_size(x) for x in a.sizes.split(",") if x.strip()]
+        if a.measure or a.params is None:
+            from .model.measure import machine
+            mc = machine()
+            if a.params:
+                mc.save(a.params)
+        else:
+            mc = model.EXAMPLE if a.params == "example" else model.load(a.params)
+    except (argparse.ArgumentTypeError, OSError, ValueError) as e:
+        ap.error(str(e))
+    here = mc.here()
+    n = a.n or (len(os.sched_getaffinity(0)) if here else mc.description.get("cpus", 2))
+    runs = here and not a.no_run
+    out = []
+    for op in a.op or report.OPS:
+        rs = report.rows(op, n, sizes, mc, a.topology, runs, a.min_time, a.reps)
+        out += rs
+        if not a.json:
+            print(report.text(rs, mc, a.topology) + "\n", flush=True)
+    if a.json:
+        import json
+        print(json.dumps({"machine": mc.description, "rows": out}, indent=1))
+    return 0
+
+
 def _bench(argv):
     if argv[:1] == ["--version"]:
         print(_version())
@@ -174,12 +221,14 @@ def _bench(argv):
     return main(argv)
 
 
-COMMANDS = {"run": _run, "topo": _topo, "bench": _bench, "options": _options, "alcd": _alcd, "program": _program}
+COMMANDS = {"run": _run, "topo": _topo, "bench": _bench, "options": _options, "alcd": _alcd, "program": _program,
+            "model": _model}
 
 
 HELP = {"run": "run a program on N pinned ranks, like mpiexec", "topo": "the node's sockets, cores, NUMA nodes, caches",
         "bench": "latency of every collective and algorithm, beside MPI", "options": "every tunable and its source",
-        "alcd": "each Allgather algorithm's communication distance", "program": "each rank's compiled program"}
+        "alcd": "each Allgather algorithm's communication distance", "program": "each rank's compiled program",
+        "model": "each algorithm's predicted time (paper 002) against the measured one"}
 
 
 def main(argv=None):

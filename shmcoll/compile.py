@@ -157,6 +157,16 @@ def _protocols(st, slot_used, inline):
     return out
 
 
+def move_protocols(sched, params, slots=None):
+    """Every step's [(protocol, inline slot or None)] per move, in call
+    order (a writer's inline slots run out over the whole call); slots:
+    the inline slots each writer uses, counted up here.  The compiler's
+    choice, and what shmcoll.model costs a move by."""
+    slots = [0] * sched.nranks if slots is None else slots
+    inline = params.get("inline_bytes", lib.SC_INLINE)
+    return [_protocols(st, slots, inline) for st in sched.steps]
+
+
 class _Ranges:
     """Disjoint [start, end) byte ranges, sorted: what a rank's pending
     pushes write, asked for overlaps once per step (blocks × ranks of them
@@ -209,8 +219,7 @@ class _Compiler:
         slots = [0] * p               # inline slots each writer uses
         # every move's protocol up front: a writer's slot lines depend on how
         # many slots it uses in the whole call (csrc/exec.c's slot_index)
-        inline = params.get("inline_bytes", lib.SC_INLINE)
-        self.protos = [_protocols(st, slots, inline) for st in sched.steps]
+        self.protos = move_protocols(sched, params, slots)
         self.width = [1 << max(u - 1, 0).bit_length() for u in slots]
         self.slots = {}               # (j, width) -> a slot operand
         self.pending = [[] for _ in range(p)]   # written, not yet posted

@@ -20,6 +20,18 @@ def schedule(op, algorithm, nranks, nbytes, root=0, *, topology=None, options=No
                    dtype=dtype)[0]
 
 
+def placed(nranks, topology=None, own_cpus=False):
+    """(Topology, slots) of nranks ranks as the launcher places them
+    (topology: a spec or a Topology); own_cpus: a virtual topology's ranks
+    each on a CPU of their own (slot.cpus = {its virtual core}), so that
+    nothing depends on this machine's CPUs."""
+    topo = topology if hasattr(topology, "placement") else _topology(topology)
+    slots = topo.placement(nranks, "core", "compact")
+    if own_cpus and topo.spec:
+        slots = [dataclasses.replace(s, cpus=frozenset({s.core})) for s in slots]
+    return topo, slots
+
+
 def planned(op, algorithm, nranks, nbytes, root=0, *, topology=None, options=None, cma=False, dtype=None,
             own_cpus=False):
     """(schedule, plan parameters) as schedule() makes them.  topology: a
@@ -32,10 +44,7 @@ def planned(op, algorithm, nranks, nbytes, root=0, *, topology=None, options=Non
         raise ValueError(f"root must be in 0 .. {nranks - 1}, not {root!r}")
     if isinstance(nbytes, bool) or not (isinstance(nbytes, (int, np.integer)) and nbytes >= 0):
         raise ValueError(f"nbytes must be a whole number of bytes, 0 or more, not {nbytes!r}")
-    topo = topology if hasattr(topology, "placement") else _topology(topology)
-    slots = topo.placement(nranks, "core", "compact")
-    if own_cpus and topo.spec:
-        slots = [dataclasses.replace(s, cpus=frozenset({s.core})) for s in slots]
+    topo, slots = placed(nranks, topology, own_cpus)
     plan = make_plan(nranks, topo, slots, options)
     call = select.typed(op, Call(nranks, int(nbytes), root, plan.params, plan.slots, len(topo.nodes), cma), dtype)
     name, call, _ = select.resolve(op, call, algorithm, select.forced(op, plan.params))
