@@ -142,6 +142,7 @@ struct sc_comm {
         int32_t check;           /* cross-rank agreement round on every call (SHMCOLL_CHECK) */
         int32_t cma;             /* every rank can read its peers' memory (sc_probe_cma) */
         int32_t closed;          /* set by Python when the communicator may not be used: fast entries decline */
+#define SC_CLOSED_PENDING 2      /* closed's bit for nonblocking calls started and not collected (nonblocking.py) */
         uint64_t call_base;      /* the first call's number (SHMCOLL_CALL_BASE) */
         /* wait policy (ns): spin, then sched_yield, then futex sleep */
         int64_t spin_ns;

@@ -564,7 +564,12 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
     char *sbuf = NULL, *rbuf = NULL;
     int typed = info->typed, reduction = info->reduction, inplace = 0, rootspec = -1, blockin = 0, blockout = 0, qin = 0;
     int64_t sword = 0;
-    if (c->closed || !parse(args, nargsf, kw, PyTuple_GET_ITEM(desc, 0), a)) return decline(self, args, nargsf, kw);
+    /* resolve: a nonblocking call's entry (nonblocking.py), which only
+     * finds the program and the buffers' addresses; started calls pending
+     * (the PENDING bit) do not stop it, as they stop a blocking call */
+    int resolve = PyTuple_GET_SIZE(self) > 5;
+    if ((resolve ? c->closed & ~SC_CLOSED_PENDING : c->closed) || !parse(args, nargsf, kw, PyTuple_GET_ITEM(desc, 0), a))
+        return decline(self, args, nargsf, kw);
     if (!interned()) return NULL;
     for (int i = 0; roles[i]; i++) qin |= roles[i] == 'q' && a[i] == PyTuple_GET_ITEM(desc, 2);
     for (int i = 0; roles[i] && ok; i++) {
@@ -688,6 +693,12 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
     if (ok && nbuf == 2 && slen && rlen && sbuf < rbuf + rlen && rbuf < sbuf + slen) ok = 0;
     const int64_t *prog = ok ? lookup(c, key) : NULL;
     if (prog && key[SC_K_COUNTS] && !same_counts(prog, vec, c->size)) prog = NULL;
+    if (resolve) {          /* (program, send address, recv address); IN_PLACE's copied blocks: Python's */
+        for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);
+        if (!prog || inplace || blockin || blockout) return decline(self, args, nargsf, kw);
+        return Py_BuildValue("(KKK)", (unsigned long long)(uintptr_t)prog, (unsigned long long)(uintptr_t)sbuf,
+                             (unsigned long long)(uintptr_t)rbuf);
+    }
     int rc = prog ? run(c, prog, sbuf, rbuf) : 0;
     for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);
     if (!prog) return decline(self, args, nargsf, kw);

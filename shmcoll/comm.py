@@ -27,12 +27,16 @@ from .buffers import IN_PLACE
 from .coll import select
 from .device import P2P, fingerprint, learn_dtype
 from .errors import ERR_ARG, ERR_COMM, ERRORS_ARE_FATAL, ArgumentError, Errhandler, MismatchError, MPIError, PeerFailure, ShmcollError
-from .nonblocking import Nonblocking
+from .nonblocking import RESOLVED, Nonblocking
 from .ops import BUILTINS, SUM
 from .p2p import PointToPoint
 from .sched import Call
 from .sendmodes import SendModes
 from .words import COUNTS_HASH, INPLACE_OP, field
+
+
+def _unresolved(*args, **kw):
+    """A nonblocking call's resolver declined (Nonblocking._nonblocking): plan it in Python."""
 
 
 #: The buffer that None stands for IN_PLACE in, as mpi4py reads it (its
@@ -121,14 +125,17 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
             self._probe_cma()
         else:                       # a communicator made from another: its verdict holds for any subset
             self._c.cma = cma
+        self._nb_resolvers = {}
         for op, (cid, _, name, roles, argnames) in select.TABLE.items():
             if not roles:
                 continue
             method = getattr(Comm, name).__get__(self)
             handler = functools.partial(self._failed, name)
             blocked = sum(1 << argnames.index(a) for a in spec.BLOCKED.get(op, ()))
-            self.__dict__[name] = device.entry(method, handler, select.IDS[op], cid, roles,
-                                               (argnames, OPCODES, IN_PLACE, SUM, blocked))
+            desc = (argnames, OPCODES, IN_PLACE, SUM, blocked)
+            self.__dict__[name] = device.entry(method, handler, select.IDS[op], cid, roles, desc)
+            if name in RESOLVED:
+                self._nb_resolvers[name] = device.entry(_unresolved, handler, select.IDS[op], cid, roles, desc, True)
         self._p2p_bind()
 
     def _probe_cma(self):

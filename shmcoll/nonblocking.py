@@ -36,7 +36,7 @@ from .topology import spare_cpus
 from . import spec
 
 BACKGROUND_BYTES = 64 << 10     # from here a call's run overlaps the caller's work on the progress thread
-PENDING = 2                     # the bit of sc_comm_t.closed that sends the fast entries to Python
+PENDING = lib.SC_CLOSED_PENDING  # the bit of sc_comm_t.closed that sends the fast entries to Python
 
 COLLECTIVES = ("Barrier", "Bcast", "Allreduce", "Reduce", "Allgather", "Allgatherv", "Alltoall", "Alltoallv",
                "Alltoallw", "Gather", "Gatherv", "Scatter", "Scatterv", "Reduce_scatter", "Reduce_scatter_block", "Scan",
@@ -66,21 +66,27 @@ def _spare_cpu(comm):
     return got
 
 
+def _template(comm, got):
+    """What every start of a captured program (prog, saddr, raddr, what,
+    nbytes) shares, whatever its buffers: (the program, its twin's block,
+    what, the program as C reads it, whether it runs in the background)."""
+    prog, _, _, what, nbytes = got
+    twin = next((t for t in comm._dev._twins.values() if t[0].ctypes.data == prog[7]), None) if prog[7] else None
+    return prog, twin, what, ffi.cast("int64_t *", prog.ctypes.data), nbytes >= BACKGROUND_BYTES and _spare_cpu(comm)
+
+
 class _Run:
     """One started program: its C state (sc_nbc_t) and what must outlive
     it (the program, a twin's block, the scratch, the caller's buffers)."""
 
-    def __init__(self, comm, got, keep):
-        self.got = got
-        prog, saddr, raddr, self.what, nbytes = got
-        dev = comm._dev
-        twin = next((t for t in dev._twins.values() if t[0].ctypes.data == prog[7]), None) if prog[7] else None
-        self.keep = (prog, twin, dev._tmp, keep)
+    def __init__(self, comm, template, saddr, raddr, keep):
+        prog, twin, self.what, cprog, background = self.template = template
+        tmp = comm._dev._tmp
+        self.keep = (prog, twin, tmp, keep)
         st = self.st = ffi.new("sc_nbc_t *")
-        st.prog = ffi.cast("int64_t *", prog.ctypes.data)
-        st.sbuf, st.rbuf = ffi.cast("char *", saddr), ffi.cast("char *", raddr)
-        st.tmp = ffi.NULL if dev._tmp is None else ffi.cast("char *", dev._tmp.ctypes.data)
-        st.background = nbytes >= BACKGROUND_BYTES and _spare_cpu(comm)
+        st.prog, st.sbuf, st.rbuf = cprog, ffi.cast("char *", saddr), ffi.cast("char *", raddr)
+        st.tmp = ffi.NULL if tmp is None else ffi.cast("char *", tmp.ctypes.data)
+        st.background = background
 
 
 class _Collective:
@@ -188,6 +194,7 @@ class Nonblocking:
     """Comm's nonblocking and persistent collective methods."""
     _capture = None                 # Comm._run: the collective whose program to capture, then the capture
     _pending = ()                   # requests started and not yet collected, in call order
+    _nb_resolvers = {}              # name -> the C entry resolving a call's program (Comm.__init__)
 
     def _plan_only(self, name, args, kw):
         """Check and plan as the blocking method does; the captured program
@@ -219,7 +226,7 @@ class Nonblocking:
             got = self._plan_only(name, args, kw)
         if got is None:
             return None
-        run = _Run(self, got, (args, kw, made))
+        run = _Run(self, _template(self, got), got[1], got[2], (args, kw, made))
         run.refresh = _refresh(made)
         return run
 
@@ -284,55 +291,35 @@ def _refreshed_start(refresh, start):
     start()
 
 
-_MEMO = 64       # nonblocking calls remembered per communicator
-#: What _memo_key may remember: calls whose planning makes no call of its
-#: own (Gatherv's and Scatterv's exchange of counts, Reduce_scatter's, would
-#: be skipped on the ranks that remember, and not on the others).
-_MEMOABLE = frozenset(("Barrier", "Bcast", "Allreduce", "Reduce", "Allgather", "Alltoall", "Gather", "Scatter",
-                       "Reduce_scatter_block", "Scan", "Exscan"))
-
-
-def _memo_key(name, args, kw):
-    """The key of a call of plain arguments (C-contiguous numpy arrays, by
-    address, shape, dtype and writability; ints; None; built-in ops),
-    whose checks and program depend on nothing else: a call of the same
-    key, new views over the same memory included, would plan the same.
-    None for any other call."""
-    if name not in _MEMOABLE:
-        return None
-    key = [name, tuple(kw)]
-    for v in (*args, *kw.values()):
-        t = type(v)
-        if t is np.ndarray:
-            ai = v.__array_interface__
-            if ai["strides"] is not None:       # numpy's mark of a C-contiguous array is None
-                return None
-            key.append((ai["data"], ai["shape"], v.dtype))
-        elif t is int or v is None:
-            key.append((t, v))
-        elif getattr(v, "builtin", False) is True:
-            key.append(id(v))
-        else:
-            return None
-    return tuple(key)
+_KNOWN = 64      # programs whose templates a communicator keeps
+#: The calls a resolver (Comm._nb_resolvers) may start without Python's
+#: planning: those whose planning makes no call of its own (Gatherv's and
+#: Scatterv's exchange of counts, Reduce_scatter's, would be skipped on the
+#: ranks that resolve, and not on the others).
+RESOLVED = frozenset(("Barrier", "Bcast", "Allreduce", "Reduce", "Allgather", "Alltoall", "Gather", "Scatter",
+                      "Reduce_scatter_block", "Scan", "Exscan"))
 
 
 def _nonblocking(name):
     def method(self, *args, **kw):
-        """A call with the key of one made before (_memo_key) starts the
-        program that call checked and planned: its Python planning is
-        25-30 us, the start a few."""
-        key = _memo_key(name, args, kw)
-        got = None if key is None else self.__dict__.get("_nb_memo", {}).get(key)
-        if got is not None:
+        """A call whose program the blocking call's C entry holds, plain
+        buffers and no IN_PLACE block copies (its resolver: csrc/pyfast.c)
+        starts it at once: its Python planning is 25-30 us, the start a
+        few."""
+        resolve = self._nb_resolvers.get(name)
+        got = None if resolve is None else resolve(*args, **kw)
+        known = self.__dict__.setdefault("_nb_known", {})
+        template = None if got is None else known.get(got[0])
+        if template is not None:
             self._usable()
-            return CollectiveRequest(self, _Run(self, got, (args, kw, None)))
+            return CollectiveRequest(self, _Run(self, template, got[1], got[2], (args, kw, None)))
         run = self._prepare(name, args, kw)
-        if key is not None and run is not None and not run.keep[3][2]:
-            memo = self.__dict__.setdefault("_nb_memo", {})
-            if len(memo) >= _MEMO:
-                memo.clear()
-            memo[key] = run.got
+        if resolve is not None and run is not None and not run.keep[3][2]:
+            got = resolve(*args, **kw)      # planning installed the program where the resolver finds it
+            if got is not None and run.keep[0].ctypes.data == got[0]:
+                if len(known) >= _KNOWN:
+                    known.clear()
+                known[got[0]] = run.template    # it holds the program: the address names it while kept
         return CollectiveRequest(self, run)
     method.__name__ = method.__qualname__ = "I" + name[0].lower() + name[1:]
     method.__doc__ = f"Nonblocking {name}: the same arguments; a Request, complete at Wait."

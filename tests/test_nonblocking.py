@@ -373,6 +373,36 @@ def test_a_repeated_icall_starts_the_program_it_planned(n):
         assert planned == [0, 0, 3], planned
 
 
+def _other_arrays(comm):
+    """Iallreduce and Ibcast over new arrays of the same shapes each time,
+    some pending together: planned once per call shape (the blocking
+    entry's program, resolved in C), every result numpy's."""
+    import sys
+    n, r = comm.size, comm.rank
+    ok, planned = True, []
+
+    def prof(frame, event, arg):
+        if event == "call" and frame.f_code.co_name == "_plan_only":
+            planned.append(k)
+    for k in range(5):
+        a, b, c = np.arange(6.0) + r + k, np.zeros(6), np.arange(3) * (k + 1) if r == 1 % n else np.zeros(3, int)
+        sys.setprofile(prof)
+        try:
+            reqs = [comm.Iallreduce(a, b), comm.Ibcast(c, 1 % n)]
+            Request.Waitall(reqs)
+        finally:
+            sys.setprofile(None)
+        ok = ok and np.array_equal(b, np.sum([np.arange(6.0) + q + k for q in range(n)], axis=0))
+        ok = ok and np.array_equal(c, np.arange(3) * (k + 1))
+    return ok, planned
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_icalls_on_new_arrays_of_a_planned_shape_start_at_once(n):
+    for ok, planned in run_ranks(_other_arrays, n):
+        assert ok and planned == [0, 0], planned
+
+
 def _repeated_v(comm):
     """Igatherv/Iscatterv again with the same arrays: the non-roots' plain
     arguments must not skip the exchange of counts the root's planning
