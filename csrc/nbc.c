@@ -188,6 +188,16 @@ static int start_thread(sc_comm_t *c)
  * would, while a peer that is late leaves it queued.  Never waits for a
  * peer longer than that spin, or, ranks sharing CPUs (no spin), than
  * START_YIELDS turns of the CPU's other tasks. */
+/* Bind st to a program and the buffers' addresses (Python holds all
+ * three), the scratch this rank has now, and whether it runs in the
+ * background: one call from Python, not five casts. */
+void sc_nb_bind(sc_comm_t *c, sc_nbc_t *st, uintptr_t prog, uintptr_t sbuf, uintptr_t rbuf, int background)
+{
+    st->prog = (const int64_t *)prog, st->sbuf = (char *)sbuf, st->rbuf = (char *)rbuf;
+    st->tmp = c->tmp;
+    st->background = background;
+}
+
 int sc_nb_start(sc_comm_t *c, sc_nbc_t *st)
 {
     if (!c->nbq) {

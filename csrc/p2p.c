@@ -1313,10 +1313,11 @@ static PyObject *fast(PyObject *self, PyObject *const *args, size_t nargsf, PyOb
     Py_RETURN_NONE;
 }
 
-/* Request.Waitall(requests, statuses=None), bound to (the class of a send
+/* Request.Waitall(requests, statuses=None), bound to (the class of a call
  * complete when made, that of a receive matched when made, the Python
- * Waitall): those two complete here, as their Wait would (inactive, null);
- * any other request's Wait is called; statuses asked for: the Python one. */
+ * Waitall, request.progress): those two complete here, as their Wait
+ * would (inactive, null; progress() once for them all); any other
+ * request's Wait is called; statuses asked for: the Python one. */
 static PyObject *s_active, *s_null, *s_wait;
 static PyObject *waitall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
 {
@@ -1328,13 +1329,15 @@ static PyObject *waitall(PyObject *self, PyObject *const *args, size_t nargsf, P
     PyObject *seq = PySequence_Fast(args[0], "Waitall: requests must be a sequence");
     if (!seq) return NULL;
     PyObject **r = PySequence_Fast_ITEMS(seq);
+    int here = 0;
     for (Py_ssize_t i = 0, n = PySequence_Fast_GET_SIZE(seq); i < n; i++) {
         PyTypeObject *t = Py_TYPE(r[i]);
         PyObject *res;
-        if (t == (PyTypeObject *)PyTuple_GET_ITEM(self, 0) || t == (PyTypeObject *)PyTuple_GET_ITEM(self, 1))
+        if (t == (PyTypeObject *)PyTuple_GET_ITEM(self, 0) || t == (PyTypeObject *)PyTuple_GET_ITEM(self, 1)) {
+            here = 1;
             res = PyObject_SetAttr(r[i], s_active, Py_False) || PyObject_SetAttr(r[i], s_null, Py_True)
                   ? NULL : Py_NewRef(Py_True);
-        else
+        } else
             res = PyObject_CallMethodNoArgs(r[i], s_wait);
         if (!res) {
             Py_DECREF(seq);
@@ -1343,6 +1346,9 @@ static PyObject *waitall(PyObject *self, PyObject *const *args, size_t nargsf, P
         Py_DECREF(res);
     }
     Py_DECREF(seq);
+    PyObject *res = here ? PyObject_CallNoArgs(PyTuple_GET_ITEM(self, 3)) : Py_NewRef(Py_None);
+    if (!res) return NULL;
+    Py_DECREF(res);
     Py_RETURN_TRUE;
 }
 

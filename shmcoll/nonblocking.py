@@ -31,7 +31,7 @@ from .device import _new_cfunction
 from .errors import ArgumentError, ShmcollError
 from .buffers import IN_PLACE
 from .args import keeping
-from .request import Prequest, Request, register
+from .request import Complete, Prequest, Request, register
 from .topology import spare_cpus
 from . import spec
 
@@ -72,7 +72,7 @@ def _template(comm, got):
     what, the program as C reads it, whether it runs in the background)."""
     prog, _, _, what, nbytes = got
     twin = next((t for t in comm._dev._twins.values() if t[0].ctypes.data == prog[7]), None) if prog[7] else None
-    return prog, twin, what, ffi.cast("int64_t *", prog.ctypes.data), nbytes >= BACKGROUND_BYTES and _spare_cpu(comm)
+    return prog, twin, what, prog.ctypes.data, nbytes >= BACKGROUND_BYTES and _spare_cpu(comm)
 
 
 class _Run:
@@ -80,13 +80,10 @@ class _Run:
     it (the program, a twin's block, the scratch, the caller's buffers)."""
 
     def __init__(self, comm, template, saddr, raddr, keep):
-        prog, twin, self.what, cprog, background = self.template = template
-        tmp = comm._dev._tmp
-        self.keep = (prog, twin, tmp, keep)
-        st = self.st = ffi.new("sc_nbc_t *")
-        st.prog, st.sbuf, st.rbuf = cprog, ffi.cast("char *", saddr), ffi.cast("char *", raddr)
-        st.tmp = ffi.NULL if tmp is None else ffi.cast("char *", tmp.ctypes.data)
-        st.background = background
+        prog, twin, self.what, addr, background = self.template = template
+        self.keep = (prog, twin, comm._dev._tmp, keep)
+        self.st = ffi.new("sc_nbc_t *")
+        lib.sc_nb_bind(comm._c, self.st, addr, saddr, raddr, background)
 
 
 class _Collective:
@@ -152,12 +149,15 @@ class _Collective:
 class CollectiveRequest(_Collective, Request):
     """A started nonblocking collective."""
 
-    def __init__(self, comm, run):
+    def __init__(self, comm, run, rc=None):
         Request.__init__(self)
         self._bind(comm, run)
         if run is None:
             return                      # it ran blocking at the start (see the module's docstring)
-        self._go()
+        if rc is None:
+            self._go()
+        else:                           # started by the caller
+            self._started(rc)
 
 
 class PersistentCollective(_Collective, Prequest):
@@ -312,7 +312,11 @@ def _nonblocking(name):
         template = None if got is None else known.get(got[0])
         if template is not None:
             self._usable()
-            return CollectiveRequest(self, _Run(self, template, got[1], got[2], (args, kw, None)))
+            run = _Run(self, template, got[1], got[2], (args, kw, None))
+            rc = lib.sc_nb_start(self._c, run.st)
+            if not rc and run.st.fast:          # it ended in its start: nothing to keep
+                return object.__new__(Complete)
+            return CollectiveRequest(self, run, rc)
         run = self._prepare(name, args, kw)
         if resolve is not None and run is not None and not run.keep[3][2]:
             got = resolve(*args, **kw)      # planning installed the program where the resolver finds it

@@ -28,13 +28,14 @@ from .request import ANY_SOURCE, ANY_TAG, PROC_NULL, Done as _Done, Prequest, Re
 TAG_UB = lib.SC_TAG_UB        # MPICH's: tags 0 .. TAG_UB
 _send, _sent, _recv, _probe, _mrecv, _bell, _idle = (P2P[k] for k in ("send", "sent", "recv", "probe", "mrecv",
                                                                       "bell", "idle"))
-_live = weakref.WeakValueDictionary()      # id -> communicator with point-to-point state
+_busy = weakref.WeakSet()     # communicators with nonblocking point-to-point pending (_p2p_pending)
 SHARED_NS = 200_000           # a wait that must also advance other engines' work looks at them this often
 
 
 def _poll():
-    for comm in list(_live.values()):
-        comm._p2p_poll()
+    if _busy:
+        for comm in list(_busy):
+            comm._p2p_poll()
 
 
 request.register(_poll)
@@ -110,7 +111,7 @@ class PointToPoint:
             failed = self._pieces_failed if name == "Alltoallv" else self._p2p_failed
             state = (self._dev.addr, getattr(type(self), name).__get__(self),
                      functools.partial(failed, name), tuple(sys.intern(n) for n in names), Status,
-                     _STATUS_FIELDS, kind, (_Sent, _Received, self._made))
+                     _STATUS_FIELDS, kind, (request.Complete, _Received, self._made))
             self.__dict__[name] = p2p_entry(state)
 
     def _made(self, kind, buf, rank, tag, handle):
@@ -126,7 +127,6 @@ class PointToPoint:
         pp = self.__dict__.get("_p2p_state")
         if pp is None:
             pp = self.__dict__.setdefault("_p2p_state", _P2P())
-            _live[id(self)] = self
         return pp
 
     @property
@@ -159,7 +159,11 @@ class PointToPoint:
     def _p2p_pending(self):
         """Tell the fast entries whether nonblocking calls are pending (then they decline)."""
         pp = self._pp
-        self._c.p2p_pending = bool(pp.sends or pp.recvs)
+        pending = self._c.p2p_pending = bool(pp.sends or pp.recvs)
+        if pending:
+            _busy.add(self)
+        else:
+            _busy.discard(self)
 
     def _p2p_failed(self, what, rc, got):
         """A fast entry's failure: raise as the method would (the communicator broken first)."""
@@ -511,23 +515,7 @@ class _RecvRequest(_P2PRequest):
                 self._comm._p2p_pending()
 
 
-class _Sent(Request):
-    """An Isend complete when made (an eager message in its ring): made by
-    the C entry without __init__, so the class holds a fresh one's fields.
-    Request.Waitall completes it in C (csrc/p2p.c waitall)."""
-    _active, _status, _result = True, request._EMPTY, None
-
-    def _test(self):
-        return True
-
-    def Wait(self, status=None):
-        if status is not None:
-            status._set(self._status if self._active and self._test() else request._EMPTY)
-        self._active, self._null = False, True
-        return True
-
-
-class _Received(_Sent):
+class _Received(request.Complete):
     """An Irecv matched when made: the C entry set _got, (source, tag, bytes)."""
     _got = None
 
@@ -539,7 +527,8 @@ class _Received(_Sent):
         return True
 
 
-request.Request.Waitall = staticmethod(p2p_entry((_Sent, _Received, request.Request.Waitall), "waitall"))
+request.Request.Waitall = staticmethod(p2p_entry((request.Complete, _Received, request.Request.Waitall,
+                                                   request.progress), "waitall"))
 
 
 class _Persistent(Prequest):

@@ -32,7 +32,7 @@ def unregister(poll):
 
 
 def progress():
-    for poll in list(_engines):
+    for poll in tuple(_engines):
         poll()
 
 
@@ -436,6 +436,25 @@ class Request:
     get_status_some = Get_status_some
 
 
+class Complete(Request):
+    """A call complete when made (an eager Isend in its ring, a nonblocking
+    collective that ended in its start), made without __init__ (by C, or
+    object.__new__), so the class holds a fresh one's fields.
+    Request.Waitall completes it in C (csrc/p2p.c waitall).  Its Wait,
+    as every call, advances the engines' pending work."""
+    _active, _status, _result = True, _EMPTY, None
+
+    def _test(self):
+        return True
+
+    def Wait(self, status=None):
+        progress()
+        if status is not None:
+            status._set(self._status if self._active and self._test() else _EMPTY)
+        self._active, self._null = False, True
+        return True
+
+
 class Done(Request):
     """A request complete when made (a matched message's receive, a buffered send, Idup)."""
 
@@ -545,7 +564,7 @@ def _handle(req, cls):
     if not isinstance(req, Request):
         raise TypeError(f"{cls.__name__}(request): a request is needed, not {type(req).__name__}")
     d = req.__dict__
-    for name in ("_null", "_active", "_status", "_result"):    # a class may hold them (p2p._Sent)
+    for name in ("_null", "_active", "_status", "_result"):    # a class may hold them (Complete)
         d.setdefault(name, getattr(req, name))
     for klass in type(req).__mro__:
         if klass in (Prequest, Request):
