@@ -555,7 +555,7 @@ def run_gloo(peer, op, n, cfg, libraries):
 # --- progress ----------------------------------------------------------------
 
 def clock(seconds):
-    seconds = max(0, round(seconds))
+    seconds = max(0, int(seconds))
     return f"{seconds // 60}:{seconds % 60:02d}" if seconds < 3600 else f"{seconds // 3600}h{seconds // 60 % 60:02d}m"
 
 
@@ -563,6 +563,12 @@ def duration(seconds):
     """About how long, in words: '40 s', '3 min 10 s'."""
     seconds = max(1, round(seconds))
     return f"{seconds} s" if seconds < 60 else f"{seconds // 60} min {seconds % 60} s"
+
+
+def width():
+    """The terminal's columns less one (80 where it says 0, as a new pseudo-terminal does: tqdm
+    then draws nothing, so it gets this and 24 rows)."""
+    return shutil.get_terminal_size((80, 24)).columns - 1
 
 
 class Progress:
@@ -591,7 +597,7 @@ class Progress:
             from tqdm import tqdm
         except ImportError:
             return None
-        return tqdm(total=round(self.total, 1), file=self.stream, unit="s", leave=False, dynamic_ncols=True,
+        return tqdm(total=round(self.total, 1), file=self.stream, unit="s", leave=False, ncols=width(), nrows=24,
                     bar_format="{desc} {percentage:3.0f}%|{bar}| {elapsed}<{remaining}")
 
     def job(self, label, weights):
@@ -609,36 +615,34 @@ class Progress:
         done, elapsed = min(self.now(), self.total), time.monotonic() - self.start
         frac = done / self.total if self.total else 1
         left = (self.total - done) * (elapsed / done if frac > 0.05 else 1)
-        width = shutil.get_terminal_size((80, 24)).columns - 1
         bar = "#" * round(20 * frac)
         text = f"[{bar:20}] {frac:4.0%} {clock(elapsed)} elapsed, ~{clock(max(left, 0))} left  {self.label}"
-        return text[:width].ljust(width)
+        return text[:width()].ljust(width())
 
     def draw(self):
         with self.lock:
             if self.bar is not None:
                 self.bar.n = round(min(self.now(), self.total), 1)
-                self.bar.set_description_str(self.label[:40], refresh=False)
+                self.bar.set_description_str(self.label[:32].ljust(32), refresh=False)
                 self.bar.refresh()
             else:
                 self.stream.write("\r" + self.line())
                 self.stream.flush()
 
     def _loop(self):
+        self.draw()
         while not self.stop.wait(0.5):
             self.draw()
 
     def echo(self, text):
-        """Print a line to stdout without tearing the bar."""
+        """Print to stdout without tearing the bar (the thread draws it again)."""
         with self.lock:
             if self.bar is not None:
                 self.bar.clear()
             elif self.on:
-                self.stream.write("\r" + " " * (shutil.get_terminal_size((80, 24)).columns - 1) + "\r")
+                self.stream.write("\r" + " " * width() + "\r")
                 self.stream.flush()
             print(text, flush=True)
-        if self.on:
-            self.draw()
 
     def close(self):
         self.stop.set()
@@ -647,7 +651,7 @@ class Progress:
             if self.bar is not None:
                 self.bar.close()
             elif self.on:
-                self.stream.write("\r" + " " * (shutil.get_terminal_size((80, 24)).columns - 1) + "\r")
+                self.stream.write("\r" + " " * width() + "\r")
                 self.stream.flush()
 
 
