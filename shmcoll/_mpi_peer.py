@@ -414,9 +414,14 @@ def measure(run, sync, share, min_time, max_iters, reps):
     return [timed(run, sync, n) for _ in range(reps)]
 
 
-#: The framed loop's iterations when -i does not set them: enough for a
-#: p99, and at most as many as a repetition's calls.
-FRAMED = 1000
+#: The framed loop's iterations when -i does not set them: as many as a
+#: repetition's calls, but at least FRAMED_MIN (a p50 and p99 of a few
+#: samples mean little) and at most FRAMED (enough for a p99).
+FRAMED, FRAMED_MIN = 1000, 32
+
+
+def frames(n, cfg):
+    return cfg.iters or min(cfg.max_iters, max(FRAMED_MIN, min(n, FRAMED)))
 
 
 def sample(cases, sync, share, cfg):
@@ -433,8 +438,8 @@ def sample(cases, sync, share, cfg):
     else:
         n = calibrate(run, sync, share, cfg.min_time, cfg.max_iters, cfg.warmup)
     reps = [timed(run, sync, n) for _ in range(cfg.reps)]
-    frames, ok = framed(cases, sync, cfg.iters or min(n, FRAMED), cfg.data_varying, cfg.verify)
-    return {"reps": reps, "n": n, "frames": frames, "ok": ok}
+    times, ok = framed(cases, sync, frames(n, cfg), cfg.data_varying, cfg.verify)
+    return {"reps": reps, "n": n, "frames": times, "ok": ok}
 
 
 def framed(cases, sync, iters, vary, verify):

@@ -30,7 +30,7 @@ import numpy as np
 
 import shmcoll
 from shmcoll import MPI, _mpi_peer
-from shmcoll._mpi_peer import FRAMED, OPS, Case, calibrate, copies, framed, parse_list, sample, summary, timed
+from shmcoll._mpi_peer import OPS, Case, calibrate, copies, framed, frames, parse_list, sample, summary, timed
 
 #: 8 B .. 16 MiB in steps of 8x (whole buffer for bcast, per-rank block for the others).
 DEFAULT_SIZES = [8 * 8 ** i for i in range(8)]
@@ -138,8 +138,8 @@ def _shmcoll_rank(comm, op, sizes, algorithm, cfg, floor):
         if floor:
             src, dst = np.ones(max(size, 1), np.uint8), np.zeros(max(size, 1), np.uint8)
             reps, floors, n = measure_beside(case.run, lambda: np.copyto(dst, src), comm.Barrier, share, cfg)
-            frames, good = framed(cases, comm.Barrier, cfg.iters or min(n, FRAMED), cfg.data_varying, cfg.verify)
-            got = {"reps": reps, "n": n, "frames": frames, "ok": good, "floor": floors}
+            times, good = framed(cases, comm.Barrier, frames(n, cfg), cfg.data_varying, cfg.verify)
+            got = {"reps": reps, "n": n, "frames": times, "ok": good, "floor": floors}
         else:
             got = sample(cases, comm.Barrier, share, cfg)
         coll = COLLECTIVE.get(op, op)
@@ -679,8 +679,8 @@ def seconds(op, n, size, cfg):
     call = (CALL_S * n + BYTE_S * (GETS.get(op, lambda n: 1)(n) + 1) * size) * crowd
     calls = cfg.iters or max(1, min(cfg.max_iters, cfg.min_time / call))
     loop = calls * call * (cfg.reps + 0.2) if cfg.iters else cfg.min_time * (cfg.reps + 0.8)
-    frames = (cfg.iters or min(calls, FRAMED)) * (call + CALL_S * n * crowd) * (1 + 2 * (cfg.verify or cfg.data_varying))
-    return loop + frames + PATTERN_S * size * n * crowd * (copies(size * n, cfg.cache) if cfg.cache else 1)
+    framed = frames(calls, cfg) * (call + CALL_S * n * crowd) * (1 + 2 * (cfg.verify or cfg.data_varying))
+    return loop + framed + PATTERN_S * size * n * crowd * (copies(size * n, cfg.cache) if cfg.cache else 1)
 
 
 def plan(cfg, peers):
@@ -804,7 +804,7 @@ def per_iteration(op, n, rows, peers):
              for r in sorted(mine, key=lambda r: list(dict.fromkeys(map(key, rows))).index(key(r)))]
     header = ["size", "order", "column", "avg", "min", "max", "p50", "p99", "iters", "calls", "MB/s"]
     return (f"# {op}, {n} processes, each call between barriers{ROTATED.get(op, '')} (µs; avg/min/max over ranks, "
-            f"p50/p99 of the slowest rank)\n" + aligned(header, lines))
+            f"p50/p99 of the slowest rank; MB/s at the table's time)\n" + aligned(header, lines))
 
 
 #: Operations whose framed loop rotates the root.
@@ -843,6 +843,7 @@ def plot(doc, path):
     both = len({r.get("order", "up") for r in rows if r["op"] != "barrier"}) > 1
     label = lambda r: f"{column(r)} ({r.get('order', 'up')})" if both else column(r)
     panels = sorted({(r["op"], r["nprocs"] if r["op"] != "barrier" else 0) for r in rows})
+    peers = list(dict.fromkeys(column(r) for r in rows if r["impl"] != "shmcoll"))
     if not panels:
         return
     ncol = min(3, len(panels))
@@ -853,7 +854,7 @@ def plot(doc, path):
         for name in dict.fromkeys(label(r) for r in mine):
             line = [r for r in mine if label(r) == name]
             pts = sorted((r["nprocs"] if op == "barrier" else max(r["size"], 1), r["us"]) for r in line)
-            ax.plot(*zip(*pts), **style(line[0]), label=name)
+            ax.plot(*zip(*pts), **style(line[0], peers), label=name)
         ax.set(xscale="log", yscale="log", ylabel="µs per call", title=op if op == "barrier" else f"{op}, n={n}",
                xlabel="processes" if op == "barrier" else "bytes (0 drawn at 1)")
         if op == "barrier":
@@ -869,12 +870,16 @@ def plot(doc, path):
     echo(f"plot written to {path}")
 
 
-def style(row):
+#: The peers' colours, the same in every panel (the algorithms take matplotlib's cycle, blue first).
+PEER_COLORS = ["tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan"]
+
+
+def style(row, peers):
     """auto: thick black with dots; a peer: dashed with squares, its own colour; an algorithm: thin, faded."""
     if column(row) == "auto":
         return {"color": "black", "lw": 2.5, "marker": "o", "zorder": 3}
     if row["impl"] != "shmcoll":
-        return {"ls": "--", "marker": "s", "lw": 1.5}
+        return {"ls": "--", "marker": "s", "lw": 1.5, "color": PEER_COLORS[peers.index(column(row)) % len(PEER_COLORS)]}
     return {"lw": 1, "marker": ".", "alpha": 0.6}
 
 
