@@ -1,12 +1,12 @@
 """Standalone mpi4py benchmark: the MPI peer that shmcoll is measured against.
 
 Run it with a peer virtualenv's own launcher and interpreter, e.g.
-``/tmp/peer-mpich/bin/mpiexec -n 2 -bind-to core /tmp/peer-mpich/bin/python -I
+``DIR/bin/mpiexec -n 2 -bind-to core DIR/bin/python -I
 shmcoll/_mpi_peer.py --ops barrier,bcast --json out.json``.
 
 It must never import shmcoll (the peer venv does not have it).  mpi4py is only
 imported inside ``main`` so that ``shmcoll.bench`` can import this module and
-reuse ``OPS`` and ``measure``: both sides then build, validate and time every
+reuse ``OPS`` and ``sample``: both sides then build, validate and time every
 operation with literally the same code (the method of /work/shared/PEERS.md).
 """
 import argparse
@@ -61,8 +61,10 @@ class Case:
 
 
 def pattern(nbytes, seed):
-    """Deterministic bytes that differ per seed, so misplaced blocks are caught."""
-    return ((np.arange(nbytes, dtype=np.int64) * 7 + seed * 31 + 1) % 251).astype(np.uint8)
+    """Deterministic bytes that differ per seed, so misplaced blocks are caught.  Byte j is
+    (7 j + 31 seed + 1) mod 251: one period of 251 bytes tiled, at copy speed (computed
+    per byte in int64, a 16 MiB pattern took 0.6 s, longer than its collective's timing)."""
+    return np.resize(((np.arange(251) * 7 + seed * 31 + 1) % 251).astype(np.uint8), nbytes)
 
 
 def shift(a, i):
@@ -406,12 +408,6 @@ def timed(run, sync, n):
     for _ in range(n):
         run()
     return (time.perf_counter() - t0) / n
-
-
-def measure(run, sync, share, min_time, max_iters, reps):
-    """This rank's per-call seconds for each repetition (the caller takes the max over ranks)."""
-    n = calibrate(run, sync, share, min_time, max_iters)
-    return [timed(run, sync, n) for _ in range(reps)]
 
 
 #: The framed loop's iterations when -i does not set them: as many as a

@@ -315,7 +315,6 @@ class Peer:
 
     def __init__(self, name, python, mpiexec=None, library=None):
         self.name, self.python, self.mpiexec, self.library = name, python, mpiexec, library
-        self.gloo = name == "gloo"
         self.ompi = mpiexec is not None and "Open MPI" in library
 
     def describe(self):
@@ -352,12 +351,11 @@ def find_peer(name, envs):
     try:
         p = subprocess.run([python, "-I", "-c", f"import numpy, {module}"], capture_output=True, text=True,
                            timeout=120, stdin=subprocess.DEVNULL)
-        why = p.stderr.strip().splitlines()[-1:] if p.returncode else None
+        why = (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1] if p.returncode else None
     except (OSError, subprocess.TimeoutExpired) as e:
-        why = [str(e)]
+        why = str(e)
     if why:
-        raise PeerError(f"peer {name}: {python} cannot import numpy and {module} ({why[0] if why else '?'}); "
-                        f"install: {how}")
+        raise PeerError(f"peer {name}: {python} cannot import numpy and {module} ({why}); install: {how}")
     if name == "gloo":
         return Peer(name, python)
     mpiexec = beside(python, "mpiexec") or (shutil.which("mpiexec") if name == "mpi4py" else None)
@@ -611,10 +609,11 @@ class Progress:
         return self.done + sum(self.weights[:TICKS.value])
 
     def line(self):
-        """The plain bar: done, label, elapsed and left (the estimate scaled by how fast it has gone so far)."""
+        """The plain bar: done, label, elapsed and left (the estimate left, scaled by how fast the run has
+        gone so far; before 5% of it, the estimate less the time elapsed)."""
         done, elapsed = min(self.now(), self.total), time.monotonic() - self.start
         frac = done / self.total if self.total else 1
-        left = (self.total - done) * (elapsed / done if frac > 0.05 else 1)
+        left = (self.total - done) * elapsed / done if frac > 0.05 else self.total - elapsed
         bar = "#" * round(20 * frac)
         text = f"[{bar:20}] {frac:4.0%} {clock(elapsed)} elapsed, ~{clock(max(left, 0))} left  {self.label}"
         return text[:width()].ljust(width())
@@ -668,7 +667,7 @@ def echo(text=""):
 
 #: Guesses behind the estimate: seconds to start a launch of each kind, and a call's cost.
 START_S = {"shmcoll": 0.3, "mpi": 1.0, "gloo": 3.0, "mp": 0.2, "ref": 2.0}
-CALL_S, BYTE_S, PATTERN_S = 2e-6, 0.5e-9, 5e-9
+CALL_S, BYTE_S, PATTERN_S = 2e-6, 0.5e-9, 2e-9
 
 
 def seconds(op, n, size, cfg):
@@ -927,9 +926,12 @@ def peer_envs(items):
 def parse(argv):
     p = argparse.ArgumentParser(
         prog="shmcoll bench", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=__doc__.splitlines()[0] + "\n\nA progress bar with the time left runs on a terminal "
-        "(stderr); the estimated total is printed before the first launch.",
-        epilog="examples:\n  shmcoll bench barrier bcast alltoall -n 2,4 --quick       # about a minute\n"
+        description="OSU/IMB-style latency tables of shmcoll against its peers.\n\n"
+        "Per operation and process count: the time per call of each algorithm, the automatic choice\n"
+        "and the peers, with ratios; then OSU's avg/min/max over ranks, p50/p99, iterations and MB/s\n"
+        "of auto and the peers.  The estimated total comes first; on a terminal a progress bar\n"
+        "(stderr) shows the time elapsed and left.",
+        epilog="examples:\n  shmcoll bench barrier bcast alltoall -n 2,4 --quick       # about 40 s on 2 cores\n"
                "  shmcoll bench bcast -n 2,4 -m 0:64M --verify --csv b.csv --plot b.png\n"
                "  shmcoll bench allreduce --peers mpi4py,gloo --peer-env gloo=/path/to/torch-venv\n"
                "method, peers and the figures' meaning: bench/README.md")

@@ -168,7 +168,7 @@ def test_estimate_counts_every_launch_and_size():
     cfg = bench.parse(["barrier", "bcast", "-n", "2,4", "--sizes", "8,1M", "--peers", "mp", "--rounds", "2"])
     jobs = bench.plan(cfg, {})
     algs = len(shmcoll.algorithms("barrier")) + 1 + len(shmcoll.algorithms("bcast")) + 1
-    assert len(jobs) == 2 * 2 * (algs + 0) + 2 * 2 * 1        # every column, every round; mp for barrier
+    assert len(jobs) == 2 * 2 * (algs + 1)        # every column, every round, n = 2 and 4; mp for barrier
     ws = [bench.weights(j, cfg) for j in jobs]
     assert all(len(w) == len(bench.sequence(j[0], cfg)) and min(w) > 0 for j, w in zip(jobs, ws))
     quick = bench.parse(["barrier", "bcast", "-n", "2,4", "--quick", "--peers", "mp"])
