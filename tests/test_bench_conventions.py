@@ -252,3 +252,21 @@ def test_output_piped_into_head_ends_quietly():
     cmd = f"{sys.executable} -m shmcoll bench barrier bcast -n 2 {' '.join(FIXED)} | head -1; exit ${{PIPESTATUS[0]}}"
     p = subprocess.run(cmd, shell=True, executable="/bin/bash", env=ENV, capture_output=True, text=True, timeout=100)
     assert p.returncode == 0 and p.stdout.startswith("shmcoll bench: ") and p.stderr == "", p.stderr
+
+
+TORCH = os.environ.get("SHMCOLL_PEER_TORCH", "/tmp/peer-torch")
+
+
+@pytest.mark.timeout(180)
+def test_gloo_peer_verifies_with_the_root_rotated(tmp_path):
+    """gloo's processes run the same Cases: Reduce's root rotates, every iteration checked."""
+    try:
+        peer = bench.find_peer("gloo", {"gloo": TORCH})
+    except bench.PeerError as e:
+        pytest.skip(f"no torch peer at {TORCH} (see bench/README.md): {e}")
+    cfg = bench.parse(["reduce", "-n", "2", "--sizes", "8,4096", *FIXED, "--verify"])
+    libraries = {}
+    rows = bench.run_gloo(peer, "reduce", 2, cfg, libraries)
+    assert [r["size"] for r in rows] == [8, 4096]
+    assert all(r["valid"] and r["error"] is None and r["iters"] == 20 for r in rows), rows
+    assert libraries["gloo"].startswith("torch ")
