@@ -190,8 +190,8 @@ def main(argv=None):
         print(_version())
         return 0
     if argv[:1] in (["-h"], ["--help"]):
-        print(usage + "\n\n" + "\n".join(f"  {c:9} {HELP[c]}" for c in COMMANDS)
-              + "\n\n  -h, --help  this list\n  --version   shmcoll's version")
+        print(usage + "\n\n" + "\n".join(f"  {c:8} {HELP[c]}" for c in COMMANDS)
+              + "\n\nshmcoll --version: the version; shmcoll COMMAND --help: the command's options")
         return 0
     if not argv or argv[0] not in COMMANDS:
         print(usage, file=sys.stderr)
