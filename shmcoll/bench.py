@@ -569,6 +569,12 @@ def width():
     return shutil.get_terminal_size((80, 24)).columns - 1
 
 
+#: Held while the bar is drawn, and across every fork: a rank forked while the drawing thread was
+#: inside stderr's write would inherit that stream's lock held, and hang on its first write.
+DRAWING = threading.Lock()
+os.register_at_fork(before=DRAWING.acquire, after_in_parent=DRAWING.release, after_in_child=DRAWING.release)
+
+
 class Progress:
     """The run's progress on stderr while stderr is a terminal: tqdm's bar
     when tqdm is installed (``pip install 'shmcoll[progress]'``), else one
@@ -584,7 +590,7 @@ class Progress:
         TICKS = mp.Value("l", 0, lock=False)
         self.stream = stream or sys.stderr
         self.total, self.done, self.weights, self.label = total, 0.0, [], ""
-        self.start, self.lock, self.stop = time.monotonic(), threading.Lock(), threading.Event()
+        self.start, self.lock, self.stop = time.monotonic(), DRAWING, threading.Event()
         self.on = self.stream.isatty()
         self.bar = self._tqdm() if self.on else None
         if self.on:
