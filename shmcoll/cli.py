@@ -226,7 +226,8 @@ COMMANDS = {"run": _run, "topo": _topo, "bench": _bench, "options": _options, "a
 
 
 HELP = {"run": "run a program on N pinned ranks, like mpiexec", "topo": "the node's sockets, cores, NUMA nodes, caches",
-        "bench": "latency of every collective and algorithm, beside MPI", "options": "every tunable and its source",
+        "bench": "OSU/IMB-style latency (and bandwidth) of every collective and algorithm, beside MPI peers",
+        "options": "every tunable and its source",
         "alcd": "each Allgather algorithm's communication distance", "program": "each rank's compiled program",
         "model": "each algorithm's predicted time (paper 002) against the measured one"}
 
@@ -238,12 +239,18 @@ def main(argv=None):
         print(_version())
         return 0
     if argv[:1] in (["-h"], ["--help"]):
-        print(usage + "\n\n" + "\n".join(f"  {c:8} {HELP[c]}" for c in COMMANDS))
+        print(usage + "\n\n" + "\n".join(f"  {c:8} {HELP[c]}" for c in COMMANDS)
+              + "\n\nshmcoll --version: the version; shmcoll COMMAND --help: the command's options")
         return 0
     if not argv or argv[0] not in COMMANDS:
         print(usage, file=sys.stderr)
         return 2
-    return COMMANDS[argv[0]](argv[1:]) or 0
+    try:
+        return COMMANDS[argv[0]](argv[1:]) or 0
+    except BrokenPipeError:
+        # the reader (`| head`) left: end quietly, and keep Python's flush at exit from saying so again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

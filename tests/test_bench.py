@@ -36,8 +36,9 @@ def test_validation_failure_is_reported(tmp_path, monkeypatch, capsys):
     real = _mpi_peer.OPS["bcast"]
 
     def wrong(comm, nbytes, algorithm=None):  # the ranks inherit this through fork
-        run, _ = real(comm, nbytes, algorithm)
-        return run, lambda: False
+        case = real(comm, nbytes, algorithm)
+        case.ok = lambda i, root: False
+        return case
 
     monkeypatch.setitem(_mpi_peer.OPS, "bcast", wrong)
     out = tmp_path / "b.json"
@@ -68,16 +69,28 @@ def test_point_to_point_spec_and_request_ops_check_out(tmp_path, n):
     assert min(overlap) >= _mpi_peer.OVERLAP_WORK_S * 1e6     # its work is part of every call
 
 
+#: Where PEERS.md installs the MPI peers (the bench itself only looks where it is told).
+PEER_DIRS = {name: os.environ.get(var, f"/tmp/peer-{name}") for name, var in bench.PEER_VARS.items()}
+
+
+def installed(name):
+    try:
+        return bench.find_peer(name, PEER_DIRS)
+    except bench.PeerError as e:
+        pytest.skip(f"peer {name} not installed (see bench/README.md): {e}")
+
+
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("peer", ["mpich", "ompi"])
-def test_mpi_peer_runs_same_method(peer):
-    if not bench.peer_venv(peer):
-        pytest.skip(f"peer {peer} not installed (see bench/README.md)")
+@pytest.mark.parametrize("name", ["mpich", "ompi"])
+def test_mpi_peer_runs_same_method(name):
+    peer = installed(name)
+    assert peer.ompi == (name == "ompi")
     cfg = bench.parse(["barrier", *TINY])
     libraries = {}
     (row,) = bench.run_mpi(peer, "barrier", 2, cfg, libraries)
     assert row["error"] is None and row["valid"] and row["us"] > 0
-    assert libraries[peer]
+    assert row["iters"] > 0 and row["p50_us"] <= row["p99_us"] and row["min_us"] <= row["avg_us"] <= row["max_us"]
+    assert libraries[name]
 
 
 # --- --order -------------------------------------------------------------------
@@ -96,7 +109,9 @@ def test_order_sequence_and_peer_command(order, want):
     cfg = bench.parse(["alltoall", *TINY[:2], "--sizes", "4096,8,4096", "--order", order])
     assert bench.sequence("alltoall", cfg) == want
     assert bench.sequence("barrier", cfg) == [(0, "down" if order == "down" else "up")]
-    cmd = bench.mpi_command("mpich", "/venv", 2, "alltoall", cfg, "out.json")
+    cmd = bench.mpi_command(bench.Peer("mpich", "/venv/bin/python", "/venv/bin/mpiexec", "MPICH Hydra"), 2,
+                            "alltoall", cfg, "out.json")
+    assert cmd[:5] == ["/venv/bin/mpiexec", "-n", "2", "-bind-to", "core"]
     assert cmd[cmd.index("--sizes") + 1] == ",".join(str(s) for s, _ in want)   # the peer keeps it
     assert bench.parse(["barrier"]).order == "up"
 
@@ -113,10 +128,15 @@ def test_order_both_measures_each_size_both_ways_in_one_job(tmp_path, capsys):
     assert [(r["size"], r["order"]) for r in rows if r["algorithm"] == "pairwise"] == measured(rows)
     assert measured(rows, op="barrier") == [(0, "up")] and measured(rows, "mp", "barrier") == [(0, "up")]
     assert all(r["valid"] and r["us"] > 0 for r in rows)
-    text = capsys.readouterr().out
+    text = main_table(capsys.readouterr().out, "alltoall")
     lines = [l.split() for l in text.splitlines() if l.split()[:1] in (["8"], ["4K"])]
     assert [l[:2] for l in lines] == [["8", "up"], ["4K", "up"], ["4K", "down"], ["8", "down"]]
     assert " order " in text
+
+
+def main_table(text, op):
+    """The lines of op's latency table (up to the framed loop's table after it)."""
+    return text.split(f"# {op}, ")[1].split("\n#")[0]
 
 
 # --- --ref ---------------------------------------------------------------------
@@ -183,30 +203,31 @@ def test_ref_column_interleaved_and_same_method(tmp_path, capsys):
     assert header.split() == ["size", "order", "auto", "ref", "auto/ref", "auto/best-peer"]
 
 
-def old_bench_source():
-    """shmcoll/bench.py as it was before --order, from git history, or None."""
+def old_bench_sources():
+    """shmcoll/bench.py and the _mpi_peer.py beside it as they were before --order, from git history, or None."""
     git = lambda *a: subprocess.run(["git", "-C", TREE, *a], capture_output=True, text=True)
     log = git("log", "--format=%H", "-n", "30", "--", "shmcoll/bench.py")
     for commit in log.stdout.split() if log.returncode == 0 else []:
         text = git("show", f"{commit}:shmcoll/bench.py").stdout
         if text and '"--order"' not in text:
-            return text
+            return {name: git("show", f"{commit}:shmcoll/{name}").stdout for name in ("bench.py", "_mpi_peer.py")}
     return None
 
 
 @pytest.mark.timeout(120)
 def test_ref_with_the_old_bench_cli(tmp_path):
     """A ref whose bench predates --order (this package with the old bench.py) still runs both orders."""
-    old = old_bench_source()
+    old = old_bench_sources()
     if old is None:
         pytest.skip("no git history with the bench before --order")
     pkg = tmp_path / "old" / "shmcoll"
     pkg.mkdir(parents=True)
     src = os.path.dirname(os.path.abspath(shmcoll.__file__))
     for name in os.listdir(src):
-        if name not in ("bench.py", "__pycache__"):
+        if name not in (*old, "__pycache__"):
             os.symlink(os.path.join(src, name), pkg / name)
-    (pkg / "bench.py").write_text(old)
+    for name, text in old.items():
+        (pkg / name).write_text(text)
     ref = bench.Ref(str(tmp_path / "old"))
     assert ref.probe() and not ref.knows_order
     doc = run_ref(tmp_path, str(tmp_path / "old"))
@@ -245,7 +266,7 @@ def test_floor_is_measured_beside_auto_and_scaled(tmp_path, monkeypatch, capsys)
 
     def fake(run, other, sync, share, cfg):
         run(), other()
-        return [1e-6] * cfg.reps, [2e-6 * (1 + (rank[0] == 1))] * cfg.reps
+        return [1e-6] * cfg.reps, [2e-6 * (1 + (rank[0] == 1))] * cfg.reps, 5
     monkeypatch.setattr(bench, "_shmcoll_rank", rank_known)
     monkeypatch.setattr(bench, "measure_beside", fake)
     out = tmp_path / "b.json"
@@ -263,9 +284,9 @@ def test_floor_is_measured_beside_auto_and_scaled(tmp_path, monkeypatch, capsys)
 def test_measure_beside_alternates_repetitions():
     seen = []
     cfg = bench.parse(["allreduce", "--min-time", "0.001", "--max-iters", "2", "--reps", "4"])
-    a, b = bench.measure_beside(lambda: seen.append("a"), lambda: seen.append("b"), lambda: seen.append("|"),
+    a, b, n = bench.measure_beside(lambda: seen.append("a"), lambda: seen.append("b"), lambda: seen.append("|"),
                                 lambda x: x, cfg)
-    assert len(a) == len(b) == 4
+    assert len(a) == len(b) == 4 and n == 2
     timed_part = "".join(seen)[-40:]            # after calibration: 4 x (2 calls untimed, a sync, 2 timed), same for b
     assert timed_part == "aa|aabb|bb" * 4
 

@@ -28,7 +28,7 @@ def _rank(comm, op, algorithms, sizes, min_time, reps):
     out = {}
     for alg in algorithms:
         for n in sizes:
-            run, _ = _mpi_peer.OPS[op](comm, n, algorithm=alg)
+            run = _mpi_peer.OPS[op](comm, n, algorithm=alg).run
             out[alg, n] = _mpi_peer.measure(run, comm.Barrier, share, min_time, 1 << 20, reps)
     return out
 
