@@ -190,3 +190,19 @@ def test_tune_writes_a_file_the_next_job_uses(tmp_path):
         assert ok, (op, n)
         assert source == ("rules" if algorithm == "auto" else "tuning"), (op, n, source)
         assert algorithm in ("auto", chosen), (op, n, algorithm, chosen)
+
+
+def test_model_where_the_file_says_nothing(tmp_path, good, capfd):
+    from shmcoll import model
+    from shmcoll.model.machine import fingerprint
+    mine = str(tmp_path / "model.json")
+    model.Machine(**dict(vars(model.EXAMPLE), description=dict(model.EXAMPLE.description,
+                                                               fingerprint=fingerprint()))).save(mine)
+    name, _, _ = _resolve("allgather", 4096, {"tuning_file": good, "model_params": mine})
+    assert name.source == "model" and name in shmcoll.algorithms("allgather") and "model" in name.why
+    name, _, _ = _resolve("bcast", 100, {"tuning_file": good, "model_params": mine})
+    assert name.source == "tuning"                      # the file first
+    other = str(tmp_path / "other.json")
+    model.EXAMPLE.save(other)                           # not this machine's: reported, not asked
+    name, _, _ = _resolve("allgather", 4096, {"tuning_file": good, "model_params": other})
+    assert name.source == "rules" and "another machine" in capfd.readouterr().err
