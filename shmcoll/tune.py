@@ -120,13 +120,14 @@ def _rank(comm, ops, top, cfg, verify):
 
 def decide(rows):
     """(bytes, (algorithm, params)) per measured row: the candidate of
-    the lowest ratio to the rules, where it beats them by TOLERANCE and
-    is not the rules' own choice (which differs from them by noise
-    alone); else ("auto", {})."""
+    the lowest ratio to the rules, where it beats by TOLERANCE both the
+    rules and the rules' own algorithm forced (the same program: what
+    they differ by is noise); else ("auto", {})."""
     out = []
     for row in rows:
-        best = min(row["ratio"], key=row["ratio"].get)
-        if best in ("auto", row["chosen"]) or row["ratio"][best] > 1 / (1 + TOLERANCE):
+        r = row["ratio"]
+        best = min(r, key=r.get)
+        if best in ("auto", row["chosen"]) or r[best] > min(1, r.get(row["chosen"], 1)) / (1 + TOLERANCE):
             out.append((row["bytes"], (tuning.AUTO, {})))
             continue
         name, _, setting = best.partition(" ")
@@ -151,7 +152,7 @@ def table(got, verify):
              ("file's choice        auto+file/best  auto+file/auto" if verify else "choice")]
     for n, by_op in got.items():
         for op, rows in by_op.items():
-            chosen = dict(decide(rows))
+            chosen = {} if verify else dict(decide(rows))
             for row in rows:
                 r = row["ratio"]
                 best = min((k for k in r if k not in ("auto+file",)), key=r.get)
