@@ -1,4 +1,4 @@
-"""`shmcoll run | topo | bench | options | alcd | program | model`."""
+"""`shmcoll run | topo | bench | options | alcd | program | model | tune`."""
 import argparse
 import os
 import sys
@@ -105,9 +105,16 @@ def _topo(argv):
 
 
 def _options(argv):
-    _parser("shmcoll options", "Print every tunable, its value and where the value came from.").parse_args(argv)
-    from . import options
-    print(options.describe(options.resolve()))
+    _parser("shmcoll options", "Print every tunable, its value and where the value came from, and the tuning "
+            "file the automatic choice reads.").parse_args(argv)
+    from . import options, tuning
+    res = options.resolve()
+    print(options.describe(res))
+    t = tuning.load(res["tuning_file"][0], virtual=bool(os.environ.get("SHMCOLL_TOPOLOGY")))
+    print(f"tuning file in use: {t.path} ({t.describe()})")
+    model = tuning.model(res["model_params"][0])
+    print("model: " + (f"{res['model_params'][0]} (asked where the tuning file has no range)" if model else
+                       "not asked (model_params unset or unusable)"))
     return 0
 
 
@@ -221,15 +228,21 @@ def _bench(argv):
     return main(argv)
 
 
+def _tune(argv):
+    from .tune import main
+    return main(argv)
+
+
 COMMANDS = {"run": _run, "topo": _topo, "bench": _bench, "options": _options, "alcd": _alcd, "program": _program,
-            "model": _model}
+            "model": _model, "tune": _tune}
 
 
 HELP = {"run": "run a program on N pinned ranks, like mpiexec", "topo": "the node's sockets, cores, NUMA nodes, caches",
         "bench": "OSU/IMB-style latency (and bandwidth) of every collective and algorithm, beside MPI peers",
         "options": "every tunable and its source",
         "alcd": "each Allgather algorithm's communication distance", "program": "each rank's compiled program",
-        "model": "each algorithm's predicted time (paper 002) against the measured one"}
+        "model": "each algorithm's predicted time (paper 002) against the measured one",
+        "tune": "time every algorithm here and write the tuning file the automatic choice reads"}
 
 
 def main(argv=None):

@@ -231,9 +231,11 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
     def selected(self, op, nbytes, root=0, dtype=None):
         """The algorithm that algorithm=None uses for op at nbytes (a
         reduction's: of that dtype; twins: the single-copy program's;
-        Alltoallv/w: SENDRECV, the exchange by point-to-point)."""
+        Alltoallv/w: SENDRECV, the exchange by point-to-point): a str
+        whose .source (option, tuning, model, rules) and .why say where
+        the choice came from (select.Selected)."""
         if op in ("alltoallv", "alltoallw") and not self._forced.get(op):
-            return SENDRECV
+            return select.Selected(SENDRECV, "rules", f"the automatic {select.method(op)}: point-to-point")
         return self._resolve(op, nbytes, root, None, dtype)[0]
 
     def schedule(self, op, nbytes=0, root=0, algorithm=None, dtype=None):

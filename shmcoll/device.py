@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import options as _options
+from . import options as _options, tuning as _tuning
 from ._core import ffi, lib
 from . import isa
 from .compile import checks, compile_schedule
@@ -50,7 +50,9 @@ class Plan:
     job: str = ""               # the job's segment-name prefix (segment.job_prefix), for named segments
 
 
-def make_plan(nranks, topo, slots, options=None, environ=os.environ):
+def make_plan(nranks, topo, slots, options=None, environ=os.environ, agreed=None):
+    """The plan of a job; agreed: a parent plan's (tuning, model), which a
+    communicator made from it keeps rather than reading the files again."""
     if isinstance(nranks, bool) or not isinstance(nranks, int) or not 1 <= nranks <= MAX_RANKS:
         raise ValueError(f"nprocs must be an int between 1 and {MAX_RANKS}, not {nranks!r}")
     res = _options.resolve(options, environ)
@@ -80,6 +82,9 @@ def make_plan(nranks, topo, slots, options=None, environ=os.environ):
     _p2p(p, res)
     p["chunk_opt"], p["tile_opt"], p["cma_opt"], p["nt_opt"] = (p["chunk_bytes"], p["tile_bytes"], p["cma_bytes"],
                                                           p["nt_bytes"])
+    p["k_opt"] = p["bcast_k"]
+    p["tuning"], p["model"] = agreed or (_tuning.load(p["tuning_file"], environ, bool(topo.spec)),
+                                         _tuning.model(p["model_params"]))
     _derive(p, nranks, topo, slots)
     plan = Plan(nranks, p, list(slots), topo, given=given)
     plan.size = Device.layout(plan)
@@ -122,7 +127,8 @@ def restrict(plan, members):
     view of free space can make it plan otherwise."""
     slots = [dataclasses.replace(plan.slots[m], rank=i) for i, m in enumerate(members)]
     given = dict(plan.given, chan_bytes=plan.params["chan_bytes"], shm_bytes=plan.params["shm_bytes"])
-    sub = make_plan(len(members), plan.topo, slots, given, environ={})
+    sub = make_plan(len(members), plan.topo, slots, given, environ={},
+                    agreed=(plan.params["tuning"], plan.params["model"]))
     sub.job = plan.job
     return sub
 

@@ -58,9 +58,16 @@ DEFAULTS = {
                                 # (default: min(ring / 4, 16 KiB))
     "p2p_queue_bytes": 64 << 20,  # unexpected messages a receiver keeps; beyond, it leaves them in their rings
                                   # and their senders wait
+    "tuning_file": None,        # what `shmcoll tune` measured: the automatic choice's algorithm per collective, ranks
+                                # and bytes (default: $XDG_CACHE_HOME/shmcoll/tuning.json; none: no file)
+    "model_params": None,       # a machine's model parameters (`shmcoll model --measure --params FILE`): where no
+                                # tuning file range applies, the automatic choice takes the model's fastest
+                                # (default: the model is not asked)
 }
 # every collective's algorithm, forced by name (select.forced): one row per TABLE row
 DEFAULTS.update({f"{op}_algorithm": None for op in TABLE})
+#: options whose value is text (a name or a path), taken as given
+TEXT = {name for name in DEFAULTS if name.endswith("algorithm")} | {"tuning_file", "model_params"}
 
 
 def resolve(options=None, environ=os.environ):
@@ -75,7 +82,7 @@ def resolve(options=None, environ=os.environ):
         if name in options and options[name] is not None:
             out[name] = (_given(name, options[name]), "argument")
         elif env not in (None, ""):
-            out[name] = (env if name.endswith("algorithm") else _int(name, env), "environment")
+            out[name] = (env if name in TEXT else _int(name, env), "environment")
         else:
             out[name] = (default, "default")
     return out
@@ -87,7 +94,7 @@ FLAGS = ("check", "record_traffic")
 def _given(name, value):
     """An option given as an argument: an algorithm name as it is, a
     number checked as the environment's text is (True is no byte count)."""
-    if name.endswith("algorithm"):
+    if name in TEXT:
         return value
     if isinstance(value, str):
         return _int(name, value, f"option {name}")

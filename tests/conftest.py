@@ -31,6 +31,9 @@ DTYPES = [np.int8, np.int32, np.float32, np.float64, np.complex128]
 # inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler:
 # the Ctrl-C tests (a rank, the launcher) would fail for how the suite was started.
 signal.signal(signal.SIGINT, signal.default_int_handler)
+# The automatic choice under test is the built-in rules', whatever tuning
+# file `shmcoll tune` left in this user's cache (tests/test_tune.py names its own).
+os.environ["SHMCOLL_TUNING_FILE"] = "none"
 
 # The test hook: tiny channels so that multi-chunk / ring-wrap paths run
 # with small inputs, and inline slots of up to 128 bytes (the default is

@@ -25,6 +25,8 @@ def sample(name, k=1):
     if name in ALG_OPTS:
         op = name[:-len("_algorithm")]
         return shmcoll.algorithms(op)[k % len(shmcoll.algorithms(op))]
+    if name in options.TEXT:
+        return f"/tmp/{name}-{k}.json"
     return 4096 * (k + 1) + k
 
 

@@ -12,7 +12,10 @@ its options row and SHMCOLL_<OP>_ALGORITHM follow from the row
 (options.DEFAULTS), and tests/test_options.py checks the docs' table.
 
 Precedence of the algorithm: algorithm= argument > options /
-SHMCOLL_<OP>_ALGORITHM > the collective's choose()."""
+SHMCOLL_<OP>_ALGORITHM > the tuning file (shmcoll/tuning.py) > the model,
+when its parameters are given (model_params) > the collective's choose(),
+the built-in rules.  resolve() names the source and the reason
+(Selected), so Comm.selected can say them."""
 import dataclasses
 
 from . import allgather, allgatherv, allreduce, alltoall, alltoallv, barrier, bcast, exscan, gather, reduce, reduce_scatter, scan, scatter
@@ -93,6 +96,62 @@ def forced(op, params):
     return None if name in (None, "", "auto") else check_name(op, name)
 
 
+class Selected(str):
+    """An algorithm's name that also says where it came from: source
+    (argument, option, tuning, model, rules), why (in words) and params
+    (the plan parameters a tuning file's range sets)."""
+
+    def __new__(cls, name, source, why, params=None):
+        self = super().__new__(cls, name)
+        self.source, self.why, self.params = source, why, dict(params or {})
+        return self
+
+    def __reduce__(self):
+        return Selected, (str(self), self.source, self.why, self.params)
+
+
+def choice(op, call, algorithm=None, forced_name=None):
+    """The Selected of the argument, the option, the tuning file or the
+    model, in that order; else (None, why): the rules choose, once
+    resolve has set the call up for twins."""
+    if algorithm is not None:
+        return Selected(check_name(op, algorithm), "argument", "the call's algorithm= argument")
+    if forced_name:
+        return Selected(forced_name, "option", f"the {op}_algorithm option (options= or SHMCOLL_{op.upper()}_ALGORITHM)")
+    p = call.params
+    tuned, why = p["tuning"].lookup(op, call.nranks, call.nbytes) if p.get("tuning") else (None, "no tuning file")
+    if tuned is not None and tuned["algorithm"] != "auto":
+        return Selected(tuned["algorithm"], "tuning", why, _settable(p, tuned["params"]))
+    if tuned is None and p.get("model") is not None:
+        return _modelled(op, call, why)
+    return None, why
+
+
+def _settable(p, params):
+    """A range's parameters less those the user set (options win over the file)."""
+    mine = {"bcast_k": p.get("k_opt"), "tile_bytes": p.get("tile_opt")}
+    out = {k: v for k, v in params.items() if mine.get(k) is None}
+    if "tile_bytes" in out:                 # as make_plan bounds it: two tiles fit the ring
+        out["tile_bytes"] = min(out["tile_bytes"], p["chan_bytes"] // 2)
+    return out
+
+
+def _modelled(op, call, why):
+    """The model's fastest algorithm for call (planned with this call's
+    parameters; one that cannot plan it is left out)."""
+    from ..model.predict import Where, schedule_time
+    times = {}
+    for name in NAMES[op]:
+        try:
+            times[name] = schedule_time(plan(op, name, call), call.params, call.params["model"],
+                                        Where(call.slots, True))
+        except (ValueError, NotImplementedError):
+            continue
+    best = min(times, key=times.get)
+    return Selected(best, "model", f"{why}; the model (model_params) predicts {best} fastest, "
+                                   f"{times[best] * 1e6:.3g} us")
+
+
 def pick(op, call, algorithm=None, forced_name=None):
     """The algorithm's name: given, forced, or chosen for this call."""
     if algorithm is not None:
@@ -107,15 +166,24 @@ def resolve(op, call, algorithm=None, forced_name=None):
     adapt bytes, whatever the default cma_bytes rule says; a cma_bytes the
     user set stays), else None."""
     algorithms(op)
+    name = choice(op, call, algorithm, forced_name)
+    if isinstance(name, Selected):
+        if name.params:
+            call = dataclasses.replace(call, params=dict(call.params, **name.params))
+        return name, call, None
+    why = name[1]
     p = call.params
-    twin = algorithm is None and forced_name is None and call.cma and 0 < p["adapt"] <= call.nbytes
+    twin = call.cma and 0 < p["adapt"] <= call.nbytes
     if twin and p["cma_opt"] is None and p["cma_bytes"] > p["adapt"]:
         call = dataclasses.replace(call, params=dict(p, cma_bytes=p["adapt"]))
     staged = None
     if twin:
         alone = dataclasses.replace(call, cma=False)
         staged = pick(op, alone), alone
-    return pick(op, call, algorithm, forced_name), call, staged
+        why += "; the built-in rules, run as twins (single copy or staged, as rank 0 times them)"
+    else:
+        why += "; the built-in rules"
+    return Selected(pick(op, call), "rules", why), call, staged
 
 
 def plan(op, name, call):
