@@ -89,8 +89,9 @@ def time_size(comm, op, nbytes, cands, cfg):
     candidate at nbytes, interleaved; each checked against numpy first."""
     share, runs = _share(comm), []
     for label, c, alg in cands:
-        run, check = OPS[op](c, nbytes, alg)
-        if not comm.allreduce(bool(check()), op=MPI.LAND):
+        case = OPS[op](c, nbytes, alg)
+        run = case.run
+        if not comm.allreduce(case.check(), op=MPI.LAND):
             raise RuntimeError(f"{op} {label} at {nbytes} B gave a wrong result")
         runs.append((label, run, calibrate(run, comm.Barrier, share, cfg["min_time"], cfg["max_iters"])))
     out = {label: [] for label, _, _ in runs}
