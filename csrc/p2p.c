@@ -31,6 +31,7 @@
 #include "sc_internal.h"
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 
 #define HDR 32
@@ -48,6 +49,7 @@
 #define PIECE_MIN (16 << 10)      /* a shared copy's pieces: an eighth of it within these bounds, */
 #define PIECE_MAX (512 << 10)     /* whole pages, at most 4095 of them (the claim word's fields) */
 #define DEFER 3                   /* deliver: a rendezvous to copy once the lock is let go (rdv_t) */
+#define PIPE (4 << 10)            /* an eager message of two of these or more goes in (and out) piece by piece */
 
 typedef struct { int32_t tag, kind; int64_t n; uint64_t seq, addr; } msg_t;
 _Static_assert(sizeof(msg_t) == HDR, "message header");
@@ -267,17 +269,54 @@ static int room(sc_comm_t *c, int r, int64_t need, int64_t *pad)
 static uint32_t lap(uint64_t pos, uint64_t R) { return (uint32_t)((pos / R) % 0xffffff + 1) << 8; }
 static _Atomic int32_t *kind_word(char *at) { return (_Atomic int32_t *)(at + offsetof(msg_t, kind)); }
 
+/* An eager record's payload bytes written so far (its header's addr):
+ * a long one is stamped first and written PIPE bytes at a time, so that
+ * a receiver already waiting copies each piece out while the next goes
+ * in (the two copies overlap, where they followed one another). */
+static _Atomic uint64_t *ready_word(const char *at) { return (_Atomic uint64_t *)(at + offsetof(msg_t, addr)); }
+
 /* Write a record of len bytes at pos: payload, header, the next one's
  * kind word cleared, then its stamped kind (release: a reader that sees
- * the stamp sees the rest). */
+ * the stamp sees the rest); a long eager one's payload after its stamp,
+ * counted in its ready word (an eager header's addr holds n otherwise). */
 static void record(char *ring, uint64_t R, uint64_t pos, int64_t len, const msg_t *m, const char *buf, int64_t n)
 {
     char *at = ring + pos % R;
-    if (n) memcpy(at + HDR, buf, (size_t)n);
+    int piped = m->kind == EAGER && n >= 2 * PIPE;
+    if (n && !piped) memcpy(at + HDR, buf, (size_t)n);
     atomic_store_explicit(kind_word(ring + (pos + (uint64_t)len) % R), 0, memory_order_relaxed);
     memcpy(at, &m->tag, sizeof m->tag);
     memcpy(at + offsetof(msg_t, n), &m->n, HDR - offsetof(msg_t, n));
+    if (piped) atomic_store_explicit(ready_word(at), 0, memory_order_relaxed);
     atomic_store_explicit(kind_word(at), (int32_t)(lap(pos, R) | (uint32_t)m->kind), memory_order_release);
+    for (int64_t off = 0, k; piped && off < n; off += k) {
+        k = n - off < PIPE ? n - off : PIPE;
+        memcpy(at + HDR + off, buf + off, (size_t)k);
+        atomic_store_explicit(ready_word(at), (uint64_t)(off + k), memory_order_release);
+    }
+}
+
+/* Wait, holding the lock, for s to have written want bytes of the eager
+ * record at `at` (it writes them now: a bare spin, yielding after a
+ * while, with no way up to Python); an error if s died meanwhile. */
+static int written(sc_comm_t *c, int s, const char *at, uint64_t want)
+{
+    int64_t t0 = 0;
+    for (int i = 0; atomic_load_explicit(ready_word(at), memory_order_acquire) < want; i++) {
+        if (i < 1024) {
+            cpu_relax();
+            continue;
+        }
+        sched_yield();
+        int64_t t = sc_now_ns();
+        if (!t0) t0 = t;
+        if (t - t0 >= c->liveness_ns) {
+            int rc = sc_health(c, s);
+            if (rc) return rc;
+            t0 = t;
+        }
+    }
+    return SC_OK;
 }
 
 static void put(sc_comm_t *c, int r, int64_t pad, const msg_t *m, const char *buf, int64_t n)
@@ -310,7 +349,7 @@ static int64_t try_send(sc_comm_t *c, int r, int tag, const char *buf, int64_t n
     pthread_mutex_lock(&s->mu);
     if (!sync && n <= c->p2p_eager_bytes) {
         if (room(c, r, rec_bytes(n), &pad)) {
-            msg_t m = { .tag = tag, .kind = EAGER, .n = n };
+            msg_t m = { .tag = tag, .kind = EAGER, .n = n, .addr = (uint64_t)n };
             put(c, r, pad, &m, buf, n);
             rc = SC_OK;
         }
@@ -591,6 +630,7 @@ static int peek(sc_comm_t *c, int s, msg_t *m, char **data)
 static um_t *lift(sc_comm_t *c, int s, const msg_t *m, const char *data)
 {
     int64_t n = m->kind == EAGER ? m->n : 0;
+    if (n && written(c, s, data - HDR, (uint64_t)n)) return NULL;    /* its sender died: the waits say so */
     um_t *u = malloc(sizeof *u + (size_t)n);
     if (!u) return NULL;
     *u = (um_t){ .src = s, .tag = m->tag, .kind = m->kind, .n = m->n, .seq = m->seq, .addr = m->addr };
@@ -676,8 +716,8 @@ static void unlink_entry(sc_p2p_t *p, um_t **prev)
  * lock is let go (DEFER, *later): SC_ETRUNCATE if it is longer (cap
  * bytes delivered, the rendezvous completed all the same, so the sender
  * never hangs).  Under the lock. */
-static int deliver(sc_comm_t *c, int s, const msg_t *m, const char *data, char *buf, int64_t cap, in_t **stage,
-                   rdv_t *later)
+static int deliver(sc_comm_t *c, int s, const msg_t *m, const char *data, int ring, char *buf, int64_t cap,
+                   in_t **stage, rdv_t *later)
 {
     int64_t k = m->n < cap ? m->n : cap;
     if (m->kind == STAGED) {             /* matched: clear its sender to stream the pieces (fill takes them) */
@@ -693,7 +733,12 @@ static int deliver(sc_comm_t *c, int s, const msg_t *m, const char *data, char *
         return STAGING;
     }
     if (m->kind == EAGER) {
-        if (k) memcpy(buf, data, (size_t)k);
+        for (int64_t got = 0, upto; got < k || (ring && got < m->n); got = upto) {    /* ring: as it is written */
+            int rc = ring ? written(c, s, data - HDR, (uint64_t)got + 1) : SC_OK;
+            if (rc) return rc;
+            upto = ring ? (int64_t)atomic_load_explicit(ready_word(data - HDR), memory_order_acquire) : m->n;
+            if (got < k) memcpy(buf + got, data + got, (size_t)((upto < k ? upto : k) - got));
+        }
     } else if (k && s != c->rank) {
         int share = k >= SHARE_MIN && !c->p2p->sharing[s];
         if (share) c->p2p->sharing[s] = 1;
@@ -724,10 +769,10 @@ static int try_recv(sc_comm_t *c, sc_comm_t *sh, int src, int tag, const ahead_t
             um_t *u = *prev;
             unlink_entry(p, prev);
             m = (msg_t){ .tag = u->tag, .kind = u->kind, .n = u->n, .seq = u->seq, .addr = u->addr };
-            rc = deliver(sh, s, &m, u->data, buf, cap, stage, &later);
+            rc = deliver(sh, s, &m, u->data, 0, buf, cap, stage, &later);
             free(u);
         } else {
-            rc = deliver(sh, s, &m, data, buf, cap, stage, &later);
+            rc = deliver(sh, s, &m, data, 1, buf, cap, stage, &later);
             if (m.kind == EAGER) {
                 p->tl[s] += (uint64_t)rec_bytes(m.n);
             } else {
@@ -889,7 +934,7 @@ int sc_p2p_mrecv(sc_comm_t *c, void *handle, char *buf, int64_t cap, int64_t *ou
     rdv_t later;
     int64_t k = buf ? (m.n < cap ? m.n : cap) : 0;
     pthread_mutex_lock(&c->p2p->mu);
-    int rc = deliver(sh, u->src, &m, u->data, buf, buf ? cap : 0, &st, &later);
+    int rc = deliver(sh, u->src, &m, u->data, 0, buf, buf ? cap : 0, &st, &later);
     pthread_mutex_unlock(&c->p2p->mu);
     free(u);
     if (rc == DEFER) rc = copy_rdv(sh, &later, buf, k);

@@ -869,3 +869,43 @@ def test_isend_irecv_waitall_take_the_c_entries(cma):
         assert np.array_equal(big_got, data(1, 0, big, np.uint8))
         return frames
     assert run(job, 2) == [["progress"], ["progress"]]
+
+
+PIPED = [8191, 8192, 8193, 12 * 1024 + 5, 16 * 1024]      # eager messages written piece by piece from 8 KiB
+
+
+def test_piped_eager_messages():
+    """Eager messages of 8-16 KiB go into the ring 4 KiB at a time, taken
+    out as they go in: ping-pongs (the receive waiting), unexpected ones
+    (lifted into the queue once whole), Mprobe'd ones, a truncated one,
+    each equal to numpy's reference (default rings: 16 KiB eager)."""
+    def job(comm):
+        other = 1 - comm.rank
+        for i, nbytes in enumerate(PIPED):
+            got = np.empty(nbytes, np.uint8)
+            if comm.rank == 0:
+                comm.Send(data(0, 1, nbytes, np.uint8, salt=i), 1, 1)
+                comm.Recv(got, 1, 2)
+            else:
+                comm.Recv(got, 0, 1)
+                comm.Send(data(1, 0, nbytes, np.uint8, salt=i), 0, 2)
+            assert np.array_equal(got, data(other, comm.rank, nbytes, np.uint8, salt=i)), nbytes
+        if comm.rank == 0:
+            for i, nbytes in enumerate(PIPED):
+                comm.Send(data(0, 1, nbytes, np.uint8, salt=10 + i), 1, 3 + i % 2)
+            comm.Send(data(0, 1, PIPED[-1], np.uint8, salt=20), 1, 5)
+            return comm.plan.params["p2p_eager_bytes"]
+        comm.Probe(0, 5)                        # all are here: tags 3 and 4 taken out of order, so queued
+        for tag in (4, 3):
+            for i, nbytes in enumerate(PIPED):
+                if 3 + i % 2 == tag:
+                    got = np.empty(nbytes, np.uint8)
+                    if tag == 4:
+                        comm.Mprobe(0, tag).Recv(got)
+                    else:
+                        comm.Recv(got, 0, tag)
+                    assert np.array_equal(got, data(0, 1, nbytes, np.uint8, salt=10 + i)), (tag, nbytes)
+        with pytest.raises(MPIError) as e:
+            comm.Recv(np.empty(PIPED[0], np.uint8), 0, 5)
+        return e.value.Get_error_class() == ERR_TRUNCATE
+    assert run(job, 2, options={}) == [16 << 10, True]
