@@ -260,6 +260,7 @@ void sc_mismatch_of(sc_comm_t *c, int32_t rank, int64_t *out);
 int sc_probe_cma(sc_comm_t *c);
 
 int sc_last_look(sc_comm_t *c);
+void sc_p2p_busy(int on);
 void sc_nb_bind(sc_comm_t *c, sc_nbc_t *st, uintptr_t prog, uintptr_t sbuf, uintptr_t rbuf, int background);
 int sc_nb_start(sc_comm_t *c, sc_nbc_t *st);
 int sc_nb_test(sc_comm_t *c, sc_nbc_t *st);

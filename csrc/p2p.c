@@ -1182,6 +1182,12 @@ static PyObject *py_idle(PyObject *m, PyObject *const *a, Py_ssize_t n)
  * one C call; anything else goes to the Python method, failures to the
  * handler (rc, (rc, source, tag, bytes)). */
 enum { FAST_SEND, FAST_RECV, FAST_SENDRECV, FAST_ALLTOALLV, FAST_ISEND, FAST_IRECV };
+
+/* Some communicator of this process has nonblocking point-to-point
+ * pending (p2p.py's _busy): a call that would wait in C, where nothing
+ * moves those, goes to Python, whose waits advance them. */
+static int busy_anywhere;
+void sc_p2p_busy(int on) { busy_anywhere = on; }
 int sc_py_parse(PyObject *const *args, size_t nargsf, PyObject *kw, PyObject *names, PyObject **out);
 int sc_py_buffer(PyObject *v, int writable, Py_buffer *b);
 int sc_py_vbuffer(PyObject *v, int n, int writable, int64_t *vec, Py_buffer *b, Py_ssize_t *isz);
@@ -1295,7 +1301,7 @@ static PyObject *fast_nonblocking(PyObject *self, sc_comm_t *c, long kind, PyObj
     PyObject *a[8] = { NULL }, *st = NULL, *made = PyTuple_GET_ITEM(self, 7);
     Py_buffer b = { 0 };
     long rank = 0, tag = 0;
-    if (c->closed || !c->p2p || c->p2p_pending || !sc_py_parse(args, nargsf, kw, PyTuple_GET_ITEM(self, 3), a)
+    if (c->closed || !c->p2p || c->p2p_pending || busy_anywhere || !sc_py_parse(args, nargsf, kw, PyTuple_GET_ITEM(self, 3), a)
         || !(kind == FAST_ISEND ? send_args(c, a, &rank, &tag) : recv_args(self, c, a, &rank, &tag, &st))
         || !sc_py_buffer(a[0], kind == FAST_IRECV, &b))
         return decline(self, args, nargsf, kw);
@@ -1327,7 +1333,7 @@ static PyObject *fast(PyObject *self, PyObject *const *args, size_t nargsf, PyOb
     if (kind >= FAST_ISEND) return fast_nonblocking(self, c, kind, args, nargsf, kw);
     PyObject *a[8] = { NULL }, *st = NULL;
     Py_buffer sb = { 0 }, rb = { 0 };
-    if (c->closed || !c->p2p || c->p2p_pending || !sc_py_parse(args, nargsf, kw, PyTuple_GET_ITEM(self, 3), a))
+    if (c->closed || !c->p2p || c->p2p_pending || busy_anywhere || !sc_py_parse(args, nargsf, kw, PyTuple_GET_ITEM(self, 3), a))
         return decline(self, args, nargsf, kw);
     int ok = kind == FAST_SEND ? send_args(c, a, &dest, &stag) && sc_py_buffer(a[0], 0, &sb)
            : kind == FAST_RECV ? recv_args(self, c, a, &src, &rtag, &st) && sc_py_buffer(a[0], 1, &rb)
@@ -1371,11 +1377,11 @@ static PyObject *waitall(PyObject *self, PyObject *const *args, size_t nargsf, P
                            && (s_null = PyUnicode_InternFromString("_null"))
                            && (s_wait = PyUnicode_InternFromString("Wait")))))
         return PyErr_Occurred() ? NULL : PyObject_Vectorcall(PyTuple_GET_ITEM(self, 2), args, nargsf, kw);
-    PyObject *seq = PySequence_Fast(args[0], "Waitall: requests must be a sequence");
+    PyObject *seq = PySequence_Tuple(args[0]);      /* a copy: a Wait called below may change the caller's list */
     if (!seq) return NULL;
-    PyObject **r = PySequence_Fast_ITEMS(seq);
+    PyObject **r = &PyTuple_GET_ITEM(seq, 0);
     int here = 0;
-    for (Py_ssize_t i = 0, n = PySequence_Fast_GET_SIZE(seq); i < n; i++) {
+    for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(seq); i < n; i++) {
         PyTypeObject *t = Py_TYPE(r[i]);
         PyObject *res;
         if (t == (PyTypeObject *)PyTuple_GET_ITEM(self, 0) || t == (PyTypeObject *)PyTuple_GET_ITEM(self, 1)) {
@@ -1402,7 +1408,7 @@ static PyMethodDef defs[] = {
     FAST("send", py_send), FAST("sent", py_sent), FAST("recv", py_recv), FAST("probe", py_probe),
     FAST("mrecv", py_mrecv), FAST("bell", py_bell), FAST("idle", py_idle), FAST("alltoallv", py_alltoallv),
     {"entry", (PyCFunction)(void (*)(void))fast, METH_FASTCALL | METH_KEYWORDS, NULL},
-    {"waitall", (PyCFunction)(void (*)(void))waitall, METH_FASTCALL | METH_KEYWORDS, NULL}, {NULL, NULL, 0, NULL},
+    {"Waitall", (PyCFunction)(void (*)(void))waitall, METH_FASTCALL | METH_KEYWORDS, NULL}, {NULL, NULL, 0, NULL},
 };
 
 /* Method definition i (NULL past the last), for Python to bind with PyCFunction_NewEx. */

@@ -77,7 +77,9 @@ def make_plan(nranks, topo, slots, options=None, environ=os.environ, agreed=None
     if not 0 <= int(p["inline_bytes"]) <= lib.SC_INLINE:
         raise ValueError(f"inline_bytes must be in 0 .. {lib.SC_INLINE}, not {p['inline_bytes']}")
     if p["p2p_ring_bytes"] is None:
-        fit = P2P_BUDGET // (nranks * nranks)
+        # a communicator's rings take at most a 64th of the /dev/shm there was at launch (Docker's 64 MiB:
+        # 1 MiB), so that its Dups fit too (restrict passes the same figure: every member plans alike)
+        fit = min(P2P_BUDGET, p["shm_bytes"] // 64) // (nranks * nranks)
         p["p2p_ring_bytes"] = max(4096, min(1 << 20, 1 << max(fit.bit_length() - 1, 0)))
     _p2p(p, res)
     p["chunk_opt"], p["tile_opt"], p["cma_opt"], p["nt_opt"] = (p["chunk_bytes"], p["tile_bytes"], p["cma_bytes"],
@@ -207,11 +209,11 @@ for _i in range(16):
     if _d == ffi.NULL:
         break
     _P2P_DEFS[ffi.string(ffi.cast("char **", _d)[0]).decode()] = int(ffi.cast("uintptr_t", _d))
-P2P = {name: _new_cfunction(d, None, None) for name, d in _P2P_DEFS.items() if name not in ("entry", "waitall")}
+P2P = {name: _new_cfunction(d, None, None) for name, d in _P2P_DEFS.items() if name not in ("entry", "Waitall")}
 
 
 def p2p_entry(state, name="entry"):
-    """A point-to-point fast entry bound to state (csrc/p2p.c fast(), or waitall())."""
+    """A point-to-point fast entry bound to state (csrc/p2p.c fast(), or Waitall: waitall())."""
     return _new_cfunction(_P2P_DEFS[name], state, None)
 
 

@@ -164,7 +164,9 @@ class PersistentCollective(_Collective, Prequest):
     """A persistent collective: the program compiled and its buffers bound
     at _init; each Start only runs it."""
 
-    def __init__(self, comm, run):
+    def __init__(self, comm, run=None):
+        if run is None:             # Prequest(req) made a handle of this class (request._handle): req's state
+            return
         self._bind(comm, run)
         Prequest.__init__(self)
         info = struct.pack("PP", int(ffi.cast("uintptr_t", comm._c)), int(ffi.cast("uintptr_t", run.st)))

@@ -15,7 +15,6 @@ import pickle
 import sys
 import threading
 import warnings
-import weakref
 
 import numpy as np
 
@@ -28,13 +27,15 @@ from .request import ANY_SOURCE, ANY_TAG, PROC_NULL, Done as _Done, Prequest, Re
 TAG_UB = lib.SC_TAG_UB        # MPICH's: tags 0 .. TAG_UB
 _send, _sent, _recv, _probe, _mrecv, _bell, _idle = (P2P[k] for k in ("send", "sent", "recv", "probe", "mrecv",
                                                                       "bell", "idle"))
-_busy = weakref.WeakSet()     # communicators with nonblocking point-to-point pending (_p2p_pending)
+#: id of a communicator's point-to-point state -> the communicator, while it has nonblocking calls pending
+#: (_p2p_pending): held, so that its calls go on (a handle, MPI.Comm(comm), shares comm's state and equals it)
+_busy = {}
 SHARED_NS = 200_000           # a wait that must also advance other engines' work looks at them this often
 
 
 def _poll():
     if _busy:
-        for comm in list(_busy):
+        for comm in list(_busy.values()):
             comm._p2p_poll()
 
 
@@ -161,9 +162,10 @@ class PointToPoint:
         pp = self._pp
         pending = self._c.p2p_pending = bool(pp.sends or pp.recvs)
         if pending:
-            _busy.add(self)
+            _busy[id(pp)] = self
         else:
-            _busy.discard(self)
+            _busy.pop(id(pp), None)
+        lib.sc_p2p_busy(bool(_busy))
 
     def _p2p_failed(self, what, rc, got):
         """A fast entry's failure: raise as the method would (the communicator broken first)."""
@@ -182,8 +184,12 @@ class PointToPoint:
     def _p2p_poll(self):
         """Advance what is pending: queued sends, then posted receives."""
         pp = self.__dict__.get("_p2p_state")
-        if pp is None or not (pp.sends or pp.recvs) or self._broken is not None or getattr(self, "_freed", False):
-            return                  # a broken or freed communicator's pending calls stay pending
+        if pp is None or not (pp.sends or pp.recvs):
+            return
+        if self._broken is not None or getattr(self, "_freed", False):
+            _busy.pop(id(pp), None)     # its pending calls stay pending: nothing will move them
+            lib.sc_p2p_busy(bool(_busy))
+            return
         with pp.lock:
             for dest in list(pp.sends):
                 q = pp.sends[dest]
@@ -209,7 +215,7 @@ class PointToPoint:
         dest, tag = self._dest(dest, what), self._tag(tag, what, False)
         if dest == PROC_NULL:
             return
-        if self._pp.sends or self._pp.recvs:      # pending work of ours may be what the peer waits for
+        if _busy:                   # pending work (maybe another communicator's) may be what the peer waits for
             return _SendRequest(self, buf, dest, tag, sync, what).Wait()
         try:
             rc = _send(self._ctx, dest, tag, buf, True, sync)
@@ -229,7 +235,7 @@ class PointToPoint:
         source, tag = self._source(source, "Recv"), self._tag(tag, "Recv", True)
         if source == PROC_NULL:
             return _proc_null(status)
-        if self._pp.recvs or self._pp.sends:      # posted receives match first; pending sends need pushing
+        if _busy:                   # posted receives match first; pending sends (any communicator's) need pushing
             return _RecvRequest(self, buf, source, tag, "Recv").Wait(status)
         try:
             got = _recv(self._ctx, source, tag, buf, True, None, None)
@@ -528,7 +534,7 @@ class _Received(request.Complete):
 
 
 request.Request.Waitall = staticmethod(p2p_entry((request.Complete, _Received, request.Request.Waitall,
-                                                   request.progress), "waitall"))
+                                                   request.progress), "Waitall"))
 
 
 class _Persistent(Prequest):

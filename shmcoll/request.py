@@ -564,8 +564,11 @@ def _handle(req, cls):
     if not isinstance(req, Request):
         raise TypeError(f"{cls.__name__}(request): a request is needed, not {type(req).__name__}")
     d = req.__dict__
-    for name in ("_null", "_active", "_status", "_result"):    # a class may hold them (Complete)
-        d.setdefault(name, getattr(req, name))
+    if isinstance(getattr(type(req), "_active", None), property):
+        cls = type(req)         # its state is C's, read through its class's properties (PersistentCollective)
+    else:
+        for name in ("_null", "_active", "_status", "_result"):    # a class may hold them (Complete)
+            d.setdefault(name, getattr(req, name))
     for klass in type(req).__mro__:
         if klass in (Prequest, Request):
             break

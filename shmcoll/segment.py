@@ -109,8 +109,8 @@ def reserve(fd, size):
         free = _free_bytes()
         raise SegmentError(
             e.errno, f"cannot reserve {size} bytes of shared memory in /dev/shm "
-            f"({free} bytes free): {os.strerror(e.errno)}; enlarge /dev/shm or lower "
-            f"SHMCOLL_CHAN_BYTES") from None
+            f"({free} bytes free): {os.strerror(e.errno)}; enlarge /dev/shm, free communicators, or lower "
+            f"SHMCOLL_CHAN_BYTES or SHMCOLL_P2P_RING_BYTES") from None
 
 
 def _free_bytes():

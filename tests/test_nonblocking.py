@@ -632,3 +632,25 @@ def _bad_in_place(comm):
 def test_a_bad_argument_to_an_icall_raises_on_every_rank(n):
     got = run_ranks(_bad_in_place, n, timeout=60)
     assert got[1] == "ValueError" and all(g in ("ValueError", "peer") for g in got), got
+
+
+def _persistent_handle(comm):
+    """Prequest(req) of a persistent collective: a handle that sees the
+    request's live state (C's), not a copy made when it was made."""
+    a, b = np.full(4, comm.rank + 1.0), np.zeros(4)
+    req = comm.Allreduce_init(a, b)
+    h = Prequest(req)
+    if comm.rank == 1:
+        comm.Recv(np.zeros(1), 0, 5)            # rank 0 has looked: only now does this one start
+        req.Start()
+        req.Wait()
+        return True
+    req.Start()
+    pending = h.Test()                          # rank 1 has not started: the call cannot be complete
+    comm.Send(np.zeros(1), 1, 5)
+    got = Request.Waitany([h])
+    return (pending, got, h._active, b.tolist()) == (False, 0, False, [3.0] * 4)
+
+
+def test_a_persistent_collective_handle_reads_its_live_state():
+    assert run_ranks(_persistent_handle, 2) == [True, True]

@@ -451,6 +451,8 @@ def test_default_sizes():
         return p["p2p_ring_bytes"], p["p2p_eager_bytes"]
     assert run_ranks(job, 2)[0] == (1 << 20, 16 << 10)
     assert run_ranks(job, 8)[0] == (256 << 10, 16 << 10)
+    # Docker's 64 MiB /dev/shm: a communicator's rings take a 64th of it, so that Dups fit beside it
+    assert run_ranks(job, 4, options={"shm_bytes": 64 << 20})[0] == (64 << 10, 16 << 10)
 
 
 def test_fast_entries_and_specs():
@@ -909,3 +911,56 @@ def test_piped_eager_messages():
             comm.Recv(np.empty(PIPED[0], np.uint8), 0, 5)
         return e.value.Get_error_class() == ERR_TRUNCATE
     assert run(job, 2, options={}) == [16 << 10, True]
+
+
+def test_waitall_survives_a_wait_that_changes_the_list():
+    """Request.Waitall (C) walks a copy: a Wait that empties the caller's
+    list (another thread could) must not leave it reading freed items."""
+    import gc
+
+    class Clearing:
+        def __init__(self, reqs):
+            self.reqs, self.waited = reqs, 0
+
+        def Wait(self):
+            self.waited += 1
+            self.reqs.clear()
+            gc.collect()
+    reqs = []
+    reqs += [Clearing(reqs) for _ in range(50)]
+    items = list(reqs)
+    assert Request.Waitall(reqs) is True
+    assert [r.waited for r in items] == [1] * 50
+
+
+def test_queued_sends_of_a_handle_made_busy_still_move():
+    """A handle (MPI.Comm(comm)) shares comm's point-to-point state: with
+    the handle that made it busy gone, comm's queued sends still move while
+    this rank waits on another communicator (before, the registry of busy
+    communicators lost comm and both ranks waited until the timeout)."""
+    import gc
+
+    def job(comm):
+        r, n = comm.rank, 40
+        comm2 = comm.Dup()
+        if r == 0:
+            h = MPI.Comm(comm)
+            first = h.irecv(source=1, tag=1)            # queued on the handle: comm is busy through it
+            sends = [comm.Isend(np.full(250, i, np.int32), 1, 2) for i in range(n)]   # most queued: 4 KiB ring
+            comm2.Send(np.zeros(1), 1, 8)
+            first.wait()
+            del first, h
+            gc.collect()
+            comm2.Send(np.zeros(1), 1, 10)
+            comm2.Recv(np.zeros(1), 1, 9)              # its progress must push comm's queued sends
+            Request.Waitall(sends)
+            return True
+        comm2.Recv(np.zeros(1), 0, 8)
+        comm.send(1, 0, 1)
+        comm2.Recv(np.zeros(1), 0, 10)
+        got = [np.zeros(250, np.int32) for _ in range(n)]
+        for b in got:
+            comm.Recv(b, 0, 2)
+        comm2.Send(np.zeros(1), 0, 9)
+        return all(np.array_equal(b, np.full(250, i)) for i, b in enumerate(got))
+    assert run(job, 2, options=dict(SMALL, timeout=20)) == [True, True]
