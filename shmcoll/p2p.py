@@ -119,7 +119,7 @@ class PointToPoint:
         """The request of an Isend whose rendezvous the C entry began, or of an
         Irecv whose staged message it matched (handle: the sequence number or the stage)."""
         if kind == _ISEND:
-            return _SendRequest(self, buf, rank, tag, False, "Isend", seq=handle)
+            return _SendRequest.begun(self, buf, rank, tag, handle)
         return _RecvRequest(self, buf, rank, tag, "Irecv", stage=handle)
 
     # -- checks and failures ------------------------------------------------------
@@ -406,7 +406,17 @@ class _P2PRequest(Request):
 
 
 class _SendRequest(_P2PRequest):
-    def __init__(self, comm, buf, dest, tag, sync, what, seq=0):
+    @classmethod
+    def begun(cls, comm, buf, dest, tag, seq):
+        """The request of a rendezvous the C entry began (its checks passed
+        there): buf held, as C reads its memory till the copy is done."""
+        self = object.__new__(cls)
+        self._active, self._status, self._result = True, request._EMPTY, None
+        self._comm, self._what, self._dest, self._tag, self._sync, self._who = comm, "Isend", dest, tag, False, dest
+        self._buf, self._seq, self._queued, self._done = buf, seq, False, False
+        return self
+
+    def __init__(self, comm, buf, dest, tag, sync, what):
         super().__init__()
         comm._usable()
         self._comm, self._what = comm, what
@@ -419,9 +429,6 @@ class _SendRequest(_P2PRequest):
             return
         self._buf = _buffer(comm, buf, what, False)      # held: a rendezvous reads it until complete
         self._done = False
-        if seq:                    # the C entry put it in the ring: a rendezvous in flight
-            self._seq = seq
-            return
         pp = comm._pp
         with pp.lock:
             if pp.sends.get(dest) or not self._push():
