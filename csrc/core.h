@@ -225,7 +225,9 @@ struct sc_comm {
         int64_t off_p2p;         /* doorbells, then each pair's head and tail lines */
         int64_t off_p2p_ring;
         sc_p2p_t *p2p;
-        int32_t p2p_pending;     /* Python keeps nonblocking calls pending: the fast entries decline */
+        int32_t p2p_pending;     /* Python keeps nonblocking calls pending (sends queued, receives posted) */
+#define SC_P2P_SENDS 1           /* p2p_pending's bit of queued sends: the fast entries decline (Irecv: posts) */
+#define SC_P2P_RECVS 2           /* its bit of posted receives */
         int32_t p2p_pad;
     };
     struct {                 /* the fast entries' program cache (pyfast.c) */

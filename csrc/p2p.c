@@ -1275,7 +1275,8 @@ static PyObject *fast_alltoallv(PyObject *self, sc_comm_t *c, PyObject *const *a
     return failed(self, rc, out);
 }
 
-static PyObject *s_got;           /* interned "_got" */
+
+static PyObject *s_got, *s_active, *s_null, *s_wait, *s_buf, *s_cancelled;     /* interned names */
 
 /* A request of class cls made without its __init__: its class holds what
  * a complete one's fields read; a receive's (source, tag, bytes) go in _got. */
@@ -1292,16 +1293,20 @@ static PyObject *made_now(PyObject *cls, const int64_t *got)
 
 /* Isend(buf, dest, tag) and Irecv(buf, source, tag): an eager send that
  * fits its ring, or a receive whose message is here, complete in this one
- * call (made_now); a rendezvous begun or a staged message matched is
- * handed to made() to keep in flight; no room or no message yet, to the
- * Python method, which keeps the call pending. */
+ * call (made_now); a rendezvous begun, a staged message matched, or a
+ * receive to post (none matched, or receives posted before it, which
+ * match first) is handed to made() to keep in flight; no room in the
+ * ring, to the Python method, which queues the send. */
 static PyObject *fast_nonblocking(PyObject *self, sc_comm_t *c, long kind, PyObject *const *args, size_t nargsf,
                                   PyObject *kw)
 {
     PyObject *a[8] = { NULL }, *st = NULL, *made = PyTuple_GET_ITEM(self, 7);
     Py_buffer b = { 0 };
     long rank = 0, tag = 0;
-    if (c->closed || !c->p2p || c->p2p_pending || busy_anywhere || !sc_py_parse(args, nargsf, kw, PyTuple_GET_ITEM(self, 3), a)
+    /* neither waits: sends queued stop an Isend (they go first), receives posted make an Irecv post too */
+    int posted = kind == FAST_IRECV && c->p2p_pending & SC_P2P_RECVS;
+    if (c->closed || !c->p2p || (kind == FAST_ISEND && c->p2p_pending & SC_P2P_SENDS)
+        || !sc_py_parse(args, nargsf, kw, PyTuple_GET_ITEM(self, 3), a)
         || !(kind == FAST_ISEND ? send_args(c, a, &rank, &tag) : recv_args(self, c, a, &rank, &tag, &st))
         || !sc_py_buffer(a[0], kind == FAST_IRECV, &b))
         return decline(self, args, nargsf, kw);
@@ -1309,14 +1314,14 @@ static PyObject *fast_nonblocking(PyObject *self, sc_comm_t *c, long kind, PyObj
     int64_t out[3] = { 0, 0, 0 }, rc;
     void *stage = NULL;
     if (kind == FAST_ISEND) rc = sc_p2p_send(c, (int)rank, (int)tag, b.buf, b.len, 0, 0);
-    else rc = recv(c, (int)rank, (int)tag, NULL, b.buf, b.len, 0, out, &stage);
+    else rc = posted ? 1 : recv(c, (int)rank, (int)tag, NULL, b.buf, b.len, 0, out, &stage);
     resume(sh, rc);
     release(&b);
     if (rc == SC_EINTR && PyErr_Occurred()) return NULL;
-    if (rc == SC_EAGAIN || (kind == FAST_IRECV && rc == 1)) return decline(self, args, nargsf, kw);
+    if (rc == SC_EAGAIN) return decline(self, args, nargsf, kw);
     if (rc == SC_OK) return made_now(PyTuple_GET_ITEM(made, kind == FAST_IRECV), kind == FAST_IRECV ? out : NULL);
     if (rc < 0) return failed(self, rc, out);
-    PyObject *h = kind == FAST_ISEND ? PyLong_FromLongLong(rc) : PyLong_FromVoidPtr(stage);
+    PyObject *h = kind == FAST_ISEND ? PyLong_FromLongLong(rc) : rc == 1 ? Py_NewRef(Py_None) : PyLong_FromVoidPtr(stage);
     PyObject *r = h ? PyObject_CallFunction(PyTuple_GET_ITEM(made, 2), "lOllO", kind, a[0], rank, tag, h) : NULL;
     Py_XDECREF(h);
     return r;
@@ -1366,38 +1371,47 @@ static PyObject *fast(PyObject *self, PyObject *const *args, size_t nargsf, PyOb
 
 /* Request.Waitall(requests, statuses=None), bound to (the class of a call
  * complete when made, that of a receive matched when made, the Python
- * Waitall, request.progress): those two complete here, as their Wait
- * would (inactive, null; progress() once for them all); any other
- * request's Wait is called; statuses asked for: the Python one. */
-static PyObject *s_active, *s_null, *s_wait;
+ * Waitall, request.progress, the class of a posted receive): the engines'
+ * pending work advanced once (progress: every call advances it), then
+ * the first two, and posted receives matched by now (_got set, not
+ * cancelled), complete here as their Wait would (inactive, null; a
+ * receive lets its buffer go); any other request's Wait is called;
+ * statuses asked for: the Python one. */
+static int done_here(PyObject *self, PyObject *r)
+{
+    PyTypeObject *t = Py_TYPE(r);
+    if (t == (PyTypeObject *)PyTuple_GET_ITEM(self, 0) || t == (PyTypeObject *)PyTuple_GET_ITEM(self, 1)) return 1;
+    if (t != (PyTypeObject *)PyTuple_GET_ITEM(self, 4)) return 0;
+    PyObject *got = PyObject_GetAttr(r, s_got), *cancelled = got ? PyObject_GetAttr(r, s_cancelled) : NULL;
+    int here = got && cancelled && got != Py_None && cancelled == Py_False && PyObject_SetAttr(r, s_buf, Py_None) == 0;
+    Py_XDECREF(got);
+    Py_XDECREF(cancelled);
+    return PyErr_Occurred() ? -1 : here;
+}
+
 static PyObject *waitall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
 {
     if (kw || PyVectorcall_NARGS(nargsf) != 1
         || (!s_active && !((s_active = PyUnicode_InternFromString("_active"))
                            && (s_null = PyUnicode_InternFromString("_null"))
-                           && (s_wait = PyUnicode_InternFromString("Wait")))))
+                           && (s_wait = PyUnicode_InternFromString("Wait"))
+                           && (s_buf = PyUnicode_InternFromString("_buf"))
+                           && (s_cancelled = PyUnicode_InternFromString("_cancelled"))
+                           && (s_got || (s_got = PyUnicode_InternFromString("_got"))))))
         return PyErr_Occurred() ? NULL : PyObject_Vectorcall(PyTuple_GET_ITEM(self, 2), args, nargsf, kw);
     PyObject *seq = PySequence_Tuple(args[0]);      /* a copy: a Wait called below may change the caller's list */
     if (!seq) return NULL;
-    PyObject **r = &PyTuple_GET_ITEM(seq, 0);
-    int here = 0;
-    for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(seq); i < n; i++) {
-        PyTypeObject *t = Py_TYPE(r[i]);
-        PyObject *res;
-        if (t == (PyTypeObject *)PyTuple_GET_ITEM(self, 0) || t == (PyTypeObject *)PyTuple_GET_ITEM(self, 1)) {
-            here = 1;
-            res = PyObject_SetAttr(r[i], s_active, Py_False) || PyObject_SetAttr(r[i], s_null, Py_True)
-                  ? NULL : Py_NewRef(Py_True);
-        } else
-            res = PyObject_CallMethodNoArgs(r[i], s_wait);
-        if (!res) {
-            Py_DECREF(seq);
-            return NULL;
-        }
+    PyObject *res = PyObject_CallNoArgs(PyTuple_GET_ITEM(self, 3));
+    for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(seq); res && i < n; i++) {
+        PyObject *r = PyTuple_GET_ITEM(seq, i);
         Py_DECREF(res);
+        int here = done_here(self, r);
+        res = here < 0 ? NULL
+            : here ? (PyObject_SetAttr(r, s_active, Py_False) || PyObject_SetAttr(r, s_null, Py_True) ? NULL
+                      : Py_NewRef(Py_True))
+            : PyObject_CallMethodNoArgs(r, s_wait);
     }
     Py_DECREF(seq);
-    PyObject *res = here ? PyObject_CallNoArgs(PyTuple_GET_ITEM(self, 3)) : Py_NewRef(Py_None);
     if (!res) return NULL;
     Py_DECREF(res);
     Py_RETURN_TRUE;

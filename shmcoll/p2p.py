@@ -117,10 +117,11 @@ class PointToPoint:
 
     def _made(self, kind, buf, rank, tag, handle):
         """The request of an Isend whose rendezvous the C entry began, or of an
-        Irecv whose staged message it matched (handle: the sequence number or the stage)."""
+        Irecv it posts (handle: the sequence number; the stage of a staged
+        message it matched, or None)."""
         if kind == _ISEND:
             return _SendRequest.begun(self, buf, rank, tag, handle)
-        return _RecvRequest(self, buf, rank, tag, "Irecv", stage=handle)
+        return _RecvRequest.posted(self, buf, rank, tag, handle)
 
     # -- checks and failures ------------------------------------------------------
     @property
@@ -160,7 +161,8 @@ class PointToPoint:
     def _p2p_pending(self):
         """Tell the fast entries whether nonblocking calls are pending (then they decline)."""
         pp = self._pp
-        pending = self._c.p2p_pending = bool(pp.sends or pp.recvs)
+        self._c.p2p_pending = (lib.SC_P2P_SENDS if pp.sends else 0) | (lib.SC_P2P_RECVS if pp.recvs else 0)
+        pending = bool(pp.sends or pp.recvs)
         if pending:
             _busy[id(pp)] = self
         else:
@@ -462,7 +464,26 @@ class _SendRequest(_P2PRequest):
 
 
 class _RecvRequest(_P2PRequest):
-    def __init__(self, comm, buf, source, tag, what, obj=False, stage=None):
+    _obj = False
+
+    @classmethod
+    def posted(cls, comm, buf, source, tag, stage):
+        """An Irecv the C entry checked and posts, matching nothing now (stage
+        None: receives posted before it match first, or no message is here),
+        or whose staged message it matched."""
+        self = object.__new__(cls)
+        self._active, self._status, self._result = True, request._EMPTY, None
+        self._comm, self._what, self._source, self._tag = comm, "Irecv", source, tag
+        self._who, self._got, self._stage, self._cancelled = source if source >= 0 else -1, None, stage, False
+        self._buf = _buffer(comm, buf, "Irecv", True)
+        pp = comm._pp
+        with pp.lock:
+            pp.recvs.append(self)
+            if len(pp.recvs) == 1:         # the first: the communicator has receives posted from now
+                comm._p2p_pending()
+        return self
+
+    def __init__(self, comm, buf, source, tag, what, obj=False):
         super().__init__()
         comm._usable()
         self._comm, self._what, self._obj = comm, what, obj
@@ -475,10 +496,9 @@ class _RecvRequest(_P2PRequest):
             self._got = (0, PROC_NULL, ANY_TAG, 0)
             return
         self._buf = None if obj else _buffer(comm, buf, what, True)
-        self._stage = stage        # the C entry matched a staged message: its pieces to come
         pp = comm._pp
         with pp.lock:
-            if stage is not None or pp.recvs or not self._match(None):
+            if pp.recvs or not self._match(None):
                 pp.recvs.append(self)
                 comm._p2p_pending()
 
@@ -541,7 +561,7 @@ class _Received(request.Complete):
 
 
 request.Request.Waitall = staticmethod(p2p_entry((request.Complete, _Received, request.Request.Waitall,
-                                                   request.progress), "Waitall"))
+                                                   request.progress, _RecvRequest), "Waitall"))
 
 
 class _Persistent(Prequest):
