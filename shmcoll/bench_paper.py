@@ -128,7 +128,7 @@ def main(cfg, argv, peers):
     cfg.algorithms = ",".join(dict.fromkeys(a for g, _ in runs for a in g.algorithms.split(",")))
     total = sum(sum(weights(j, g)) for g, jobs in runs for j in jobs)
     announce(f"the papers' experiments, {m['n']} processes" + (f" on topology {cfg.topology}" if cfg.topology
-             else "") + f", {cfg.rounds} rounds, {sum(len(jobs) for _, jobs in runs)} launches", total, cfg)
+             else "") + f", {cfg.rounds} round{'s' * (cfg.rounds > 1)}, {sum(len(jobs) for _, jobs in runs)} launches", total, cfg)
     results, libraries = measure(runs, peers, total)
     bad = failures(results)
     rows = [gain(c, results, cfg, m) for c in CLAIMS]
