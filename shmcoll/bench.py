@@ -940,6 +940,7 @@ def parse(argv):
         epilog="examples:\n  shmcoll bench barrier bcast alltoall -n 2,4 --quick       # about 40 s on 2 cores\n"
                "  shmcoll bench bcast -n 2,4 -m 0:64M --verify --csv b.csv --plot b.png\n"
                "  shmcoll bench allreduce --peers mpi4py,gloo --peer-env gloo=/path/to/torch-venv\n"
+               "  shmcoll bench --paper                                    # the papers' comparisons, about 1 min\n"
                "method, peers and the figures' meaning: bench/README.md")
     p.add_argument("ops", nargs="*", metavar="OP",     # no choices=: argparse would refuse none at all
                    help="operations: " + ", ".join(sorted(OPS)))

@@ -73,9 +73,10 @@ NEEDS = {
               "ranks take turns on the cores, so a barrier's time is mostly the scheduler's, not its cache lines'"),
     "sockets": (lambda m: m["sockets"] > 1, "one socket", "no cross-socket traffic to save"),
     "nodes": (lambda m: m["nodes"] > 1, "one NUMA node", "no memory controller to add"),
-    "contention": (lambda m: m["cpus"] > 4, "few CPUs", "{cpus} CPUs read at once at most: little contention to limit"),
+    "contention": (lambda m: m["readers"] > 4, "few readers",
+                   "at most {readers} ranks read at once (the paper's limit is 4): little contention to limit"),
     "cache": (lambda m: True, "", ""),
-    "steps": (lambda m: True, "", ""),
+    "steps": (lambda m: m["n"] > 2, "two ranks", "at two ranks every allgather algorithm is one exchange"),
     "network": (lambda m: False, "no network", "shared memory has no hops: a rank's distance costs nothing here"),
 }
 
@@ -100,7 +101,7 @@ def machine(cfg):
     real = topology().to_dict()
     n = cfg.nprocs[0]
     return {"sockets": real["nsockets"], "cores": real["ncores"], "cpus": len(bench.CPUS),
-            "nodes": len(real["nodes"]), "n": n, "topology": cfg.topology}
+            "nodes": len(real["nodes"]), "n": n, "readers": min(n, len(bench.CPUS)), "topology": cfg.topology}
 
 
 def placement(cfg, m):
@@ -187,8 +188,9 @@ def report(rows, cfg):
     widths = [max(len(x) for x in col) for col in zip(header, *lines)]
     fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
     said = [f"{i:>{widths[0]}}  {r['source']}: {r['said']}" for i, r in enumerate(rows, 1)]
+    rounds = f"median of {cfg.rounds} rounds [range]" if cfg.rounds > 1 else "one round"
     return (f"\n# the papers' experiments here, {rows[0]['nprocs']} processes: gain = the base's time / the variant's "
-            f"(above 1: the variant is faster), median of {cfg.rounds} rounds [range]\n"
+            f"(above 1: the variant is faster), {rounds}\n"
             + "\n".join(fmt(line) for line in [header] + lines)
             + "\n# what the papers say, on their machines (paper, section, figure: figure)\n" + "\n".join(said))
 
