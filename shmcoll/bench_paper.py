@@ -17,7 +17,7 @@ import statistics
 from typing import NamedTuple, Optional
 
 from shmcoll import bench
-from shmcoll.bench import Progress, announce, document, echo, failures, human, plan, save, sequence, weights
+from shmcoll.bench import Progress, announce, document, echo, failures, human, plan, save, weights
 
 K, M = 1 << 10, 1 << 20
 
