@@ -698,7 +698,7 @@ def plan(cfg, peers):
             algs = [a for a in algs if a in parse_list(cfg.algorithms)]
         for n in cfg.nprocs:
             for k in range(cfg.rounds):
-                jobs += [(op, n, k, "shmcoll", alg or "auto", alg) for alg in algs + [None]]
+                jobs += [(op, n, k, "shmcoll", alg or "auto", alg) for alg in algs + [None] * cfg.auto]
                 jobs += [(op, n, k, "ref", "ref", None)] * bool(cfg.ref)
                 jobs += [(op, n, k, "gloo" if name == "gloo" else "mpi", name, peer) for name, peer in peers.items()
                          if name != "gloo" or op in GLOO_OPS]
@@ -790,7 +790,7 @@ def table(op, n, rounds, peers):
     rounds_note = f", median of {len(rounds)} rounds" if len(rounds) > 1 else ""
     echo(f"\n# {op}, {n} processes (microseconds per call, max over ranks, median of reps{rounds_note})")
     echo(aligned(header, lines))
-    if any(r["avg_us"] is not None for r in rows):
+    if any(r["avg_us"] is not None and column(r) in ["auto", *peers] for r in rows):
         echo(per_iteration(op, n, rows, peers))
 
 
@@ -940,10 +940,16 @@ def parse(argv):
         epilog="examples:\n  shmcoll bench barrier bcast alltoall -n 2,4 --quick       # about 40 s on 2 cores\n"
                "  shmcoll bench bcast -n 2,4 -m 0:64M --verify --csv b.csv --plot b.png\n"
                "  shmcoll bench allreduce --peers mpi4py,gloo --peer-env gloo=/path/to/torch-venv\n"
+               "  shmcoll bench --paper                                    # the papers' comparisons, about 1 min\n"
                "method, peers and the figures' meaning: bench/README.md")
-    p.add_argument("ops", nargs="+", choices=sorted(OPS), metavar="OP",
+    p.add_argument("ops", nargs="*", metavar="OP",     # no choices=: argparse would refuse none at all
                    help="operations: " + ", ".join(sorted(OPS)))
-    p.add_argument("-n", "--nprocs", default="2", help="comma-separated process counts (default 2)")
+    p.add_argument("--paper", action="store_true",
+                   help="instead of OPs: the core paper's experiments at its sizes, each gain here beside the "
+                        "paper's (default -n 4 on a virtual 2x2 topology, --min-time 0.05, --rounds 3, no peers)")
+    p.add_argument("--max-size", type=nbytes, metavar="BYTES",
+                   help="--paper: run the papers' sizes above this at this size (a shorter run)")
+    p.add_argument("-n", "--nprocs", help="comma-separated process counts (default 2; --paper: one count, 4)")
     sizes = p.add_mutually_exclusive_group()
     sizes.add_argument("--sizes", help="comma-separated bytes, K/M/G for KiB/MiB/GiB (default 8 B..16 MiB in steps "
                                        "of 8x); whole buffer for bcast, per-rank block for the others")
@@ -977,19 +983,33 @@ def parse(argv):
     p.add_argument("--plot", help="write a log-log latency plot here (needs matplotlib: pip install "
                                   "'shmcoll[plot]'; checked before the run)")
     p.add_argument("--quick", action="store_true", help="3 sizes, 0.02 s per repetition")
-    p.add_argument("--rounds", type=int, default=1,
+    p.add_argument("--rounds", type=int,
                    help="repeat each table's columns this many times, back to back, and report medians and "
-                        "the median of each round's ratio (for hosts whose speed drifts)")
+                        "the median of each round's ratio (for hosts whose speed drifts; default 1, --paper 3)")
     p.add_argument("--timeout", type=float, default=600, help="seconds allowed per launch")
     a = p.parse_args(argv)
+    if set(a.ops) - set(OPS):
+        p.error(f"unknown operation(s): {', '.join(sorted(set(a.ops) - set(OPS)))} (known: {', '.join(sorted(OPS))})")
+    if bool(a.ops) == a.paper:
+        p.error("--paper runs its own operations, give no OP" if a.paper else "give at least one OP, or --paper")
+    if a.paper and (a.sizes or a.message_size or a.algorithms != "all" or a.ref):
+        p.error("--paper measures the papers' sizes and algorithms (--max-size shortens it; no --ref)")
+    if a.max_size is not None and not a.paper:
+        p.error("--max-size goes with --paper")
     try:
-        a.nprocs = parse_list(a.nprocs, int)
+        a.nprocs = parse_list(a.nprocs or ("4" if a.paper else "2"), int)
         a.sizes = (message_sizes(a.message_size) if a.message_size else parse_list(a.sizes, nbytes) if a.sizes
                    else QUICK_SIZES if a.quick else DEFAULT_SIZES)
         a.peer_env = peer_envs(a.peer_env)
     except ValueError as e:
         p.error(str(e))
-    a.min_time = a.min_time or (0.02 if a.quick else 0.2)
+    if a.paper and len(a.nprocs) > 1:
+        p.error("--paper runs one process count")
+    a.min_time = a.min_time or (0.02 if a.quick else 0.05 if a.paper else 0.2)
+    a.rounds = a.rounds or (3 if a.paper else 1)
+    a.auto = not a.paper        # the papers compare named algorithms only
+    if a.paper and a.peers == "auto":
+        a.peers = "none"
     a.cache = round(cache_bytes() if a.off_cache == -1 else a.off_cache * (1 << 20))
     a.auto_peers = a.peers == "auto"
     a.peers = [] if a.peers in ("auto", "none") else parse_list(a.peers)
@@ -1033,33 +1053,58 @@ def main(argv=None):
     except PeerError as e:
         print(f"shmcoll bench: error: {e}", file=sys.stderr)
         return 2
+    if cfg.paper:
+        from shmcoll import bench_paper
+        return bench_paper.main(cfg, argv, peers)
     ref = Ref(cfg.ref) if cfg.ref else None
     if ref:
         ref.probe()
     jobs = plan(cfg, peers)
     total = sum(sum(weights(j, cfg)) for j in jobs)
-    echo(f"shmcoll bench: {len(jobs)} launches, {sum(len(sequence(j[0], cfg)) for j in jobs)} measurements; "
-         f"about {duration(total)} (an estimate{'' if sys.stderr.isatty() else '; no progress bar: stderr is not a terminal'})"
-         f"; peers: {', '.join(cfg.peers) or 'none'}")
+    announce(f"{len(jobs)} launches, {sum(len(sequence(j[0], cfg)) for j in jobs)} measurements", total, cfg)
     PROGRESS = Progress(total)
     try:
         results, libraries = run(jobs, cfg, peers, ref)
     finally:
         PROGRESS.close()
         PROGRESS = None
+    bad = failures(results)
+    save(document(argv, cfg, peers, libraries, results, ref), cfg)
+    return 1 if bad else 0
+
+
+def announce(what, total, cfg):
+    """The run's first line: what it measures and its estimated time."""
+    echo(f"shmcoll bench: {what}; about {duration(total)} (an estimate"
+         f"{'' if sys.stderr.isatty() else '; no progress bar: stderr is not a terminal'}); "
+         f"peers: {', '.join(cfg.peers) or 'none'}")
+
+
+def failures(results):
+    """The shmcoll results that raised or differ from numpy, each said in a FAILED: line."""
     bad = [r for r in results if r["impl"] == "shmcoll" and (r["error"] or not r["valid"])]
     for r in bad:
         echo(f"FAILED: shmcoll {r['op']} n={r['nprocs']} size={r['size']} algorithm={r['algorithm']}: "
              f"{r['error'] or 'result differs from numpy'}")
-    doc = {"command": shlex.join(["shmcoll", "bench", *argv]), "versions": versions(), "machine": machine_info(),
-           "peers": {name: dict(peers[name].describe(), library=libraries.get(name)) if name in peers
-                     else libraries.get(name) for name in cfg.peers},
-           "shmcoll": {"file": shmcoll.__file__, "commit": git_version(shmcoll.__file__)},
-           "ref": ref.describe() if ref else None,
-           "config": {k: getattr(cfg, k) for k in ("ops", "nprocs", "sizes", "algorithms", "topology", "bind",
-                                                   "peers", "peer_env", "order", "ref", "min_time", "reps", "rounds",
-                                                   "max_iters", "iters", "warmup", "data_varying", "verify", "cache")},
-           "results": results}
+    return bad
+
+
+def document(argv, cfg, peers, libraries, results, ref=None):
+    """The JSON's and CSV's record: every result, and the command, versions, machine, peers and options."""
+    return {"command": shlex.join(["shmcoll", "bench", *argv]), "versions": versions(), "machine": machine_info(),
+            "peers": {name: dict(peers[name].describe(), library=libraries.get(name)) if name in peers
+                      else libraries.get(name) for name in cfg.peers},
+            "shmcoll": {"file": shmcoll.__file__, "commit": git_version(shmcoll.__file__)},
+            "ref": ref.describe() if ref else None,
+            "config": {k: getattr(cfg, k) for k in ("ops", "nprocs", "sizes", "algorithms", "topology", "bind",
+                                                    "peers", "peer_env", "order", "ref", "min_time", "reps",
+                                                    "rounds", "max_iters", "iters", "warmup", "data_varying",
+                                                    "verify", "cache", "paper", "max_size")},
+            "results": results}
+
+
+def save(doc, cfg):
+    """--json, --csv and --plot."""
     if cfg.json:
         with open(cfg.json, "w") as f:
             json.dump(doc, f, indent=1)
@@ -1067,7 +1112,6 @@ def main(argv=None):
         write_csv(doc, cfg.csv)
     if cfg.plot:
         plot(doc, cfg.plot)
-    return 1 if bad else 0
 
 
 def run(jobs, cfg, peers, ref):

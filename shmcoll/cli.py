@@ -1,6 +1,7 @@
 """`shmcoll run | topo | bench | options | alcd | program | model | tune`."""
 import argparse
 import os
+import shutil
 import sys
 
 
@@ -105,16 +106,25 @@ def _topo(argv):
 
 
 def _options(argv):
-    _parser("shmcoll options", "Print every tunable, its value and where the value came from, and the tuning "
-            "file the automatic choice reads.").parse_args(argv)
+    ap = _parser("shmcoll options", "Every tunable: its value, unit, built-in default, where the value came from "
+                 "(argument, environment SHMCOLL_<NAME>, default) and its meaning; then the tuning file and model "
+                 "the automatic choice reads.")
+    ap.add_argument("--json", action="store_true", help="the same as JSON")
+    a = ap.parse_args(argv)
     from . import options, tuning
     res = options.resolve()
-    print(options.describe(res))
     t = tuning.load(res["tuning_file"][0], virtual=bool(os.environ.get("SHMCOLL_TOPOLOGY")))
-    print(f"tuning file in use: {t.path} ({t.describe()})")
     model = tuning.model(res["model_params"][0])
+    if a.json:
+        import json
+        print(json.dumps({"options": options.rows(res), "tuning_file": {"path": t.path, "status": t.describe()},
+                          "model": {"params": res["model_params"][0], "asked": bool(model)}}, indent=1), flush=True)
+        return 0
+    width = shutil.get_terminal_size().columns - 1 if sys.stdout.isatty() else None
+    print(options.describe(res, width), flush=True)
+    print(f"tuning file in use: {t.path} ({t.describe()})")
     print("model: " + (f"{res['model_params'][0]} (asked where the tuning file has no range)" if model else
-                       "not asked (model_params unset or unusable)"))
+                       "not asked (model_params unset or unusable)"), flush=True)
     return 0
 
 
@@ -239,7 +249,7 @@ COMMANDS = {"run": _run, "topo": _topo, "bench": _bench, "options": _options, "a
 
 HELP = {"run": "run a program on N pinned ranks, like mpiexec", "topo": "the node's sockets, cores, NUMA nodes, caches",
         "bench": "OSU/IMB-style latency (and bandwidth) of every collective and algorithm, beside MPI peers",
-        "options": "every tunable and its source",
+        "options": "every tunable: value, unit, default, source, meaning",
         "alcd": "each Allgather algorithm's communication distance", "program": "each rank's compiled program",
         "model": "each algorithm's predicted time (paper 002) against the measured one",
         "tune": "time every algorithm here and write the tuning file the automatic choice reads"}

@@ -1,5 +1,6 @@
 """Tunables: argument (options=) > environment (SHMCOLL_<NAME>) > default;
 unknown names are rejected; values reach every rank's plan and C context."""
+import json
 import os
 import re
 import subprocess
@@ -99,13 +100,46 @@ def test_argument_bad_number(value):
         resolve({"inline_bytes": value}, {})
 
 
+def test_every_option_has_a_unit_and_a_meaning():
+    assert list(options.OPTIONS) == list(DEFAULTS)
+    for name, option in options.OPTIONS.items():
+        assert option.default == DEFAULTS[name] and option.meaning, name
+        assert option.unit in {"bytes", "ns", "s", "0/1", "calls", "ranks", "slots", "path", "name"}, name
+        assert (option.unit in ("path", "name")) == (name in options.TEXT), name
+
+
+def table_rows(text):
+    """{name: its columns} of describe's one-line-per-option table, header first."""
+    lines = text.splitlines()
+    assert lines[0].split() == ["name", "value", "unit", "default", "source", "meaning"]
+    return {line.split()[0]: line.split(maxsplit=5) for line in lines[1:]}
+
+
 def test_describe_names_every_source():
     text = options.describe(resolve({"tile_bytes": 8192}, {"SHMCOLL_CHUNK_BYTES": "4096"}))
-    lines = {line.split()[0]: line for line in text.splitlines()}
-    assert set(lines) == set(DEFAULTS)
-    assert "(argument)" in lines["tile_bytes"] and "8192" in lines["tile_bytes"]
-    assert "(environment)" in lines["chunk_bytes"] and "4096" in lines["chunk_bytes"]
-    assert "(default)" in lines["chan_bytes"]
+    rows = table_rows(text)
+    assert set(rows) == set(DEFAULTS)
+    assert rows["tile_bytes"][:5] == ["tile_bytes", "8192", "bytes", "derived", "argument"]
+    assert rows["chunk_bytes"][:5] == ["chunk_bytes", "4096", "bytes", "derived", "environment"]
+    assert rows["chan_bytes"][:5] == ["chan_bytes", "2097152", "bytes", "2097152", "default"]
+    assert rows["bcast_algorithm"][1] == rows["tuning_file"][1] == "unset"
+    for name, row in rows.items():
+        assert row[5] == options.OPTIONS[name].meaning      # whole, one line each: for grep
+
+
+@pytest.mark.parametrize("width,under", [(150, False), (80, True)])
+def test_describe_wraps_the_meaning_to_a_terminal(width, under):
+    """Each option's columns start a line; its meaning wraps beside them, or under them (indented)
+    where the terminal leaves it too little room; a long path keeps its end."""
+    path = "/a/very/long/directory/that/holds/the/tuning.json"
+    text = options.describe(resolve({"tuning_file": path}, {}), width)
+    lines = text.splitlines()
+    assert all(len(line) <= width for line in lines)
+    starts = [line.split()[0] for line in lines if not line.startswith(" ")]
+    assert starts == ["name"] + list(DEFAULTS)
+    tuning = next(line for line in lines if line.startswith("tuning_file"))
+    assert path not in tuning and "/tuning.json" in tuning.split()[1]
+    assert lines[1].startswith("    ") == under
 
 
 def test_options_cli_reports_the_environment():
@@ -114,7 +148,34 @@ def test_options_cli_reports_the_environment():
                        timeout=60)
     assert p.returncode == 0, p.stderr
     line = next(x for x in p.stdout.splitlines() if x.startswith("chunk_bytes"))
-    assert "12288" in line and "(environment)" in line
+    assert line.split()[1:5] == ["12288", "bytes", "derived", "environment"]
+    assert p.stdout.splitlines()[-2].startswith("tuning file in use: ")
+    assert p.stdout.splitlines()[-1].startswith("model: ")
+
+
+def test_options_cli_json():
+    env = dict(os.environ, SHMCOLL_CHUNK_BYTES="12288")
+    p = subprocess.run([sys.executable, "-m", "shmcoll", "options", "--json"], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["options"] == options.rows(resolve({}, env))
+    assert doc["options"]["chunk_bytes"] == {"value": 12288, "unit": "bytes", "default": None,
+                                             "source": "environment", "meaning": options.OPTIONS["chunk_bytes"].meaning,
+                                             "env": "SHMCOLL_CHUNK_BYTES"}
+    assert set(doc["tuning_file"]) == {"path", "status"} and set(doc["model"]) == {"params", "asked"}
+
+
+@pytest.mark.parametrize("args", [[], ["--json"]])
+def test_options_cli_into_a_closed_pipe_ends_quietly(args):
+    """As into `head`: the reader gone before the first line, no traceback and status 0."""
+    r, w = os.pipe()
+    p = subprocess.Popen([sys.executable, "-m", "shmcoll", "options", *args], stdout=w, stderr=subprocess.PIPE,
+                         text=True)
+    os.close(w)
+    os.close(r)         # long before the interpreter has started and printed
+    _, err = p.communicate(timeout=60)
+    assert (p.returncode, err) == (0, "")
 
 
 # -- through launch(): what every rank's plan and C context hold -------------------
