@@ -1294,9 +1294,8 @@ static PyObject *made_now(PyObject *cls, const int64_t *got)
 /* Isend(buf, dest, tag) and Irecv(buf, source, tag): an eager send that
  * fits its ring, or a receive whose message is here, complete in this one
  * call (made_now); a rendezvous begun, a staged message matched, or a
- * receive to post (none matched, or receives posted before it, which
- * match first) is handed to made() to keep in flight; no room in the
- * ring, to the Python method, which queues the send. */
+ * receive behind receives posted before it (they match first) is handed
+ * to made() to keep in flight; anything else to the Python method. */
 static PyObject *fast_nonblocking(PyObject *self, sc_comm_t *c, long kind, PyObject *const *args, size_t nargsf,
                                   PyObject *kw)
 {
@@ -1318,7 +1317,9 @@ static PyObject *fast_nonblocking(PyObject *self, sc_comm_t *c, long kind, PyObj
     resume(sh, rc);
     release(&b);
     if (rc == SC_EINTR && PyErr_Occurred()) return NULL;
-    if (rc == SC_EAGAIN) return decline(self, args, nargsf, kw);
+    /* no room; or no message and none posted before: the Python method, whose own look a moment later
+     * often finds it (a window of Irecvs ahead of its sends then posts none; posting at once, it posted all) */
+    if (rc == SC_EAGAIN || (rc == 1 && !posted)) return decline(self, args, nargsf, kw);
     if (rc == SC_OK) return made_now(PyTuple_GET_ITEM(made, kind == FAST_IRECV), kind == FAST_IRECV ? out : NULL);
     if (rc < 0) return failed(self, rc, out);
     PyObject *h = kind == FAST_ISEND ? PyLong_FromLongLong(rc) : rc == 1 ? Py_NewRef(Py_None) : PyLong_FromVoidPtr(stage);
