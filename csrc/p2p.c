@@ -1319,7 +1319,7 @@ static PyObject *fast_nonblocking(PyObject *self, sc_comm_t *c, long kind, PyObj
     if (rc == SC_EINTR && PyErr_Occurred()) return NULL;
     /* no room; or no message and none posted before: the Python method, whose own look a moment later
      * often finds it (a window of Irecvs ahead of its sends then posts none; posting at once, it posted all) */
-    if (rc == SC_EAGAIN || (rc == 1 && !posted)) return decline(self, args, nargsf, kw);
+    if (rc == SC_EAGAIN || (kind == FAST_IRECV && rc == 1 && !posted)) return decline(self, args, nargsf, kw);
     if (rc == SC_OK) return made_now(PyTuple_GET_ITEM(made, kind == FAST_IRECV), kind == FAST_IRECV ? out : NULL);
     if (rc < 0) return failed(self, rc, out);
     PyObject *h = kind == FAST_ISEND ? PyLong_FromLongLong(rc) : rc == 1 ? Py_NewRef(Py_None) : PyLong_FromVoidPtr(stage);
