@@ -509,6 +509,7 @@ def _store(statuses, i, st):
     if i < len(statuses) and isinstance(statuses[i], Status):
         statuses[i]._set(st)
     elif isinstance(statuses, list):
+        st = Status(st)             # the caller's own: st may be the shared empty one
         if i < len(statuses):
             statuses[i] = st
         else:

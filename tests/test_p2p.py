@@ -964,3 +964,21 @@ def test_queued_sends_of_a_handle_made_busy_still_move():
         comm2.Send(np.zeros(1), 0, 9)
         return all(np.array_equal(b, np.full(250, i)) for i, b in enumerate(got))
     assert run(job, 2, options=dict(SMALL, timeout=20)) == [True, True]
+
+
+def test_statuses_handed_out_are_the_callers_own():
+    """Waitsome/Testsome filling a growing list hand out their own Status:
+    changing one (a send's empty status) must not change the empty status
+    every later inactive request reports (before, the shared one went out)."""
+    def job(comm):
+        reqs = [comm.Isend(np.zeros(1), comm.rank, 3), comm.Irecv(np.zeros(1), comm.rank, 3)]
+        statuses = []
+        done = []
+        while len(done) < 2:
+            done += Request.Waitsome(reqs, statuses) or []
+        for st in statuses:
+            st.Set_source(5)
+        st = Status()
+        MPI.REQUEST_NULL.Wait(st)
+        return st.Get_source(), st.Get_tag()
+    assert run(job, 1) == [(ANY_SOURCE, ANY_TAG)]
