@@ -22,7 +22,6 @@ reductions, which fold in Python over blocking calls: the request is
 then complete when returned.  docs/nonblocking.md."""
 import functools
 import struct
-import weakref
 
 import numpy as np
 
@@ -43,15 +42,19 @@ COLLECTIVES = ("Barrier", "Bcast", "Allreduce", "Reduce", "Allgather", "Allgathe
                "Exscan")
 
 _WHOLE = object()                # _held: a call that cannot be split into checks and one program
-_busy = weakref.WeakSet()       # communicators with started calls not yet collected
+#: id of a communicator's state -> the communicator, while it has started calls not yet collected (held, so
+#: that they go on; a handle, MPI.Comm(comm), shares comm's state and equals it)
+_busy = {}
 
 
 def _poll():
     """request.progress: step every communicator's queue without blocking."""
     if not _busy:
         return
-    for comm in list(_busy):
-        if comm._pending and comm._broken is None:
+    for comm in list(_busy.values()):
+        if comm._broken is not None:
+            _busy.pop(id(comm.__dict__), None)     # nothing steps a broken communicator's calls
+        elif comm._pending:
             lib.sc_nb_test(comm._c, comm._pending[-1]._st)
 
 
@@ -108,7 +111,7 @@ class _Collective:
             return
         if not comm._pending:
             comm._pending = []
-            _busy.add(comm)
+            _busy[id(comm.__dict__)] = comm
         comm._pending.append(self)
         comm._c.closed |= PENDING
 
@@ -132,8 +135,10 @@ class _Collective:
         comm = self._comm
         self._rc = rc
         comm._pending.remove(self)
-        if not comm._pending and comm._broken is None:
-            comm._c.closed &= ~PENDING
+        if not comm._pending:
+            _busy.pop(id(comm.__dict__), None)     # every call's progress() walks _busy: only those with calls pending
+            if comm._broken is None:
+                comm._c.closed &= ~PENDING
         if rc:
             st, c = self._st, comm._c
             c.err_rank, c.err_code, c.err_when = st.err_rank, st.err_code, st.err_when
@@ -268,7 +273,7 @@ class Nonblocking:
                 self._complete_pending()
         finally:
             lib.sc_nb_stop(self._c)
-            _busy.discard(self)
+            _busy.pop(id(self.__dict__), None)
 
 
 def _refresh(made):
