@@ -78,13 +78,31 @@ def _template(comm, got):
     return prog, twin, what, prog.ctypes.data, nbytes >= BACKGROUND_BYTES and _spare_cpu(comm)
 
 
+def _exports(args, kw):
+    """Buffer exports of the arguments that are neither numpy arrays nor
+    plain values (a bytearray, an array.array, a spec's buffer), held while
+    the call runs: as mpi4py's, resizing one then raises BufferError
+    instead of moving memory C writes to."""
+    held = []
+    for v in (*args, *kw.values()):
+        if isinstance(v, (list, tuple)) and v:
+            v = v[0]
+        if not isinstance(v, (np.ndarray, int, float, str, type(None))):
+            try:
+                held.append(memoryview(v))
+            except (TypeError, ValueError, BufferError):
+                pass                    # not a buffer (an op, IN_PLACE, a datatype)
+    return held
+
+
 class _Run:
     """One started program: its C state (sc_nbc_t) and what must outlive
-    it (the program, a twin's block, the scratch, the caller's buffers)."""
+    it (the program, a twin's block, the scratch, the caller's buffers and
+    their exports)."""
 
     def __init__(self, comm, template, saddr, raddr, keep):
         prog, twin, self.what, addr, background = self.template = template
-        self.keep = (prog, twin, comm._dev._tmp, keep)
+        self.keep = (prog, twin, comm._dev._tmp, keep, _exports(keep[0], keep[1]))
         self.st = ffi.new("sc_nbc_t *")
         lib.sc_nb_bind(comm._c, self.st, addr, saddr, raddr, background)
 
@@ -153,6 +171,11 @@ class _Collective:
 
 class CollectiveRequest(_Collective, Request):
     """A started nonblocking collective."""
+
+    def _complete(self):
+        if self._run is not None:
+            self._run.keep = None       # C is done: the buffers' exports go (a bytearray may be resized again)
+        return Request._complete(self)
 
     def __init__(self, comm, run, rc=None):
         Request.__init__(self)

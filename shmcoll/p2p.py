@@ -415,7 +415,8 @@ class _SendRequest(_P2PRequest):
         self = object.__new__(cls)
         self._active, self._status, self._result = True, request._EMPTY, None
         self._comm, self._what, self._dest, self._tag, self._sync, self._who = comm, "Isend", dest, tag, False, dest
-        self._buf, self._seq, self._queued, self._done = buf, seq, False, False
+        self._buf = _buffer(comm, buf, "Isend", False)     # a view (an export) held: C reads it till the copy
+        self._seq, self._queued, self._done = seq, False, False
         return self
 
     def __init__(self, comm, buf, dest, tag, sync, what):

@@ -675,3 +675,28 @@ def _registry_empties(comm):
 
 def test_collected_calls_leave_the_progress_registry():
     assert run_ranks(_registry_empties, 2) == [True, True]
+
+
+def _resize_while_pending(comm):
+    """A bytearray under a pending Iallreduce cannot be resized (mpi4py's
+    BufferError: C still writes there); once the call is waited for, it can."""
+    s, rb = bytearray([comm.rank + 1] * 64), bytearray(64)
+    if comm.rank == 1:
+        comm.Recv(np.zeros(1), 0, 7)            # rank 0's call is pending: this one was not there
+    req = comm.Iallreduce(s, rb)
+    refused = None
+    if comm.rank == 0:
+        try:
+            rb.extend(bytes(100000))
+            refused = False
+        except BufferError:
+            refused = True
+        comm.Send(np.zeros(1), 1, 7)
+    req.Wait()
+    ok = list(rb[:64]) == [sum(range(1, comm.size + 1)) & 0xff] * 64
+    rb.extend(bytes(8))                         # its export let go
+    return ok and refused in (True, None)
+
+
+def test_a_pending_call_holds_its_buffers():
+    assert run_ranks(_resize_while_pending, 2) == [True, True]
