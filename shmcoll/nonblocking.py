@@ -84,7 +84,9 @@ def _exports(args, kw):
     the call runs: as mpi4py's, resizing one then raises BufferError
     instead of moving memory C writes to."""
     held = []
-    for v in (*args, *kw.values()):
+    for v in (*args, *kw.values()) if kw else args:
+        if type(v) is np.ndarray:
+            continue                    # the common case: numpy refuses to resize an array others hold
         if isinstance(v, (list, tuple)) and v:
             v = v[0]
         if not isinstance(v, (np.ndarray, int, float, str, type(None))):
