@@ -392,6 +392,7 @@ class _P2PRequest(Request):
             if not alone:
                 request.progress()              # every call advances the other engines' work
             return
+        comm._usable()          # freed or broken: its error (MPIError, PeerFailure), not the C layer's
         while True:
             seen = _bell(comm._ctx)
             if alone:
@@ -456,8 +457,8 @@ class _SendRequest(_P2PRequest):
         if not self._done:
             if self._queued:
                 self._comm._p2p_poll()
-            if self._seq and self._comm._p2p_check(_sent(self._comm._ctx, self._dest, self._seq, False),
-                                                   self._what):
+            if self._seq and self._comm._usable() is None and self._comm._p2p_check(
+                    _sent(self._comm._ctx, self._dest, self._seq, False), self._what):
                 self._done = True
         if self._done:
             self._buf = None

@@ -982,3 +982,19 @@ def test_statuses_handed_out_are_the_callers_own():
         MPI.REQUEST_NULL.Wait(st)
         return st.Get_source(), st.Get_tag()
     assert run(job, 1) == [(ANY_SOURCE, ANY_TAG)]
+
+
+def test_a_request_of_a_freed_communicator_raises_its_error():
+    """A receive still pending when its communicator is freed: its Wait
+    raises the communicator's MPIError (ERR_COMM), not the C layer's
+    RuntimeError."""
+    from shmcoll.errors import ERR_COMM
+
+    def job(comm):
+        d = comm.Dup()
+        req = d.Irecv(np.zeros(2), 1 - comm.rank, 3)     # never sent
+        d.Free()
+        with pytest.raises(MPIError) as e:
+            req.Wait()
+        return e.value.Get_error_class() == ERR_COMM
+    assert run(job, 2) == [True, True]
