@@ -644,10 +644,15 @@ class Progress:
         with self.lock:
             if self.bar is not None:
                 self.bar.clear()
-            elif self.on:
-                self.stream.write("\r" + " " * width() + "\r")
-                self.stream.flush()
+            else:
+                self.wipe()
             print(text, flush=True)
+
+    def wipe(self):
+        """Blank the plain bar's line (under the lock)."""
+        if self.on:
+            self.stream.write("\r" + " " * width() + "\r")
+            self.stream.flush()
 
     def close(self):
         self.stop.set()
@@ -655,9 +660,8 @@ class Progress:
         with self.lock:
             if self.bar is not None:
                 self.bar.close()
-            elif self.on:
-                self.stream.write("\r" + " " * width() + "\r")
-                self.stream.flush()
+            else:
+                self.wipe()
 
 
 #: The progress of the run under way (None: plain prints).

@@ -33,6 +33,15 @@ _busy = {}
 SHARED_NS = 200_000           # a wait that must also advance other engines' work looks at them this often
 
 
+def _busy_as(comm, pp, pending):
+    """comm (its state pp) in _busy while pending, and C told whether any is (sc_p2p_busy)."""
+    if pending:
+        _busy[id(pp)] = comm
+    else:
+        _busy.pop(id(pp), None)
+    lib.sc_p2p_busy(bool(_busy))
+
+
 def _poll():
     if _busy:
         for comm in list(_busy.values()):
@@ -162,12 +171,7 @@ class PointToPoint:
         """Tell the fast entries whether nonblocking calls are pending (then they decline)."""
         pp = self._pp
         self._c.p2p_pending = (lib.SC_P2P_SENDS if pp.sends else 0) | (lib.SC_P2P_RECVS if pp.recvs else 0)
-        pending = bool(pp.sends or pp.recvs)
-        if pending:
-            _busy[id(pp)] = self
-        else:
-            _busy.pop(id(pp), None)
-        lib.sc_p2p_busy(bool(_busy))
+        _busy_as(self, pp, bool(pp.sends or pp.recvs))
 
     def _p2p_failed(self, what, rc, got):
         """A fast entry's failure: raise as the method would (the communicator broken first)."""
@@ -189,8 +193,7 @@ class PointToPoint:
         if pp is None or not (pp.sends or pp.recvs):
             return
         if self._broken is not None or getattr(self, "_freed", False):
-            _busy.pop(id(pp), None)     # its pending calls stay pending: nothing will move them
-            lib.sc_p2p_busy(bool(_busy))
+            _busy_as(self, pp, False)   # its pending calls stay pending: nothing will move them
             return
         with pp.lock:
             for dest in list(pp.sends):
@@ -414,7 +417,7 @@ class _SendRequest(_P2PRequest):
         """The request of a rendezvous the C entry began (its checks passed
         there): buf held, as C reads its memory till the copy is done."""
         self = object.__new__(cls)
-        self._active, self._status, self._result = True, request._EMPTY, None
+        Request.__init__(self)
         self._comm, self._what, self._dest, self._tag, self._sync, self._who = comm, "Isend", dest, tag, False, dest
         self._buf = _buffer(comm, buf, "Isend", False)     # a view (an export) held: C reads it till the copy
         self._seq, self._queued, self._done = seq, False, False
@@ -474,7 +477,7 @@ class _RecvRequest(_P2PRequest):
         None: receives posted before it match first, or no message is here),
         or whose staged message it matched."""
         self = object.__new__(cls)
-        self._active, self._status, self._result = True, request._EMPTY, None
+        Request.__init__(self)
         self._comm, self._what, self._source, self._tag = comm, "Irecv", source, tag
         self._who, self._got, self._stage, self._cancelled = source if source >= 0 else -1, None, stage, False
         self._buf = _buffer(comm, buf, "Irecv", True)
