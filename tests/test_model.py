@@ -128,6 +128,22 @@ def test_crossovers_interpolate():
     assert (a, b) == ("x", "y") and at == pytest.approx(10.0)
 
 
+def test_crossovers_skip_ties():
+    """A size where two algorithms run within 10% of each other names no
+    winner, so noise between ties makes no crossover; the change from x
+    to y is placed between the clear winners around it."""
+    def rows(times):
+        return [{"algorithm": a, "size": n, "predicted": t[i]} for a, t in times.items()
+                for i, n in enumerate((1, 10, 100))]
+    (a, b, at), = report.crossovers(rows({"x": (1.0, 1.0, 100.0), "y": (2.0, 1.05, 10.0), "z": (5.0, 5.0, 50.0)}),
+                                    "predicted")
+    assert (a, b) == ("x", "y") and at == pytest.approx(10 * 10 ** (math.log(1.05) / math.log(10 * 1.05)))
+    assert report.crossovers(rows({"x": (1.0, 1.0, 1.0), "y": (1.05, 0.99, 1.02)}), "predicted") == []
+    assert report.crossovers_agree([("x", "y", 10.0)], [("x", "y", 19.0)])
+    assert not report.crossovers_agree([("x", "y", 10.0)], [("x", "y", 21.0)])
+    assert not report.crossovers_agree([("x", "y", 10.0)], [])
+
+
 # -- measured, here ----------------------------------------------------------------
 
 @pytest.mark.timeout(120)

@@ -12,14 +12,23 @@ import time
 import numpy as np
 
 from .. import launcher
+from .._core import ffi, lib
 from .._mpi_peer import measure as _timed_reps
 from ..topology import read_sysfs
 from .machine import LEVELS, Machine, _cpu_model, fingerprint
 
+#: working sets (bytes a call touches) the curves are measured at, a
+#: curve read at a call's.  Sixteen times apart: a call's working set is
+#: a rough guide to which cache holds its bytes (ranks reuse each other's
+#: lines, the prefetcher runs ahead), and points at the caches' edges
+#: (256 KiB, 4 MiB here) made the predictions worse, not better (bench/README.md)
 SIZES = (4096, 1 << 16, 1 << 20, 16 << 20)
 CONTENDED = (1 << 16, 1 << 20, 16 << 20)
+PINGPONGS = SIZES           # messages; their curve points are at 2n, the bytes a ping-pong touches
 REPS = 7
 WINDOW = 1 << 18            # bytes copied per timed window at least (small copies in a row)
+#: sc_reduce's instruction word for float64 sums out of place (csrc/isa.h REDUCE's kop, type, form)
+FOLD_WORD = lib.SC_R_SUM << 8 | lib.SC_T_F64 << 16 | lib.SC_F_SAME << 24
 
 
 # -- hand-offs and fresh bytes through the engine ------------------------------
@@ -75,13 +84,11 @@ def _fresh(pp, copy):
     has just written, from its ping-pongs: what n bytes add to the
     8-byte hand-off, less the writer's first chunk (the reader copies
     the rest while the writer stages it), as model.predict costs a
-    staged move; never below a copy of one's own bytes."""
-    return [[n, max((pp[n][1] - pp[8][1] - _first_chunk(n) * own) / n, own)]
-            for n, own in ((n, _at(copy, n)) for n in SIZES)]
-
-
-def _at(curve, n):
-    return dict(curve)[n]
+    staged move; never below a copy of one's own bytes.  A ping-pong of
+    n bytes touches 2n (the writer's buffer and the reader's), the
+    working set the curve is read at."""
+    return [[2 * n, max((pp[n][1] - pp[8][1] - _first_chunk(n) * own) / n, own)]
+            for n, own in ((n, Machine.per_byte(None, copy, 2 * n)) for n in PINGPONGS)]
 
 
 # -- one process's copies and folds, several at once ---------------------------
@@ -104,60 +111,85 @@ def _forked(cpus, body):
     return [got[i] for i in range(len(cpus))]
 
 
-def _per_byte(kernel, n, make):
-    """Median seconds per byte of kernel(x, y) over buffers of n bytes,
-    several in a row below WINDOW bytes, less numpy's own cost per call
-    (measured at 64 bytes), which the engine's C kernels do not pay."""
+def _per_byte(kernel, ws, nbufs):
+    """Median seconds per byte of kernel(*bufs) on nbufs float64 buffers
+    of ws/nbufs bytes each, so the bytes it touches are ws, the call's
+    working set at which model.predict reads the curve; repeated to
+    WINDOW bytes a timed window, less the cost of a call on 64 bytes (the
+    Python around the kernel, which the engine does not pay)."""
     def window(m):
-        k = max(WINDOW // m, 1) if m > 64 else 2000
-        bufs = [(make(m), make(m)) for _ in range(min(k, 64))]
+        k = max(WINDOW // m, 8)
+        bufs = [np.zeros(m // 8) for _ in range(nbufs)]
+        ptrs = [ffi.from_buffer(b) for b in bufs]
         times = []
         for rep in range(REPS):
-            for x, _ in bufs:
-                x.fill(rep + 1)
+            bufs[0].fill(rep + 1)
             t0 = time.perf_counter()
-            for j in range(k):
-                kernel(*bufs[j % len(bufs)])
+            for _ in range(k):
+                kernel(m, *ptrs)
             times.append((time.perf_counter() - t0) / k)
         return statistics.median(times)
-    return max(window(n) - window(64), 0.0) / n
+    m = max(ws // nbufs & ~63, 128)
+    return max(window(m) - window(64), 0.0) / m
+
+
+def _engine_copy(n, src, dst):
+    lib.sc_copy(dst, src, n, 0)
+
+
+def _engine_fold(n, a, b, d):
+    lib.sc_reduce(FOLD_WORD, d, a, b, n // 8)
+
+
+def _curve(kernel, nbufs, sizes):
+    """[[size, seconds per byte], ...]; a size too small to see past a
+    call's own cost takes the next size's figure (a bound)."""
+    out = [[n, _per_byte(kernel, n, nbufs)] for n in sizes]
+    for i in range(len(out) - 2, -1, -1):
+        if out[i][1] <= 0:
+            out[i][1] = out[i + 1][1]
+    return out
 
 
 def copy_curve(cpu, sizes=SIZES):
     """Seconds per byte of a rank copying bytes it has just written (into
-    its ring, a local copy), per size."""
-    return _forked([cpu], lambda i, bar: [[n, _per_byte(lambda x, y: np.copyto(y, x), n,
-                                                         lambda m: np.zeros(m, np.uint8))] for n in sizes])[0]
+    its ring, a local copy), per size: the engine's own copy."""
+    return _forked([cpu], lambda i, bar: _curve(_engine_copy, 2, sizes))[0]
 
 
 def fold_curve(cpu, sizes=SIZES):
-    """Seconds per byte of folding one float64 input into another (numpy's
-    add, as the engine's kernels stream), per size."""
-    return _forked([cpu], lambda i, bar: [[n, _per_byte(lambda x, y: np.add(x, y, out=y), n,
-                                                         lambda m: np.zeros(m // 8))] for n in sizes])[0]
+    """Seconds per byte of folding two float64 inputs into a third (the
+    engine's sum kernel, as a reduce folds its inputs), per size."""
+    return _forked([cpu], lambda i, bar: _curve(_engine_fold, 3, sizes))[0]
 
 
 def contention(cpus, sizes=CONTENDED):
     """[[n, [slowdown of 1, 2, ... len(cpus) processes each copying n bytes
-    of its own at once]], ...]: the slowest one's time over one alone's."""
+    of its own at once]], ...]: the slowest one's time over the first's
+    alone, each repetition timing both back to back (the host drifts
+    between runs far more than within one), the median of the ratios."""
     out = []
     for n in sizes:
         loops = max(4 * WINDOW // n, 2)
 
         def body(i, bar):
             src, dst, times = np.ones(n, np.uint8), np.zeros(n, np.uint8), []
-            for _ in range(REPS):
-                bar.wait()
+
+            def timed():
                 t0 = time.perf_counter()
                 for _ in range(loops):
-                    np.copyto(dst, src)
-                times.append(time.perf_counter() - t0)
+                    lib.sc_copy(ffi.from_buffer(dst), ffi.from_buffer(src), n, 0)
+                return time.perf_counter() - t0
+            for _ in range(REPS):
+                bar.wait()
+                alone = timed() if i == 0 else None
+                bar.wait()
+                times.append((alone, timed()))
             return times
-        alone = statistics.median(_forked(cpus[:1], body)[0])
         row = [1.0]
         for c in range(2, len(cpus) + 1):
             each = _forked(cpus[:c], body)
-            row.append(max(statistics.median(max(t) for t in zip(*each)) / alone, 1.0))
+            row.append(max(statistics.median(max(t for _, t in reps) / reps[0][0] for reps in zip(*each)), 1.0))
         out.append([n, row])
     return out
 
@@ -167,7 +199,7 @@ def machine(min_time=0.02):
     topo = read_sysfs()
     cpus = [c.cpus[0] for c in topo.cores]
     copy = copy_curve(cpus[0])
-    pp = pingpongs(topo, (8,) + SIZES, min_time)
+    pp = pingpongs(topo, (8,) + PINGPONGS, min_time)
     two = pp.get("socket") or pp.get("machine")
     call = two[8][0] if two else pp["cpu"][8][0] / 2
     alpha = {level: max(pp[level][8][1] - call, 0.0) for level in ("socket", "machine") if level in pp}

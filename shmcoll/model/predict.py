@@ -97,7 +97,7 @@ def schedule_time(sched, params, machine, where, calls=CALLS):
     together to the last leaving)."""
     protos = [[pr for pr, _ in step] for step in move_protocols(sched, params)]
     tasks = [[] for _ in range(sched.nranks)]
-    sized = _Sized(machine, working_set(sched))
+    sized = _Sized(machine, working_set(sched, where))
     for k in range(calls):
         _call(tasks, k, sched, protos, params, sized, where)
     at, busy = _run(tasks, machine, where)
@@ -105,18 +105,41 @@ def schedule_time(sched, params, machine, where, calls=CALLS):
     return ends[0] if calls == 1 else max((ends[-1] - ends[0]) / (calls - 1), busy / calls)
 
 
-def working_set(sched):
-    """The most bytes one rank touches in a call (its reads, writes, local
-    copies and folds): a timing loop finds them in its caches while they
-    fit, so every copy in the call costs as a copy of that many bytes."""
-    touched = [0] * sched.nranks
+def working_set(sched, where=None):
+    """The most distinct bytes one CPU touches in a call (the buffer
+    ranges its ranks write, read, copy and fold): a timing loop finds
+    them in its caches while they fit, so every copy in the call costs as
+    a copy of that many bytes.  Ranks taking turns on one CPU share its
+    caches, and bytes two of them read count once."""
+    cpu = (lambda r: where.cpu[r]) if where else (lambda r: r)
+    spans = {}                              # (cpu, rank, buffer) -> [(lo, hi), ...]
+
+    def touch(c, r, buf, lo, n):
+        if n:
+            spans.setdefault((c, r, buf), []).append((lo, lo + n))
     for st in sched.steps:
-        for m in st.moves:
-            for r in (m.src, *m.dst):
-                touched[r] += m.nbytes
-        for item in st.copies + st.reduces:
-            touched[item.rank] += 2 * item.n
-    return max(touched, default=0)
+        folded = {(red.rank, i) for red in st.reduces for i in red.inputs if isinstance(i, int)}
+        for i, m in enumerate(st.moves):
+            for so, do, n in m.parts:
+                for r in (m.src, *m.dst):
+                    touch(cpu(r), m.src, m.sbuf, so, n)
+                for d in m.dst:
+                    if (d, i) not in folded:
+                        touch(cpu(d), d, m.dbuf, do, n)
+        for cp in st.copies:
+            touch(cpu(cp.rank), cp.rank, cp.sbuf, cp.soff, cp.n)
+            touch(cpu(cp.rank), cp.rank, cp.dbuf, cp.doff, cp.n)
+        for red in st.reduces:
+            touch(cpu(red.rank), red.rank, red.dbuf, red.doff, red.n)
+            for b, off in (x for x in red.inputs if not isinstance(x, int)):
+                touch(cpu(red.rank), red.rank, b, off, red.n)
+    per = {}
+    for (c, _, _), ranges in spans.items():
+        end = 0
+        for lo, hi in sorted(ranges):
+            per[c] = per.get(c, 0) + max(hi - max(lo, end), 0)
+            end = max(end, hi)
+    return max(per.values(), default=0)
 
 
 class _Sized:
@@ -217,12 +240,15 @@ def _call(tasks, k, sched, protos, params, machine, where):
             if x == "push":
                 for d in m.dst:
                     late[d].append(_Task(0.0, after=[(("w", k, s, i), mc.alpha[where.level(m.src, d)])]))
+        fetched = [set() for _ in st.moves]     # move -> CPUs whose caches hold its bytes, read there already
         for r in range(p):
             mine = st.order[r] if st.order and r in st.order else [i for i, m in enumerate(st.moves) if r in m.dst]
             for i in mine:
                 if pr[i] != "push":
+                    warm = where.cpu[r] in fetched[i]
+                    fetched[i].add(where.cpu[r])
                     tasks[r].append(_read(k, s, i, r, st.moves[i], pr[i], (r, i) in folded, params, mc, where, slow,
-                                          nstaged))
+                                          nstaged, warm))
             tasks[r] += late[r]
             for red in (x for x in st.reduces if x.rank == r):
                 per = mc.per_byte(mc.fold, red.n) if len(red.inputs) > 1 else mc.per_byte(mc.copy, red.n)
@@ -249,14 +275,19 @@ def _write(k, s, i, m, pr, params, mc, where, slow, nstaged):
     return _Task(0.0, marks=[(key, None)])      # direct, shared (its part after its reads), signal, queue
 
 
-def _read(k, s, i, r, m, pr, folded, params, mc, where, slow, nstaged):
+def _read(k, s, i, r, m, pr, folded, params, mc, where, slow, nstaged, warm=False):
     """Reader r's part of move i: wait for the post, then copy (a whole
-    single copy, half of a shared one; a staged one it folds is folded
-    where it landed, not copied), never ending before the writer's last
-    chunk has come and been copied."""
+    single copy, half of a shared one; one it folds is folded where it
+    landed, not copied: a staged one in the ring, a direct one in the
+    writer's arena, where the ranks' arrays lie), never ending before the
+    writer's last chunk has come and been copied.  warm: a rank sharing
+    r's CPU has read these bytes already, so r finds them in that CPU's
+    caches (the cost of a copy of its own bytes)."""
     n, level = m.nbytes, where.level(m.src, r)
-    alpha, per = mc.alpha[level], mc.per_byte(_source(mc, m, pr, level), n) * slow(m.src, n)
-    copied = 0 if pr in ("signal", "queue") or (folded and pr != "direct") else n / 2 if pr == "shared" else n
+    alpha, per = mc.alpha[level], mc.per_byte(mc.copy if warm else _source(mc, m, pr, level), n) * slow(m.src, n)
+    if folded:                  # the fold pulls the bytes from where they lie: what that costs over one's own
+        per = max(per - mc.per_byte(mc.copy, n) * slow(m.src, n), 0.0)
+    copied = 0 if pr in ("signal", "queue") else n / 2 if pr == "shared" else n
     until = []
     if pr in ("staged", "stripe"):
         last = n - (-(-n // (c := _staged_chunk(m, pr, params, nstaged[m.src]))) - 1) * c

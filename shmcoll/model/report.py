@@ -63,24 +63,46 @@ def within(row):
     return abs(ratio - 1) <= 0.25 if row["size"] >= 1 << 16 else 0.5 <= ratio <= 2
 
 
+TIE = 1.1      # a fastest algorithm within this factor of the next is a tie, not a winner
+
+
 def crossovers(rs, key):
-    """[(from, to, size)]: where the fastest algorithm by `key` changes
-    between two sizes, the size where the two cross, interpolated in log
-    size and log time."""
+    """[(from, to, size)]: where the fastest algorithm by `key` changes,
+    from one clear winner (faster than every other by TIE) to the next,
+    at the size where the two cross, interpolated in log size and log
+    time between the two sizes around it (sizes where no algorithm wins
+    clearly are skipped: noise would move a crossover between ties)."""
     sizes = sorted({r["size"] for r in rs})
     t = {(r["algorithm"], r["size"]): r[key] for r in rs}
     algs = list(dict.fromkeys(r["algorithm"] for r in rs))
     if any(v is None for v in t.values()):
         return []
-    best = [min(algs, key=lambda a: t[a, n]) for n in sizes]
-    out = []
-    for i in range(len(sizes) - 1):
-        a, b = best[i], best[i + 1]
-        if a != b:
+    wins = []
+    for n in sizes:
+        first, *rest = sorted(algs, key=lambda a: t[a, n])
+        if not rest or t[rest[0], n] > TIE * t[first, n]:
+            wins.append(first)
+        else:
+            wins.append(None)
+    out, last = [], None
+    for j, b in enumerate(wins):
+        if b is None:
+            continue
+        if last is not None and wins[last] != b:
+            a = wins[last]
+            i = next(i for i in range(last, j) if t[a, sizes[i + 1]] >= t[b, sizes[i + 1]])
             lo, hi = (math.log(t[a, n] / t[b, n]) for n in sizes[i:i + 2])
             x0, x1 = (math.log(max(n, 1)) for n in sizes[i:i + 2])
             out.append((a, b, math.exp(x0 + lo / (lo - hi) * (x1 - x0)) if lo != hi else sizes[i + 1]))
+        last = j
     return out
+
+
+def crossovers_agree(pred, meas):
+    """The acceptance: the same changes of the fastest algorithm, each
+    predicted within 2x of the size measured."""
+    return len(pred) == len(meas) and all((a, b) == (c, d) and 0.5 <= x / y <= 2
+                                          for (a, b, x), (c, d, y) in zip(pred, meas))
 
 
 def _size(n):
@@ -106,4 +128,5 @@ def text(rs, machine, topology):
     if rs[0]["measured"] is not None:
         meas = crossovers(rs, "measured")
         lines.append("crossovers measured:  " + (", ".join(f"{a} -> {b} at {n:.0f} B" for a, b, n in meas) or "none"))
+        lines.append("crossovers agree:     " + ("yes" if crossovers_agree(pred, meas) else "no !"))
     return "\n".join(lines)
