@@ -111,9 +111,10 @@ def _rank(comm, ops, top, cfg, verify):
         rows = out[op] = []
         for nbytes in sizes(top, op):
             t = time_size(comm, op, nbytes, cands, cfg)
+            sel = comm.selected(op, nbytes)
             rows.append({"bytes": nbytes, "us": {k: statistics.median(v) * 1e6 for k, v in t.items()},
                          "ratio": {k: statistics.median(a / b for a, b in zip(v, t["auto"])) for k, v in t.items()},
-                         "chosen": str(comm.selected(op, nbytes))})
+                         "chosen": str(sel), "twins": "twins" in sel.why})
         for c in {id(c): c for _, c, _ in cands if c is not comm}.values():
             c.Free()
     return out
@@ -122,13 +123,18 @@ def _rank(comm, ops, top, cfg, verify):
 def decide(rows):
     """(bytes, (algorithm, params)) per measured row: the candidate of
     the lowest ratio to the rules, where it beats by TOLERANCE both the
-    rules and the rules' own algorithm forced (the same program: what
-    they differ by is noise); else ("auto", {})."""
+    rules and the rules' own algorithm forced; else ("auto", {}).  Where
+    the rules run their algorithm as it is forced (no twins), the two are
+    one program and what they differ by is noise; where they run it as
+    twins, the forced one is a program of its own, taken where it beats
+    the rules."""
     out = []
     for row in rows:
-        r = row["ratio"]
+        r, chosen = row["ratio"], row["chosen"]
         best = min(r, key=r.get)
-        if best in ("auto", row["chosen"]) or r[best] > min(1, r.get(row["chosen"], 1)) / (1 + TOLERANCE):
+        same = best == chosen and not row.get("twins")
+        bar = 1 if best == chosen else min(1, r.get(chosen, 1))
+        if best == "auto" or same or r[best] > bar / (1 + TOLERANCE):
             out.append((row["bytes"], (tuning.AUTO, {})))
             continue
         name, _, setting = best.partition(" ")

@@ -206,3 +206,17 @@ def test_model_where_the_file_says_nothing(tmp_path, good, capfd):
     model.EXAMPLE.save(other)                           # not this machine's: reported, not asked
     name, _, _ = _resolve("allgather", 4096, {"tuning_file": good, "model_params": other})
     assert name.source == "rules" and "another machine" in capfd.readouterr().err
+
+
+def test_decide_takes_a_forced_algorithm_only_where_it_is_another_program():
+    """The rules' own algorithm forced is the rules' program unless they
+    run it as twins: then, measured faster by more than the tolerance, it
+    is taken; as one program, the gap is noise and the file says auto.
+    Another algorithm must beat both the rules and their algorithm forced."""
+    from shmcoll import tune
+
+    def row(ratio, chosen="pairwise", twins=False):
+        return {"bytes": 64, "ratio": dict(ratio, auto=1.0), "chosen": chosen, "twins": twins}
+    rows = [row({"pairwise": 0.9}), row({"pairwise": 0.9}, twins=True), row({"pairwise": 0.99}, twins=True),
+            row({"pairwise": 0.95, "bruck": 0.9}), row({"pairwise": 0.9, "bruck": 0.89})]
+    assert [choice for _, (choice, _) in tune.decide(rows)] == ["auto", "pairwise", "auto", "bruck", "auto"]
