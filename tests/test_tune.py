@@ -220,3 +220,5 @@ def test_decide_takes_a_forced_algorithm_only_where_it_is_another_program():
     rows = [row({"pairwise": 0.9}), row({"pairwise": 0.9}, twins=True), row({"pairwise": 0.99}, twins=True),
             row({"pairwise": 0.95, "bruck": 0.9}), row({"pairwise": 0.9, "bruck": 0.89})]
     assert [choice for _, (choice, _) in tune.decide(rows)] == ["auto", "pairwise", "auto", "bruck", "auto"]
+    lucky = dict(row({"pairwise": 0.95, "bruck": 0.9}), wins={"bruck": 3 / 7})    # a median from a few fast rounds
+    assert tune.decide([lucky]) == [(64, ("auto", {}))]
