@@ -119,7 +119,7 @@ def _rank(comm, ops, top, cfg, verify):
             rows.append({"bytes": nbytes, "us": {k: statistics.median(v) * 1e6 for k, v in t.items()},
                          "ratio": {k: statistics.median(a / b for a, b in zip(v, t["auto"])) for k, v in t.items()},
                          "wins": {k: sum(a < b for a, b in zip(v, t["auto"])) / len(v) for k, v in t.items()},
-                         "chosen": str(sel), "twins": "twins" in sel.why})
+                         "chosen": str(sel), "twins": sel.twins})
         for c in {id(c): c for _, c, _ in cands if c is not comm}.values():
             c.Free()
     return out

@@ -205,16 +205,19 @@ def test_twins_time_single_copy_where_the_rule_would_stage():
 
 def _planned(comm):
     return (comm.selected("alltoall", 256 << 10), comm.schedule("alltoall", 256 << 10).algorithm,
-            {m.via for st in comm.schedule("allgather", 64 << 10).steps for m in st.moves})
+            {m.via for st in comm.schedule("allgather", 64 << 10).steps for m in st.moves},
+            comm.selected("alltoall", 8))
 
 
 def test_selected_and_schedule_say_what_the_single_copy_twin_runs():
     """They planned by the cma_bytes rule while the twin's single-copy
     program ran pairwise (4 ranks, 256 KiB blocks: 'tiled' said), so a
-    rank passing algorithm=comm.selected(...) raised."""
+    rank passing algorithm=comm.selected(...) raised.  .twins says which
+    choices run as twins (shmcoll tune reads it), also once pickled."""
     need_cma(4)
     got = run_ranks(_planned, 4)
     assert got[0][:2] == ("pairwise", "pairwise") and got[0][2] == {"direct"}, got
+    assert (got[0][0].twins, got[0][3].twins) == (True, False)
 
 
 def _allgather_64k(comm):

@@ -98,16 +98,17 @@ def forced(op, params):
 
 class Selected(str):
     """An algorithm's name that also says where it came from: source
-    (argument, option, tuning, model, rules), why (in words) and params
-    (the plan parameters a tuning file's range sets)."""
+    (argument, option, tuning, model, rules), why (in words), params
+    (the plan parameters a tuning file's range sets) and twins (the rules
+    run it as twins: single copy or staged, as rank 0 times them)."""
 
-    def __new__(cls, name, source, why, params=None):
+    def __new__(cls, name, source, why, params=None, twins=False):
         self = super().__new__(cls, name)
-        self.source, self.why, self.params = source, why, dict(params or {})
+        self.source, self.why, self.params, self.twins = source, why, dict(params or {}), twins
         return self
 
     def __reduce__(self):
-        return Selected, (str(self), self.source, self.why, self.params)
+        return Selected, (str(self), self.source, self.why, self.params, self.twins)
 
 
 def choice(op, call, algorithm=None, forced_name=None):
@@ -183,7 +184,7 @@ def resolve(op, call, algorithm=None, forced_name=None):
         why += "; the built-in rules, run as twins (single copy or staged, as rank 0 times them)"
     else:
         why += "; the built-in rules"
-    return Selected(pick(op, call), "rules", why), call, staged
+    return Selected(pick(op, call), "rules", why, twins=twin), call, staged
 
 
 def plan(op, name, call):

@@ -32,7 +32,8 @@ class Machine:
     cma: bool = True            # ranks may read each other's memory (single copy)
     version: int = field(default=VERSION)
 
-    def per_byte(self, curve, n):
+    @staticmethod
+    def per_byte(curve, n):
         """Seconds per byte of a curve at n bytes."""
         sizes = [s for s, _ in curve]
         x = math.log2(max(n, 1))

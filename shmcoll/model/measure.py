@@ -88,7 +88,7 @@ def _fresh(pp, copy):
     n bytes touches 2n (the writer's buffer and the reader's), the
     working set the curve is read at."""
     return [[2 * n, max((pp[n][1] - pp[8][1] - _first_chunk(n) * own) / n, own)]
-            for n, own in ((n, Machine.per_byte(None, copy, 2 * n)) for n in PINGPONGS)]
+            for n, own in ((n, Machine.per_byte(copy, 2 * n)) for n in PINGPONGS)]
 
 
 # -- one process's copies and folds, several at once ---------------------------
@@ -174,11 +174,12 @@ def contention(cpus, sizes=CONTENDED):
 
         def body(i, bar):
             src, dst, times = np.ones(n, np.uint8), np.zeros(n, np.uint8), []
+            ptrs = ffi.from_buffer(src), ffi.from_buffer(dst)
 
             def timed():
                 t0 = time.perf_counter()
                 for _ in range(loops):
-                    lib.sc_copy(ffi.from_buffer(dst), ffi.from_buffer(src), n, 0)
+                    _engine_copy(n, *ptrs)
                 return time.perf_counter() - t0
             for _ in range(REPS):
                 bar.wait()
