@@ -199,6 +199,8 @@ static int gone(sc_comm_t *c, int r)
     return 1;
 }
 
+int sc_word_reached(uint64_t word, uint64_t call) { return word_reached(word, call); }
+
 int sc_rank_state(sc_comm_t *c, int32_t r)
 {
     gone(c, r);

@@ -166,11 +166,12 @@ struct sc_comm {
         int64_t total;
         char *base;
     };
-    struct {                 /* Python-owned memory: scratch (grown by the planner), debts (SC_NSETS x size) */
+    struct {                 /* Python-owned memory: scratch (grown by the planner), debts (SC_NSETS x size), acks seen */
         char *tmp;
         int64_t tmp_bytes;
         int32_t *debt_who;
         uint64_t *debt_cnt;
+        uint64_t *acked;         /* per rank: the (call, count) its ack line was last seen at (exec.c wait_ack) */
         uint64_t debt_call[SC_NSETS];
         int32_t debt_n[SC_NSETS];
         /* traffic record: bytes this rank read from each source, then the
@@ -256,6 +257,7 @@ void sc_release(sc_comm_t *c);
 void sc_peers_close(sc_comm_t *c);
 uint64_t sc_calls_of(sc_comm_t *c, int32_t r);
 int sc_rank_state(sc_comm_t *c, int32_t rank);
+int sc_word_reached(uint64_t word, uint64_t call);   /* a word wait's test (sc_internal.h), for the tests */
 void sc_set_abort(sc_comm_t *c, int32_t rank, int32_t code);
 void sc_abort_self(sc_comm_t *c, int32_t code);
 void sc_mismatch_of(sc_comm_t *c, int32_t rank, int64_t *out);

@@ -27,10 +27,27 @@ static uint64_t slot_index(uint64_t call, uint64_t u)
 static int space_rank(int64_t sp) { return (int)SC_ARG(&sp, SC_SPACE_RANK); }
 static uint64_t space_index(int64_t sp) { return (uint64_t)SC_ARG(&sp, SC_SPACE_INDEX); }
 
-/* The header of the inline slot that space word sp names in this call. */
-static sc_slot_t *slot_of(sc_comm_t *c, int64_t sp)
+/* The header of the inline slot that space word sp names in call n. */
+static sc_slot_t *slot_of_call(sc_comm_t *c, int64_t sp, uint64_t n)
 {
-    return slot_head(c, space_rank(sp), slot_index(c->call, space_index(sp)));
+    return slot_head(c, space_rank(sp), slot_index(n, space_index(sp)));
+}
+
+static sc_slot_t *slot_of(sc_comm_t *c, int64_t sp) { return slot_of_call(c, sp, c->call); }
+
+/* Ask for line p in the exclusive state, to be written soon: the slot
+ * line the next call of the same program stamps was last read by its
+ * readers SC_SLOTS calls ago and may still sit in their caches; taking it
+ * now, while the caller is between calls, keeps that invalidation off the
+ * next call's path (its stamp's store, and the fence of the post after
+ * it, would wait for it). */
+static inline void own_soon(const void *p)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __asm__ volatile("prefetchw %0" : : "m"(*(const char *)p));
+#else
+    __builtin_prefetch(p, 1, 3);
+#endif
 }
 
 static char *space(sc_comm_t *c, int64_t sp, int64_t off, char *sbuf, char *rbuf)
@@ -57,9 +74,23 @@ static int set_of(sc_comm_t *c, int64_t a)
     return a < SC_SET_SLOT ? (int)a : SC_SET_SLOT + (int)(slot_index(c->call, (uint64_t)(a - SC_SET_SLOT)) % SC_SLOTS);
 }
 
+/* Acks only grow, (call, count) in that order, so what an earlier look
+ * at who's ack line saw (c->acked) still holds: a debt it covers needs
+ * no look now.  A drain pays the line's trip from the reader's CPU once
+ * per SC_SLOTS calls, not on every call.  A look may see the call word
+ * before a new call's first ack moved it, then that call's count: any
+ * debt of the older call is met then all the same. */
 static int wait_ack(sc_comm_t *c, int who, uint64_t call, uint64_t count, int64_t spin)
 {
-    return sc_wait_line(c, ack_line(c, who), who, call, count, spin, 0);
+    uint64_t *seen = c->acked + 2 * who;
+    if (seen[0] == call ? seen[1] >= count : (int64_t)(seen[0] - call) > 0) return SC_OK;
+    sc_line_t *l = ack_line(c, who);
+    int rc = sc_wait_line(c, l, who, call, count, spin, 0);
+    if (!rc) {
+        seen[0] = atomic_load_explicit(&l->call, memory_order_acquire);
+        seen[1] = atomic_load_explicit(&l->event, memory_order_acquire);
+    }
+    return rc;
 }
 
 /* Whether a record (sig, prev, hist) is ours of this call word for word,
@@ -101,22 +132,33 @@ static int check_post(sc_comm_t *c, int who, const sc_slot_t *slot)
     return rc;
 }
 
-/* Wait for who's post line; with check, then check its record. */
-static int wait_post(sc_comm_t *c, int who, uint64_t call, uint64_t ev, int64_t spin, int check, const sc_slot_t *slot)
+/* Wait for who's post line; with check, then check its record.
+ * stamped: the slot's stamp says the event is posted (the slot was its
+ * only piece, written whole before the stamp), so the wait reads that
+ * one line, record and payload with it, and not the post line too. */
+static int wait_post(sc_comm_t *c, int who, uint64_t call, uint64_t ev, int64_t spin, int check, const sc_slot_t *slot,
+                     int stamped)
 {
-    int rc = sc_wait_line(c, post_line(c, who), who, call, ev, spin, 0);
+    int rc;
+    if (stamped && !word_reached(atomic_load_explicit(&slot->call, memory_order_acquire), call)) {
+        sc_wait_t w = { .word = (_Atomic uint64_t *)&slot->call, .wq = &post_line(c, who)->wq, .call = call,
+                        .who = who, .spin_ns = spin };
+        rc = sc_wait_slow(c, &w);
+    } else {
+        rc = stamped ? SC_OK : sc_wait_line(c, post_line(c, who), who, call, ev, spin, 0);
+    }
     return !rc && check ? check_post(c, who, slot) : rc;
 }
 
 /* A writer's record of this call into the header of the inline slot it
- * fills, its call number with the top bit flipped while the record is
- * rewritten (sc_check_slot: no reader is 2^63 calls from this one). */
-static void stamp(sc_comm_t *c, sc_slot_t *h)
+ * fills, its call number with the top bit flipped while the record and
+ * the payload are written (sc_check_slot: no reader is 2^63 calls from
+ * this one): a reader that sees the call there sees both (STAMPED). */
+static void stamp_open(sc_comm_t *c, sc_slot_t *h)
 {
     atomic_store_explicit(&h->call, c->call ^ 1ULL << 63, memory_order_relaxed);
     atomic_thread_fence(memory_order_release);
     h->rec[0] = c->sig[0], h->rec[1] = c->sig[1], h->rec[2] = c->prev[0], h->rec[3] = c->prev[1], h->rec[4] = c->hist;
-    atomic_store_explicit(&h->call, c->call, memory_order_release);
 }
 
 static int drain(sc_comm_t *c, int s)
@@ -309,7 +351,7 @@ static int run(sc_comm_t *c, sc_run_t *x)
             int64_t f = SC_ARG(in, SC_WAIT_FLAGS), who = SC_ARG(in, SC_WAIT_WHO);
             rc = wait_post(c, (int)who, call, (uint64_t)SC_ARG(in, SC_WAIT_EVENT),
                            f & SC_WAIT_FAR ? c->spin_far_ns : c->spin_ns, f & SC_WAIT_CHECK,
-                           f & SC_WAIT_INSLOT ? slot_of(c, SC_ARG(in, SC_WAIT_SLOT)) : NULL);
+                           f & SC_WAIT_INSLOT ? slot_of(c, SC_ARG(in, SC_WAIT_SLOT)) : NULL, f & SC_WAIT_STAMPED);
             if (!rc && c->traffic && f & SC_WAIT_FIRST) c->traffic[c->size + who]++;    /* a message's first piece */
             break;
         }
@@ -323,9 +365,14 @@ static int run(sc_comm_t *c, sc_run_t *x)
             break;
         case SC_OP_COPY: {
             int64_t f = SC_ARG(in, SC_COPY_FLAGS), n = SC_ARG(in, SC_COPY_N), from = SC_ARG(in, SC_COPY_SOURCE);
-            if (f & SC_COPY_STAMP) stamp(c, slot_of(c, SC_ARG(in, SC_COPY_DST)));
+            sc_slot_t *h = f & SC_COPY_STAMP ? slot_of(c, SC_ARG(in, SC_COPY_DST)) : NULL;
+            if (h) stamp_open(c, h);
             sc_copy(space(c, SC_ARG(in, SC_COPY_DST), SC_ARG(in, SC_COPY_DOFF), sbuf, rbuf),
                     space(c, SC_ARG(in, SC_COPY_SRC), SC_ARG(in, SC_COPY_SOFF), sbuf, rbuf), n, (int)(f & SC_COPY_STREAM));
+            if (h) {
+                atomic_store_explicit(&h->call, c->call, memory_order_release);
+                own_soon(slot_of_call(c, SC_ARG(in, SC_COPY_DST), call + 1));
+            }
             if (c->traffic && from >= 0) c->traffic[from] += n;
             break;
         }

@@ -154,9 +154,14 @@ static inline int line_reached(sc_line_t *l, uint64_t call, uint64_t ev) {
     if (lc == call) return atomic_load_explicit(&l->event, memory_order_acquire) >= ev;
     return (int64_t)(lc - call) > 0;
 }
+/* A word (a queue's, a bell, an inline slot's stamp) at call or a few
+ * past it.  Not a stamp being rewritten: an older call's with the top bit
+ * flipped (exec.c stamp_open) is 2^63 minus a few past this call, which a
+ * signed difference would call reached. */
+static inline int word_reached(uint64_t word, uint64_t call) { return word - call < 1ULL << 62; }
 static inline int reached(const sc_wait_t *w) {
     if (w->line) return line_reached(w->line, w->call, w->event);
-    return (int64_t)(atomic_load_explicit(w->word, memory_order_acquire) - w->call) >= 0;
+    return word_reached(atomic_load_explicit(w->word, memory_order_acquire), w->call);
 }
 
 int sc_wait_slow(sc_comm_t *c, const sc_wait_t *w);

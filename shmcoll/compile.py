@@ -26,7 +26,7 @@ SP = isa.SPACES
 BUF = {"send": SP["SEND"], "recv": SP["RECV"], "tmp": SP["TMP"]}
 QUEUES = {"gather": 0, "release": 1}
 RING, STRIPE, SLOT = isa.SETS["RING"], isa.SETS["STRIPE"], isa.SETS["SLOT"]
-CHECK, FAR, FIRST, INSLOT = (isa.WAIT_FLAGS[f] for f in ("CHECK", "FAR", "FIRST", "INSLOT"))
+CHECK, FAR, FIRST, INSLOT, STAMPED = (isa.WAIT_FLAGS[f] for f in ("CHECK", "FAR", "FIRST", "INSLOT", "STAMPED"))
 STREAM, STAMP = isa.COPY_FLAGS["STREAM"], isa.COPY_FLAGS["STAMP"]
 #: Opcode numbers by name (isa.OPS), for code that reads programs word by word.
 POST, WAIT, ACK, WAITACK, COPY, CMA, CMAW, SHARE = (isa.BY_NAME[n].code for n in
@@ -301,6 +301,7 @@ class _Compiler:
             self.emit(w, "POST", event=self.event[w])
             for piece in self.pending[w]:
                 piece["event"] = self.event[w]
+                piece["alone"] = len(self.pending[w]) == 1
             self.pending[w] = []
 
     # -- one step ----------------------------------------------------------
@@ -586,10 +587,16 @@ class _Compiler:
         return piece
 
     def wait(self, r, w, piece, far, first, inslot=False):
+        """inslot: the piece is an inline slot; its stamp is the event's
+        post when the event posts it alone, written by one copy (and no
+        other stamp of the call lands on its line: move_protocols gives a
+        writer at most SLOTS slots a call)."""
         flags = (CHECK if (r, w) not in self.checked else 0) | (FAR if far else 0) | (FIRST if first else 0)
         self.checked.add((r, w))
-        if inslot and flags & CHECK:
-            self.emit(r, "WAIT", who=w, event=piece["event"], flags=flags | INSLOT, slot=piece["space"])
+        stamped = inslot and piece["alone"] and len(piece["segs"]) == 1
+        if stamped or inslot and flags & CHECK:
+            self.emit(r, "WAIT", who=w, event=piece["event"], flags=flags | INSLOT | STAMPED * stamped,
+                      slot=piece["space"])
         else:
             self.emit(r, "WAIT", who=w, event=piece["event"], flags=flags)
 

@@ -278,11 +278,14 @@ class Device:
         cnt = np.zeros(lib.SC_NSETS * plan.nranks, np.uint64)
         c.debt_who = ffi.cast("int32_t *", who.ctypes.data)
         c.debt_cnt = ffi.cast("uint64_t *", cnt.ctypes.data)
+        acked = np.zeros(2 * max(plan.nranks, 1), np.uint64)
+        acked[0::2] = (plan.params["call_base"] - 1) % (1 << 64)    # as the ack lines start: one call before the first
+        c.acked = ffi.cast("uint64_t *", acked.ctypes.data)
         nb = checks(rank, plan.nranks, plan.params["check_star"]) if rank >= 0 else []
         c.nnb = len(nb)
         c.nb[0:len(nb)] = nb
         lib.sc_layout(c)
-        return c, [who, cnt]
+        return c, [who, cnt, acked]
 
     @staticmethod
     def layout(plan):

@@ -22,7 +22,7 @@ INSN, HEAD = 8, 8
 Field = namedtuple("Field", "name word lo bits kind flags optional", defaults=(0, 64, "int", None, False))
 Op = namedtuple("Op", "name code fields doc")
 
-WAIT_FLAGS = {"CHECK": 1, "FAR": 2, "FIRST": 4, "INSLOT": 8}
+WAIT_FLAGS = {"CHECK": 1, "FAR": 2, "FIRST": 4, "INSLOT": 8, "STAMPED": 16}
 COPY_FLAGS = {"STREAM": 1, "STAMP": 2}
 _STREAMED = Field("streamed", 0, 8, 1, "bool")     # CMA, SHARE: their plain copies (a peer's arena) stream
 
@@ -32,7 +32,8 @@ OPS = [
     Op("WAIT", 2, [Field("who", 1, kind="rank"), Field("event", 2, kind="event"),
                    Field("flags", 3, kind="flags", flags=WAIT_FLAGS), Field("slot", 4, kind="space", optional=True)],
        "wait for who's post line to reach (call, event); CHECK: then check who's arrival record (INSLOT: the "
-       "copy stamped in inline slot `slot`); FAR: spin long; FIRST: a message's first piece (traffic)"),
+       "copy stamped in inline slot `slot`; STAMPED: the slot's stamp is the post, waited on instead of the line); "
+       "FAR: spin long; FIRST: a message's first piece (traffic)"),
     Op("ACK", 3, [Field("count", 1, kind="count")], "my ack line reaches (call, count)"),
     Op("WAITACK", 4, [Field("who", 1, kind="rank"), Field("count", 2, kind="count"),
                       Field("flags", 3, kind="flags", flags={"FAR": 2})], "wait for who's ack line"),

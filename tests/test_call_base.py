@@ -132,3 +132,20 @@ def test_call_base_range():
         with pytest.raises(ValueError, match="call_base") as ei:
             shmcoll.launch(lambda comm: comm.Barrier(), 2, options={"call_base": bad}, timeout=30)
         assert "unknown" not in str(ei.value), ei.value
+
+
+@pytest.mark.parametrize("call", [5, 2**31, 2**63 - 1, 2**63 + 3, 2**64 - 2])
+def test_a_stamp_being_rewritten_is_not_reached(call):
+    """An inline slot's stamp reads call ^ 2^63 while its writer rewrites
+    it (exec.c stamp_open).  A STAMPED wait at call must not take an older
+    call's rewrite, 2^63 minus a few past it, for a post: by signed
+    difference it was reached, and a reader two calls ahead of a slow
+    writer read the slot's old bytes (scatter binomial at 5 ranks)."""
+    from shmcoll._core import lib
+    m = 1 << 64
+    for older in (1, 2, 4, 7):
+        assert not lib.sc_word_reached((call - older) % m ^ 1 << 63, call)
+        assert not lib.sc_word_reached((call - older) % m, call)
+    assert not lib.sc_word_reached(call ^ 1 << 63, call)
+    assert lib.sc_word_reached(call, call)
+    assert lib.sc_word_reached((call + 3) % m, call)

@@ -127,3 +127,66 @@ def test_one_rank_compiled_alone_is_its_program_among_all(case):
         alone = compile_schedule(sched, params, (1, 2), only=r)
         assert np.array_equal(alone[r], whole[r])
         assert all(a is None for i, a in enumerate(alone) if i != r)
+
+
+def _stamped_cases():
+    """Small calls of every algorithm with inline slots of 128 bytes, so
+    that roots and relays write many slots a call (up to SC_SLOTS)."""
+    from shmcoll.coll import select
+    for op in select.TABLE:
+        for alg in select.algorithms(op):
+            for p, nbytes, root in ((2, 8, 0), (5, 127, 4), (9, 100, 0), (9, 16, 3), (17, 8, 0)):
+                yield op, alg, p, nbytes, root
+
+
+@pytest.mark.parametrize("case", list(_stamped_cases()), ids=lambda c: "-".join(map(str, c)))
+def test_a_stamped_wait_names_its_events_only_piece(case):
+    """A STAMPED wait (exec.c wait_post) takes the slot's stamp for the
+    writer's post: sound only if the event posts that one slot, written
+    by one copy, and no other slot the writer stamps in the call lands on
+    the same line (a second stamp of the call would pass for the first)."""
+    from shmcoll import isa
+    from shmcoll.coll import select
+    from shmcoll.compile import SLOTS, compile_schedule
+    from shmcoll.planning import planned
+    op, alg, p, nbytes, root = case
+    dtype = "int8" if op in select.REDUCTIONS else None
+    try:
+        sched, params = planned(op, alg, p, nbytes, root, own_cpus=True, dtype=dtype,
+                                options={"inline_bytes": 128, "chan_bytes": 8192, "chunk_bytes": 1024})
+    except ValueError:
+        pytest.skip(f"{alg} does not plan {p} ranks, {nbytes} bytes")
+    progs = compile_schedule(sched, params, (1, 2))
+    slot_kinds = (isa.SPACES["SLOT"], isa.SPACES["TINY"])
+
+    def fields(word, spec):
+        return {f.name: isa.get(f, [word]) for f in spec}
+
+    posted, lines = [], []          # per writer: {event: [slot operands written]}, [slot lines stamped]
+    for prog in progs:
+        ins = prog[isa.HEAD:].reshape(-1, isa.INSN)
+        ev, since, mine = {}, [], []
+        for words in ins:
+            o, f = isa.decode(words)
+            if o.name == "COPY" and fields(f["dst"], isa.SPACE)["kind"] in slot_kinds:
+                since.append((f["dst"], f["flags"]))
+                if f["flags"] & isa.COPY_FLAGS["STAMP"]:
+                    mine.append(fields(fields(f["dst"], isa.SPACE)["index"], isa.SLOT)["j"] % SLOTS)
+            elif o.name == "POST":
+                ev[f["event"]], since = since, []
+        posted.append(ev)
+        lines.append(mine)
+    stamped = 0
+    for prog in progs:
+        for words in prog[isa.HEAD:].reshape(-1, isa.INSN):
+            o, f = isa.decode(words)
+            if o.name != "WAIT" or not f["flags"] & isa.WAIT_FLAGS["STAMPED"]:
+                continue
+            stamped += 1
+            w, slot = f["who"], f["slot"]
+            assert [d for d, _ in posted[w][f["event"]]] == [slot], (w, f)
+            assert posted[w][f["event"]][0][1] & isa.COPY_FLAGS["STAMP"]
+            j = fields(fields(slot, isa.SPACE)["index"], isa.SLOT)["j"]
+            assert lines[w].count(j % SLOTS) == 1, (w, j, lines[w])
+    if (op, alg, p) == ("allreduce", "all_at_once", 2):
+        assert stamped == 2         # the test sees STAMPED waits at all
