@@ -35,12 +35,13 @@ static sc_slot_t *slot_of_call(sc_comm_t *c, int64_t sp, uint64_t n)
 
 static sc_slot_t *slot_of(sc_comm_t *c, int64_t sp) { return slot_of_call(c, sp, c->call); }
 
-/* Ask for line p in the exclusive state, to be written soon: the slot
- * line the next call of the same program stamps was last read by its
- * readers SC_SLOTS calls ago and may still sit in their caches; taking it
- * now, while the caller is between calls, keeps that invalidation off the
- * next call's path (its stamp's store, and the fence of the post after
- * it, would wait for it). */
+/* Ask for line p in the exclusive state, to be written soon.  For a
+ * writer of one slot a call, the line the next call of the same program
+ * stamps was last read SC_SLOTS calls ago and may still sit in its
+ * readers' caches; taking it now, while the caller is between calls,
+ * keeps that invalidation off the next call's path (its stamp's store,
+ * and the fence of the post after it, would wait for it).  A wider
+ * writer's next line may still be read by a reader behind: not taken. */
 static inline void own_soon(const void *p)
 {
 #if defined(__x86_64__) || defined(__i386__)
@@ -351,7 +352,8 @@ static int run(sc_comm_t *c, sc_run_t *x)
             int64_t f = SC_ARG(in, SC_WAIT_FLAGS), who = SC_ARG(in, SC_WAIT_WHO);
             rc = wait_post(c, (int)who, call, (uint64_t)SC_ARG(in, SC_WAIT_EVENT),
                            f & SC_WAIT_FAR ? c->spin_far_ns : c->spin_ns, f & SC_WAIT_CHECK,
-                           f & SC_WAIT_INSLOT ? slot_of(c, SC_ARG(in, SC_WAIT_SLOT)) : NULL, f & SC_WAIT_STAMPED);
+                           f & SC_WAIT_INSLOT ? slot_of(c, SC_ARG(in, SC_WAIT_SLOT)) : NULL,
+                           (f & (SC_WAIT_INSLOT | SC_WAIT_STAMPED)) == (SC_WAIT_INSLOT | SC_WAIT_STAMPED));
             if (!rc && c->traffic && f & SC_WAIT_FIRST) c->traffic[c->size + who]++;    /* a message's first piece */
             break;
         }
@@ -371,7 +373,8 @@ static int run(sc_comm_t *c, sc_run_t *x)
                     space(c, SC_ARG(in, SC_COPY_SRC), SC_ARG(in, SC_COPY_SOFF), sbuf, rbuf), n, (int)(f & SC_COPY_STREAM));
             if (h) {
                 atomic_store_explicit(&h->call, c->call, memory_order_release);
-                own_soon(slot_of_call(c, SC_ARG(in, SC_COPY_DST), call + 1));
+                int64_t u = (int64_t)space_index(SC_ARG(in, SC_COPY_DST));
+                if (SC_ARG(&u, SC_SLOTOP_WIDTH) == 1) own_soon(slot_of_call(c, SC_ARG(in, SC_COPY_DST), call + 1));
             }
             if (c->traffic && from >= 0) c->traffic[from] += n;
             break;
