@@ -511,7 +511,7 @@ static inline int stages(sc_comm_t *c, sc_run_t *x)
         c->sig[1] = (uint64_t)SC_ARG(x->prog, SC_H_SIG1);
         int64_t tw = SC_ARG(x->prog, SC_H_TWIN);
         x->twin = tw && c->size > 1 ? (int64_t *)tw : NULL;
-        x->t0 = !x->twin ? 0 : c->nbc ? -1 : sc_now_ns();    /* a nonblocking call's time is the caller's too: untimed */
+        x->t0 = !x->twin ? 0 : sc_now_ns();      /* untimed (-1) once a step of it stops (sc_exec_step) */
         x->v = 0;
         x->stage = 1;
     }   /* fall through */
@@ -576,13 +576,17 @@ int sc_exec_owned(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
 
 /* A step of a nonblocking call: its stages, from where it stopped, until
  * done or a wait would block (SC_PENDING); blocking (nb 0): to the end.
- * Its own scratch while it runs.  The caller owns c->busy. */
+ * Its own scratch while it runs.  The caller owns c->busy.  A call that
+ * stops is untimed (a twin's pick learns nothing from it: the caller's
+ * own work between steps would count), unless nb is 2: the start's spin,
+ * which steps it again at once, as a blocking wait spins. */
 int sc_exec_step(sc_comm_t *c, sc_nbc_t *st, int nb)
 {
     char *tmp = c->tmp;
     if (st->tmp) c->tmp = st->tmp;
     c->nbc = nb ? st : NULL;
     int rc = stages(c, &st->run);
+    if (rc == SC_PENDING && nb != 2) st->run.t0 = -1;
     c->nbc = NULL;
     c->tmp = tmp;
     return rc;

@@ -224,7 +224,7 @@ int sc_nb_start(sc_comm_t *c, sc_nbc_t *st)
         if (!head(q)) {
             int64_t t0 = 0;
             int yields = c->spin_ns ? 0 : START_YIELDS;
-            while ((rc = sc_exec_step(c, st, 1)) == SC_PENDING) {
+            while ((rc = sc_exec_step(c, st, 2)) == SC_PENDING) {
                 int64_t t = sc_now_ns();
                 if (!t0) t0 = t;
                 else if (t - t0 >= c->spin_ns && !yields--) break;
@@ -233,6 +233,7 @@ int sc_nb_start(sc_comm_t *c, sc_nbc_t *st)
                 if (!c->spin_ns) sched_yield();     /* ranks share CPUs: the peer we wait on may be the one to run */
                 else for (int i = 0; i < 64 && !reached(&w); i++) cpu_relax();
             }
+            if (rc == SC_PENDING) st->run.t0 = -1;     /* left to later steps: untimed */
             if (rc != SC_PENDING) {
                 st->next = NULL;
                 finish(c, st, rc, 0);
