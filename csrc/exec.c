@@ -141,12 +141,12 @@ static int wait_post(sc_comm_t *c, int who, uint64_t call, uint64_t ev, int64_t 
                      int stamped)
 {
     int rc;
-    if (stamped && !word_reached(atomic_load_explicit(&slot->call, memory_order_acquire), call)) {
+    if (stamped) {
         sc_wait_t w = { .word = (_Atomic uint64_t *)&slot->call, .wq = &post_line(c, who)->wq, .call = call,
                         .who = who, .spin_ns = spin };
-        rc = sc_wait_slow(c, &w);
+        rc = wait_for(c, &w);
     } else {
-        rc = stamped ? SC_OK : sc_wait_line(c, post_line(c, who), who, call, ev, spin, 0);
+        rc = sc_wait_line(c, post_line(c, who), who, call, ev, spin, 0);
     }
     return !rc && check ? check_post(c, who, slot) : rc;
 }

@@ -233,7 +233,6 @@ int sc_nb_start(sc_comm_t *c, sc_nbc_t *st)
                 if (!c->spin_ns) sched_yield();     /* ranks share CPUs: the peer we wait on may be the one to run */
                 else for (int i = 0; i < 64 && !reached(&w); i++) cpu_relax();
             }
-            if (rc == SC_PENDING) st->run.t0 = -1;     /* left to later steps: untimed */
             if (rc != SC_PENDING) {
                 st->next = NULL;
                 finish(c, st, rc, 0);
@@ -242,6 +241,7 @@ int sc_nb_start(sc_comm_t *c, sc_nbc_t *st)
                 done(st);
                 return SC_OK;
             }
+            st->run.t0 = -1;                    /* left to later steps: untimed */
         }
         enqueue(q, st);
         sc_disown(c);

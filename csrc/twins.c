@@ -217,9 +217,9 @@ int sc_twin_choose(sc_comm_t *c, int64_t *twin)
 }
 
 /* After a twin call ran (t0: when it began; -1: untimed, a nonblocking
- * call that stopped between steps, which rank 0 does not learn from): every rank publishes its time
- * in its record of the call; rank 0 queues the call's times to learn and
- * promises its pick for the next call. */
+ * call that stopped between steps, which rank 0 does not learn from):
+ * every rank publishes its time in its record of the call; rank 0 queues
+ * the call's times to learn and promises its pick for the next call. */
 void sc_twin_done(sc_comm_t *c, int64_t *twin, int v, int64_t t0)
 {
     int64_t took = t0 < 0 ? -1 : sc_now_ns() - t0;

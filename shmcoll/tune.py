@@ -129,11 +129,10 @@ def decide(rows):
     """(bytes, (algorithm, params)) per measured row: the candidate of
     the lowest ratio to the rules, where it beats by TOLERANCE both the
     rules and the rules' own algorithm forced, and beats the rules in
-    WINS of the rounds; else ("auto", {}).  Where
-    the rules run their algorithm as it is forced (no twins), the two are
-    one program and what they differ by is noise; where they run it as
-    twins, the forced one is a program of its own, taken where it beats
-    the rules."""
+    WINS of the rounds; else ("auto", {}).  Where the rules run their
+    algorithm as it is forced (no twins), the two are one program and
+    what they differ by is noise; where they run it as twins, the forced
+    one is a program of its own, taken where it beats the rules."""
     out = []
     for row in rows:
         r, chosen = row["ratio"], row["chosen"]

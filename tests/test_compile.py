@@ -162,12 +162,11 @@ def test_a_stamped_wait_names_its_events_only_piece(case):
     def fields(word, spec):
         return {f.name: isa.get(f, [word]) for f in spec}
 
+    decoded = [[isa.decode(words) for words in prog[isa.HEAD:].reshape(-1, isa.INSN)] for prog in progs]
     posted, lines = [], []          # per writer: {event: [slot operands written]}, [slot lines stamped]
-    for prog in progs:
-        ins = prog[isa.HEAD:].reshape(-1, isa.INSN)
+    for ins in decoded:
         ev, since, mine = {}, [], []
-        for words in ins:
-            o, f = isa.decode(words)
+        for o, f in ins:
             if o.name == "COPY" and fields(f["dst"], isa.SPACE)["kind"] in slot_kinds:
                 since.append((f["dst"], f["flags"]))
                 if f["flags"] & isa.COPY_FLAGS["STAMP"]:
@@ -177,9 +176,8 @@ def test_a_stamped_wait_names_its_events_only_piece(case):
         posted.append(ev)
         lines.append(mine)
     stamped = 0
-    for prog in progs:
-        for words in prog[isa.HEAD:].reshape(-1, isa.INSN):
-            o, f = isa.decode(words)
+    for ins in decoded:
+        for o, f in ins:
             if o.name != "WAIT" or not f["flags"] & isa.WAIT_FLAGS["STAMPED"]:
                 continue
             stamped += 1
