@@ -152,6 +152,25 @@ def shm():
         return set()
 
 
+def doubled(a):
+    return a * 2
+
+
+def pool_failures():
+    """shmcoll.Pool from the wheel: tasks, an array through the rings, a run."""
+    a = np.arange(1 << 20, dtype=np.float64)
+    with shmcoll.Pool(2) as pool:
+        out = [] if pool.map(abs, range(-500, 500)) == [abs(x) for x in range(-500, 500)] else ["Pool.map"]
+        out += [] if np.array_equal(pool.submit(doubled, a).result(TIMEOUT), a * 2) else ["Pool.submit array"]
+        out += [] if pool.run(total, 5) == [10, 10] else ["Pool.run"]
+    print(f"Pool: {len(out)} failures", flush=True)
+    return out
+
+
+def total(comm, k):
+    return comm.allreduce(comm.rank + k)
+
+
 def main():
     where = os.path.dirname(os.path.abspath(shmcoll.__file__))
     print(f"shmcoll {shmcoll.__version__} from {where}", flush=True)
@@ -165,6 +184,7 @@ def main():
             results = shmcoll.launch(job, n, args=(markers,), timeout=TIMEOUT)
         failures += [f"{n} ranks: {f}" for bad in results for f in bad]
         print(f"{n} ranks: {sum(map(len, results))} failures in {time.monotonic() - t:.1f} s", flush=True)
+    failures += pool_failures()
     left = shm() - before
     deadline = time.monotonic() + 2
     while left and time.monotonic() < deadline:    # only a name that stays is a leak

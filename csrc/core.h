@@ -301,3 +301,13 @@ int sc_p2p_init(sc_comm_t *c);
 void sc_p2p_free(sc_comm_t *c);
 int64_t sc_p2p_helped(sc_comm_t *c);   /* bytes this rank wrote into its receivers' buffers (shared rendezvous) */
 void *sc_py_p2p(int i);
+
+/* pool channels and the owner's bell (csrc/chan.c) */
+int64_t sc_chan_size(int64_t cap);
+void sc_chan_init(char *ch, int64_t cap);
+int64_t sc_chan_put(char *ch, const char *src, int64_t n, int64_t spin_ns, int64_t wait_ns);
+int64_t sc_chan_get(char *ch, char *dst, int64_t n, int64_t spin_ns, int64_t wait_ns);
+int64_t sc_chan_ready(char *ch);
+uint64_t sc_bell_seen(char *b);
+void sc_bell_ring(char *b);
+int sc_bell_wait(char *b, uint64_t seen, int64_t spin_ns, int64_t wait_ns);

@@ -53,6 +53,23 @@ class CMAError(ShmcollError, OSError):
         return type(self), (self.errno, self.strerror)
 
 
+class WorkerDied(ShmcollError):
+    """A pool's worker died (killed, crashed, os._exit) while it ran this
+    task; the pool has replaced it."""
+
+    def __init__(self, worker, pid, status):
+        import os
+        why = f"was killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else \
+            f"exited with status {os.waitstatus_to_exitcode(status)}"
+        super().__init__(f"pool worker {worker} (pid {pid}) {why} while running this task")
+        self.worker, self.pid, self.status, self.why = worker, pid, status, why
+        self.signal = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+        self.exitcode = None if self.signal else os.waitstatus_to_exitcode(status)
+
+    def __reduce__(self):
+        return type(self), (self.worker, self.pid, self.status)
+
+
 class RemoteTraceback(Exception):
     """Carries a rank's formatted traceback as the cause of a re-raised error."""
 

@@ -1,0 +1,821 @@
+"""shmcoll.Pool: warm, pinned worker processes kept between tasks.
+
+The interface is concurrent.futures.Executor's (submit, map, shutdown, a
+context manager) with multiprocessing.Pool's common calls beside it
+(imap, imap_unordered, starmap, apply, apply_async, close, join,
+terminate).
+
+Tasks and results travel through memory the owner maps shared and
+anonymous before it forks the workers: per worker one ring each way
+(csrc/chan.c), and a bell that any worker rings for the owner.  A
+message is pickled with protocol 5, so a numpy array's bytes go straight
+from its memory into the ring and out of it into the receiver's array:
+one copy each side, no pipe, nothing named in /dev/shm.
+
+One thread of the pool's own (the manager) forks the workers, so they
+live as long as it does (a worker dies with the thread that forked it,
+PR_SET_PDEATHSIG), reads the results and replaces a worker that died: the
+task it was running raises WorkerDied, the tasks queued behind it go to
+the others.  A watcher thread waits on the workers' pidfds and rings the
+bell when one ends."""
+import concurrent.futures as cf
+import itertools
+import mmap
+import multiprocessing
+import os
+import pickle
+import selectors
+import signal
+import struct
+import threading
+import traceback
+from time import monotonic as _now
+from collections import deque
+
+import numpy as np
+
+from ._core import ffi, lib
+from .comm import Comm
+from .device import Device
+from .errors import PeerDied, PeerFailure, RemoteTraceback, WorkerDied
+from .launcher import GRACE_S, Job, _check_nprocs, _die_with_parent
+from .segment import Segment
+from .topology import topology as _topology
+
+CHAN = 4 << 20          # bytes of a ring; a larger message streams through it
+DEPTH = 2               # tasks a worker holds at once: one running, one queued behind it
+SPIN_NS = 30_000        # a wait spins this long before it sleeps
+# An idle worker looks for its next task this long before it sleeps,
+# yielding its CPU between looks (negative: csrc/chan.c yields): a task
+# sent soon after the last result then needs no wake-up, and the owner,
+# which may share the CPU, still runs.
+IDLE_SPIN_NS = -300_000
+SLICE_NS = 200_000_000  # a wait returns this often to see whether its peer lives
+LINE = 64
+HEAD = struct.Struct("<iiqqq")   # kind, buffers, task id, pickle bytes, body bytes
+TASK, RESULT, ERROR, STOP = 1, 2, 3, 4
+# The worker's state line: the id of the task it runs.
+STARTED = struct.Struct("<q")
+
+
+class TimeoutError(multiprocessing.TimeoutError, TimeoutError):    # noqa: A001
+    """A wait ran out: both multiprocessing's and the builtin's."""
+
+
+def _pad(n):
+    return -n % LINE
+
+
+class _Memory:
+    """The pool's shared memory: the owner's bell, then per worker slot a
+    state line, the task ring and the result ring."""
+
+    def __init__(self, n):
+        self.chan = lib.sc_chan_size(CHAN)
+        self.slot = LINE + 2 * (self.chan + _pad(self.chan))
+        self.map = mmap.mmap(-1, LINE + n * self.slot)
+        self.base = int(ffi.cast("uintptr_t", ffi.from_buffer(self.map)))
+        self.bell = ffi.cast("char *", self.base)
+        self.tasks = [ffi.cast("char *", self.base + self.state(i) + LINE) for i in range(n)]
+        self.results = [ffi.cast("char *", self.base + self.state(i) + LINE + self.chan + _pad(self.chan))
+                        for i in range(n)]
+
+    def state(self, i):
+        return LINE + i * self.slot
+
+    def reset(self, i):
+        STARTED.pack_into(self.map, self.state(i), -1)
+        lib.sc_chan_init(self.tasks[i], CHAN)
+        lib.sc_chan_init(self.results[i], CHAN)
+
+
+def _message(kind, tid, obj):
+    """A message as a list of buffers: header, pickle, then the arrays'
+    bytes out of band, each on a line boundary."""
+    bufs = []
+    data = pickle.dumps(obj, protocol=5, buffer_callback=bufs.append)
+    if not bufs:
+        return [HEAD.pack(kind, 0, tid, len(data), len(data)) + data]
+    raws = [b.raw() for b in bufs]
+    table = struct.pack(f"<{len(raws)}q", *(r.nbytes for r in raws))
+    body = len(table) + _pad(len(table)) + len(data) + _pad(len(data)) + sum(r.nbytes + _pad(r.nbytes) for r in raws)
+    parts = [HEAD.pack(kind, len(raws), tid, len(data), body) + table + bytes(_pad(len(table))) + data
+             + bytes(_pad(len(data)))]
+    for r in raws:
+        parts += [r, bytes(_pad(r.nbytes))] if _pad(r.nbytes) else [r]
+    return parts
+
+
+def _put(chan, parts, alive):
+    """Write a message whole; False if the reader died first (alive())."""
+    for part in parts:
+        src, n, done = ffi.from_buffer(part), len(part) if isinstance(part, bytes) else part.nbytes, 0
+        while done < n:
+            done += lib.sc_chan_put(chan, src + done, n - done, SPIN_NS, SLICE_NS)
+            if done < n and not alive():
+                return False
+    return True
+
+
+def _get(chan, dst, n, alive, spin=SPIN_NS):
+    done = 0
+    while done < n:
+        done += lib.sc_chan_get(chan, dst + done, n - done, spin, SLICE_NS)
+        if done < n and not alive():
+            return False
+    return True
+
+
+def _receive(chan, alive, heard=None, spin=SPIN_NS):
+    """(kind, task id, object) of the next message, None if the writer died
+    in it; heard(task id) is called once the header is in.  The arrays'
+    bytes land in one line-aligned block, which the unpickled arrays then
+    own."""
+    head = bytearray(HEAD.size)
+    if not _get(chan, ffi.from_buffer(head), HEAD.size, alive, spin):
+        return None
+    kind, nbuf, tid, plen, body = HEAD.unpack(head)
+    if heard is not None:
+        heard(tid)
+    if not nbuf:
+        data = bytearray(body)
+        return (kind, tid, pickle.loads(data)) if _get(chan, ffi.from_buffer(data), body, alive) else None
+    block = np.empty(body + LINE, np.uint8)
+    off = -block.ctypes.data % LINE
+    view = block[off:off + body]
+    if not _get(chan, ffi.cast("char *", view.ctypes.data), body, alive):
+        return None
+    mem = memoryview(view)
+    sizes = struct.unpack_from(f"<{nbuf}q", mem)
+    at = 8 * nbuf + _pad(8 * nbuf)
+    data, at = mem[at:at + plen], at + plen + _pad(plen)
+    bufs = []
+    for size in sizes:
+        bufs.append(mem[at:at + size])
+        at += size + _pad(size)
+    return kind, tid, pickle.loads(data, buffers=bufs)
+
+
+_group = None      # a worker's (generation, communicator) for run()
+
+
+def _member(gen, owner, fd, plan, rank, fn, args):
+    """A worker's part of a run: fn(comm, *args) on the communicator of
+    generation gen, attached on first use (the owner's segment, by its
+    /proc fd) and kept for the runs after."""
+    global _group
+    if _group is None or _group[0] != gen:
+        if _group is not None:
+            _group[2].close()
+            _group = None
+        dev = Device(plan, rank, Segment.open_proc(owner, fd, plan.size))
+        dev.register(os.getpid(), owner)
+        _group = (gen, Comm(dev), dev)
+    _, comm, dev = _group
+    try:
+        return fn(comm, *args)
+    except BaseException:
+        dev.abort(rank, 1)
+        raise
+
+
+def _cause(errors):
+    """The exception a failed run raises: a death first (as PeerDied),
+    then a worker's own error, then what its peers saw of it."""
+    for rank, e in errors:
+        if isinstance(e, WorkerDied):
+            err = PeerDied(rank, f"(pool worker {e.worker}, pid {e.pid}) {e.why} in pool.run")
+            err.__cause__ = e
+            return err
+    rank, e = min(errors, key=lambda x: (isinstance(x[1], PeerFailure), x[0]))
+    if hasattr(e, "add_note"):
+        e.add_note(f"(raised on rank {rank} of pool.run)")
+    return e
+
+
+def _call(fn, args, kwargs):
+    return fn(*args, **kwargs)
+
+
+def _sliceable(iterable):
+    """iterable as a sequence whose slices are chunks: a range, list or
+    tuple as it is (a range's chunks are ranges: nothing to copy or
+    pickle per item), anything else read into a list."""
+    return iterable if isinstance(iterable, (range, list, tuple)) else list(iterable)
+
+
+def _mapped(fn, *columns):
+    return list(map(fn, *columns))
+
+
+def _starmapped(fn, argsets):
+    return list(itertools.starmap(fn, argsets))
+
+
+def _worker(mem, i, initializer, initargs):
+    """A worker's life: tasks in, results out, until STOP.  Never returns."""
+    code = 0
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)    # Ctrl-C is the owner's to handle
+        tasks, results, state = mem.tasks[i], mem.results[i], mem.state(i)
+        if initializer is not None:
+            initializer(*initargs)
+
+        def heard(tid):     # before the arguments unpickle: a task that kills its worker there is the one named
+            STARTED.pack_into(mem.map, state, tid)
+        while True:
+            kind, tid, obj = _receive(tasks, lambda: True, heard, IDLE_SPIN_NS)
+            if kind == STOP:
+                break
+            try:
+                value = _call(*obj)
+            except BaseException as e:
+                out = _failure(tid, e)
+            else:
+                try:
+                    out = _message(RESULT, tid, value)
+                except BaseException as e:
+                    out = _failure(tid, RuntimeError(f"the task's result is not picklable: {e!r}"))
+                del value
+            _put(results, out, lambda: True)
+            lib.sc_bell_ring(mem.bell)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def _failure(tid, exc):
+    """An ERROR message carrying exc and its traceback, or a RuntimeError
+    naming it when it does not pickle."""
+    tb = traceback.format_exc()
+    try:
+        return _message(ERROR, tid, (exc, tb))
+    except BaseException as e:
+        return _message(ERROR, tid, (RuntimeError(f"{exc!r} (not picklable: {e!r})"), tb))
+
+
+class _Task:
+    __slots__ = ("future", "parts", "worker", "target")
+
+    def __init__(self, future, parts, target=None):
+        self.future, self.parts, self.worker, self.target = future, parts, None, target
+
+
+class _Worker:
+    __slots__ = ("index", "pid", "queued", "lock", "dead", "feeding")
+
+    def __init__(self, index, pid):
+        self.index, self.pid, self.queued = index, pid, deque()
+        self.lock = threading.Lock()    # one writer of its task ring at a time
+        self.dead = None                # its wait status, once it ended
+        self.feeding = 0                # messages the feeder still writes
+
+
+class Pool(cf.Executor):
+    """n warm worker processes, pinned like `shmcoll run`'s ranks (bind:
+    core, socket, numa or none), each running initializer(*initargs) once
+    when it starts."""
+
+    def __init__(self, n=None, *, bind="core", map="compact", topology=None, initializer=None, initargs=()):
+        n = len(os.sched_getaffinity(0)) if n is None else _check_nprocs(n)
+        self._n = n
+        self._slots = _topology(topology).placement(n, bind, map)
+        self._bind, self._map, self._topology = bind, map, topology
+        self._run_lock = threading.Lock()
+        self._job, self._gen, self._broken = None, 0, False      # run()'s communicator
+        self._init = (initializer, tuple(initargs))
+        self._mem = _Memory(n)
+        self._lock = threading.Lock()
+        self._reading = threading.Lock()     # held by the one thread that reads the result rings
+        self._drivers = []                   # futures whose result() reads results (_drive)
+        self._poked = threading.Event()      # a worker died: the manager's wake-up while others read
+        self._pending = deque()          # tasks no worker holds yet
+        self._tasks = {}                 # id -> _Task, until its future is done
+        self._ids = itertools.count()
+        self._workers = [None] * n
+        self._closed = False
+        self._stopping = False           # shutdown: stop once the submitted tasks are done
+        self._killing = False            # terminate: no more replacements
+        self._done = False               # the manager has stopped the workers
+        self._feed = deque()
+        self._feeder_wake = threading.Condition(self._lock)
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe()
+        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        started, self._error = threading.Event(), None
+        self._manager = threading.Thread(target=self._manage, args=(started,), name="shmcoll-pool", daemon=True)
+        self._manager.start()
+        started.wait()
+        if self._error is not None:
+            raise self._error
+        self._watcher = threading.Thread(target=self._watch, name="shmcoll-pool-watch", daemon=True)
+        self._watcher.start()
+        self._feeder = threading.Thread(target=self._feeding, name="shmcoll-pool-feed", daemon=True)
+        self._feeder.start()
+
+    # -- workers -------------------------------------------------------------
+    def _spawn(self, i):
+        """Fork worker i (from the manager thread), with fresh rings."""
+        self._mem.reset(i)
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                for key in list(self._sel.get_map().values()):      # the wake pipe, the other workers' pidfds
+                    os.close(key.fd)
+                os.close(self._sel.fileno())
+                os.close(self._wake_w)
+                _die_with_parent(parent)
+                if self._bind != "none":
+                    try:
+                        os.sched_setaffinity(0, self._slots[i].cpus)
+                    except OSError:
+                        pass            # CPUs this host lacks (a virtual topology)
+                _worker(self._mem, i, *self._init)
+            finally:
+                os._exit(1)
+        w = _Worker(i, pid)
+        fd = os.pidfd_open(pid)
+        self._workers[i] = w
+        self._sel.register(fd, selectors.EVENT_READ, w)
+        os.write(self._wake_w, b"x")
+
+    def _watch(self):
+        """Wait on the workers' pidfds; mark the one that ended and ring the
+        bell, so the manager replaces it at once."""
+        while True:
+            for key, _ in self._sel.select():
+                w = key.data
+                if w is None:
+                    if os.read(self._wake_r, 4096) == b"":
+                        os.close(self._wake_r)
+                        return
+                    continue
+                self._sel.unregister(key.fd)
+                os.close(key.fd)
+                _, status = os.waitpid(w.pid, 0)
+                w.dead = status
+                job = self._job
+                if job is not None:     # a run's peers stop waiting for it at once
+                    job.device.abort(w.index, 2)
+                    self._broken = True
+                lib.sc_bell_ring(self._mem.bell)
+                self._poked.set()
+
+    def _manage(self, started):
+        try:
+            for i in range(self._n):
+                self._spawn(i)
+        except BaseException as e:
+            self._error = e
+            started.set()
+            return
+        started.set()
+        try:
+            self._loop()
+        except BaseException as e:      # a bug here: fail every task and stop, rather than hang them
+            traceback.print_exc()
+            with self._lock:
+                self._closed = self._stopping = self._killing = True
+                for task in self._tasks.values():
+                    task.future.done() or task.future.set_exception(
+                        RuntimeError(f"shmcoll.Pool's manager failed: {e!r}"))
+                self._tasks.clear()
+                self._pending.clear()
+                for w in self._workers:
+                    if w is not None and w.dead is None:
+                        os.kill(w.pid, signal.SIGKILL)
+        self._stop_workers()
+        with self._lock:
+            self._done = True
+            self._feeder_wake.notify_all()
+
+    def _loop(self):
+        """Read results, replace the dead, dispatch; until stopped and idle."""
+        bell = self._mem.bell
+        while True:
+            seen = lib.sc_bell_seen(bell)
+            dead = [w for w in self._workers if w.dead is not None]    # before their last results are read
+            if dead:
+                with self._reading:
+                    busy = self._collect_all()
+                    with self._lock:
+                        for w in dead:
+                            self._replace(w)
+            else:
+                busy = self._progress()
+            with self._lock:
+                self._dispatch()
+                if self._stopping and not self._tasks:
+                    break
+            if busy:
+                continue
+            if self._drivers:       # a thread in result() reads: wake only for a death, or to look again
+                self._poked.wait(0.01)
+                self._poked.clear()
+            else:
+                lib.sc_bell_wait(bell, seen, SPIN_NS, SLICE_NS)
+
+    def _progress(self):
+        """Read the results the workers have written, unless another thread
+        is reading them now; whether there were any."""
+        if not self._reading.acquire(False):
+            return False
+        try:
+            return self._collect_all()
+        finally:
+            self._reading.release()
+
+    def _collect_all(self):
+        got = False
+        for w in self._workers:
+            got |= self._collect(w)
+        return got
+
+    def _drive(self, future, timeout):
+        """Wait for future by reading results in this thread, as the
+        manager would: a result then needs no second thread's wake-up."""
+        bell, end = self._mem.bell, None if timeout is None else _now() + timeout
+        self._drivers.append(future)        # list.append and .remove: atomic under the GIL
+        try:
+            self._drive_until(future, bell, end)
+        finally:
+            self._drivers.remove(future)
+
+    def _drive_until(self, future, bell, end):
+        while not future.done():
+            seen = lib.sc_bell_seen(bell)
+            if not self._reading.acquire(False):
+                self._reading.acquire()     # the manager is reading: what it reads may be ours
+                self._reading.release()
+                continue
+            try:
+                if self._collect_all():
+                    continue
+            finally:
+                self._reading.release()
+            left = 2e-3 if end is None else min(2e-3, end - _now())
+            if left <= 0 or future.done():
+                return
+            lib.sc_bell_wait(bell, seen, SPIN_NS, int(left * 1e9))
+
+    def _collect(self, w):
+        """Read the results worker w has written; whether there were any."""
+        chan, got = self._mem.results[w.index], False
+        while lib.sc_chan_ready(chan) >= HEAD.size or (w.dead is None and lib.sc_chan_ready(chan)):
+            msg = _receive(chan, lambda: w.dead is None)
+            if msg is None:
+                break
+            got = True
+            kind, tid, value = msg
+            with self._lock:
+                task = self._tasks.pop(tid, None)
+                if w.queued and w.queued[0] == tid:
+                    w.queued.popleft()
+                if self._pending:
+                    self._dispatch()
+            if task is None:
+                continue
+            if kind == RESULT:
+                task.future.set_result(value)
+            else:
+                exc, tb = value
+                exc.__cause__ = RemoteTraceback(f'\n"""\n{tb}"""')
+                task.future.set_exception(exc)
+        return got
+
+    def _replace(self, w):
+        """w ended: its running task fails, the ones behind it go back to
+        the queue, and a new worker takes its slot (unless stopping)."""
+        running = STARTED.unpack_from(self._mem.map, self._mem.state(w.index))[0]
+        for tid in reversed(w.queued):
+            task = self._tasks.get(tid)
+            if task is None:
+                continue
+            if tid == running:
+                del self._tasks[tid]
+                task.future.set_exception(WorkerDied(w.index, w.pid, w.dead))
+            else:
+                task.worker = None
+                self._pending.appendleft(tid)
+        w.queued.clear()
+        if not self._killing:
+            with w.lock:        # the feeder is out of its ring
+                self._spawn(w.index)
+
+    def _dispatch(self):
+        """Hand pending tasks, in order, to the least-loaded live workers; a
+        run()'s task to its own worker, however loaded (lock held)."""
+        while self._pending:
+            task = self._tasks.get(self._pending[0])
+            if task is None or task.future.cancelled():
+                self._tasks.pop(self._pending.popleft(), None)
+                continue
+            if task.target is not None:
+                w = self._workers[task.target]
+                if w.dead is not None:
+                    return          # its replacement takes it
+            else:
+                live = [w for w in self._workers if w.dead is None and len(w.queued) < DEPTH]
+                if not live:
+                    return
+                w = min(live, key=lambda x: len(x.queued))
+            tid = self._pending.popleft()
+            if not (task.future.running() or task.future.set_running_or_notify_cancel()):
+                del self._tasks[tid]
+                continue
+            w.queued.append(tid)
+            task.worker = w
+            size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in task.parts)
+            if not w.feeding and size <= CHAN - lib.sc_chan_ready(self._mem.tasks[w.index]) and w.lock.acquire(False):
+                try:
+                    _put(self._mem.tasks[w.index], task.parts, lambda: True)
+                finally:
+                    w.lock.release()
+            else:
+                w.feeding += 1
+                self._feed.append((w, task.parts))
+                self._feeder_wake.notify()
+
+    def _feeding(self):
+        """Write the messages that do not fit their ring's free room now
+        (a large array), so submit never blocks."""
+        while True:
+            with self._lock:
+                while not self._feed and not self._done:
+                    self._feeder_wake.wait()
+                if not self._feed:
+                    return
+                w, parts = self._feed.popleft()
+            with w.lock:
+                if w.dead is None:
+                    _put(self._mem.tasks[w.index], parts, lambda: w.dead is None)
+            with self._lock:
+                w.feeding -= 1
+
+    def _stop_workers(self):
+        """STOP to every worker, then wait until the watcher saw each end."""
+        for w in self._workers:
+            if w.dead is None:
+                with w.lock:
+                    _put(self._mem.tasks[w.index], _message(STOP, -1, None), lambda: w.dead is None)
+        while True:
+            seen = lib.sc_bell_seen(self._mem.bell)
+            if all(w.dead is not None for w in self._workers):
+                return
+            lib.sc_bell_wait(self._mem.bell, seen, SPIN_NS, SLICE_NS)
+
+    # -- the Executor interface ----------------------------------------------
+    def submit(self, fn, /, *args, **kwargs):
+        """Run fn(*args, **kwargs) on a worker; a Future of its result."""
+        return self._submit(None, fn, args, kwargs)
+
+    def _submit(self, target, fn, args, kwargs):
+        future = _Future(self)
+        future._tid = tid = next(self._ids)
+        parts = None
+        try:
+            parts = _message(TASK, tid, (fn, args, kwargs))
+        except BaseException as e:
+            future.set_exception(e)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            if parts is not None:
+                self._tasks[tid] = _Task(future, parts, target)
+                self._pending.append(tid)
+                self._dispatch()
+        return future
+
+    def map(self, fn, *iterables, timeout=None, chunksize=None):
+        """[fn(*args) for args in zip(*iterables)], run in chunks; a list
+        (multiprocessing.Pool.map's result; iterating it is
+        Executor.map's).  chunksize None: about four chunks a worker, as
+        multiprocessing.Pool.map; a trailing int (or None) is its chunksize."""
+        if len(iterables) > 1 and (iterables[-1] is None or isinstance(iterables[-1], int)) and chunksize is None:
+            *iterables, chunksize = iterables
+        if not iterables:
+            raise TypeError("map() needs at least one iterable")
+        columns = [_sliceable(it) for it in iterables]
+        n = min(map(len, columns))          # zip's length
+        columns = [c[:n] if len(c) > n else c for c in columns]
+        return self._gather(self._chunks(_mapped, fn, columns, chunksize), timeout)
+
+    def starmap(self, fn, iterable, chunksize=None):
+        """multiprocessing.Pool.starmap: [fn(*args) for args in iterable]."""
+        return self._gather(self._chunks(_starmapped, fn, [_sliceable(iterable)], chunksize), None)
+
+    def imap(self, fn, iterable, chunksize=1):
+        """multiprocessing.Pool.imap: fn over iterable, results in order as
+        they come (the iterable is read whole at once)."""
+        return self._each(self._chunks(_mapped, fn, [_sliceable(iterable)], chunksize), ordered=True)
+
+    def imap_unordered(self, fn, iterable, chunksize=1):
+        """multiprocessing.Pool.imap_unordered: results as each chunk ends."""
+        return self._each(self._chunks(_mapped, fn, [_sliceable(iterable)], chunksize), ordered=False)
+
+    def _chunks(self, runner, fn, columns, chunksize):
+        """Submit runner(fn, *column slices) per chunk: their futures."""
+        n = len(columns[0])
+        if chunksize is None:
+            chunksize = max(1, -(-n // (4 * self._n)))
+        elif isinstance(chunksize, bool) or not isinstance(chunksize, int) or chunksize < 1:
+            raise ValueError(f"chunksize must be an int >= 1, not {chunksize!r}")
+        return [self.submit(runner, fn, *(c[i:i + chunksize] for c in columns)) for i in range(0, n, chunksize)]
+
+    @staticmethod
+    def _gather(fs, timeout):
+        end = None if timeout is None else _now() + timeout
+        out = []
+        try:
+            for f in fs:
+                out += f.result(None if end is None else max(0.0, end - _now()))
+        except cf.TimeoutError:
+            raise TimeoutError(f"results not ready after {timeout} s") from None
+        finally:
+            for f in fs:
+                f.cancel()
+        return out
+
+    @staticmethod
+    def _each(fs, ordered):
+        try:
+            for f in (fs if ordered else cf.as_completed(fs)):
+                yield from f.result()
+        finally:
+            for f in fs:
+                f.cancel()
+
+    def run(self, fn, *args, timeout=None):
+        """fn(comm, *args) on every worker at once, comm a communicator
+        among them (rank i: worker i); their results in rank order.  The
+        communicator stays between runs, warm; a run that fails (a worker
+        raised, died or timed out) raises the cause here, every worker's
+        part ends, and the next run gets a new communicator (the pool's
+        replacement for a dead worker in it).  A worker joins when it has
+        finished the tasks it already holds."""
+        with self._run_lock:
+            gen, fd, plan = self._group()
+            owner = os.getpid()
+            fs = [self._submit(i, _member, (gen, owner, fd, plan, i, fn, args), {}) for i in range(self._n)]
+            end = None if timeout is None else _now() + timeout
+            try:
+                for f in fs:
+                    f.exception(None if end is None else max(0.0, end - _now()))
+            except cf.TimeoutError:
+                self._job.device.abort(self._job.device.rank, 3)
+                self._broken = True
+                _, stuck = cf.wait(fs, GRACE_S)     # the abort ends every member's wait in shmcoll
+                self._kill({self._tasks[f._tid].worker for f in stuck if f._tid in self._tasks} - {None})
+                cf.wait(fs)
+                raise TimeoutError(f"pool.run: not done after {timeout} s; its communicator was aborted"
+                                   + (f", and {len(stuck)} members still running {GRACE_S} s later were killed"
+                                      if stuck else "")) from None
+            errors = [(i, f.exception()) for i, f in enumerate(fs) if f.exception() is not None]
+            if not errors:
+                return [f.result() for f in fs]
+            self._broken = True
+            raise _cause(errors)
+
+    def _kill(self, workers):
+        with self._lock:
+            for w in workers:
+                if w.dead is None:
+                    os.kill(w.pid, signal.SIGKILL)
+
+    def _group(self):
+        """(generation, fd, plan) of the communicator the workers share,
+        made anew after a failed run or a worker's death."""
+        if self._job is None or self._broken:
+            if self._job is not None:
+                self._job.close()
+                self._job = None
+            self._job = Job(self._n, self._bind, self._map, self._topology)
+            self._gen += 1
+            self._broken = False
+        return self._gen, self._job.device.segment.fd, self._job.plan
+
+    def apply(self, fn, args=(), kwds={}):
+        return self.submit(fn, *args, **kwds).result()
+
+    def apply_async(self, fn, args=(), kwds={}, callback=None, error_callback=None):
+        return AsyncResult(self.submit(fn, *args, **kwds), callback, error_callback)
+
+    def shutdown(self, wait=True, *, cancel_futures=False):
+        """No new tasks; the workers stop once the submitted ones are done
+        (cancel_futures: the ones not started are cancelled)."""
+        with self._lock:
+            self._closed = True
+            if cancel_futures:
+                for tid in self._pending:
+                    task = self._tasks.pop(tid, None)
+                    if task is not None:
+                        task.future.cancel()
+                self._pending.clear()
+            self._stopping = True
+            self._feeder_wake.notify_all()
+        lib.sc_bell_ring(self._mem.bell)
+        if wait:
+            self._join()
+
+    def _join(self):
+        """Wait for the manager, then end the other threads."""
+        self._manager.join()
+        self._feeder.join()
+        with self._lock:
+            if self._wake_w >= 0:
+                os.close(self._wake_w)      # the watcher reads EOF and ends
+                self._wake_w = -1
+        self._watcher.join()
+        self._sel.close()
+        if self._job is not None:
+            self._job.close()
+            self._job = None
+
+    def close(self):
+        """multiprocessing.Pool.close: no new tasks."""
+        with self._lock:
+            self._closed = True
+
+    def join(self):
+        """multiprocessing.Pool.join: wait for the tasks, then the workers."""
+        self.shutdown(wait=True)
+
+    def terminate(self):
+        """Kill the workers now; tasks not done are cancelled or fail."""
+        with self._lock:
+            self._closed = self._stopping = self._killing = True
+            for task in self._tasks.values():
+                task.future.cancel() or task.future.done() or task.future.set_exception(
+                    RuntimeError("the pool was terminated"))
+            self._tasks.clear()
+            self._pending.clear()
+            self._feeder_wake.notify_all()
+            for w in self._workers:
+                if w is not None and w.dead is None:
+                    os.kill(w.pid, signal.SIGKILL)
+        lib.sc_bell_ring(self._mem.bell)
+        self._join()
+
+    def __exit__(self, *exc):
+        self.shutdown(wait=True)
+        return False
+
+    def __repr__(self):
+        return f"<shmcoll.Pool {self._n} workers{' (shut down)' if self._closed else ''}>"
+
+
+
+
+class _Future(cf.Future):
+    """A Future whose result() and exception() read the results
+    themselves (Pool._drive) while they wait."""
+
+    def __init__(self, pool):
+        super().__init__()
+        self._pool = pool
+
+    def result(self, timeout=None):
+        end = None if timeout is None else _now() + timeout
+        self._pool._drive(self, timeout)
+        return super().result(None if end is None else max(0.0, end - _now()))
+
+    def exception(self, timeout=None):
+        end = None if timeout is None else _now() + timeout
+        self._pool._drive(self, timeout)
+        return super().exception(None if end is None else max(0.0, end - _now()))
+
+
+class AsyncResult:
+    """multiprocessing.pool.AsyncResult over a Future."""
+
+    def __init__(self, future, callback=None, error_callback=None):
+        self._future = future
+        if callback is not None or error_callback is not None:
+            def done(f):
+                if f.cancelled():
+                    return
+                if f.exception() is None:
+                    callback is None or callback(f.result())
+                elif error_callback is not None:
+                    error_callback(f.exception())
+            future.add_done_callback(done)
+
+    def ready(self):
+        return self._future.done()
+
+    def successful(self):
+        if not self._future.done():
+            raise ValueError(f"{self!r} not ready")
+        return self._future.exception() is None
+
+    def wait(self, timeout=None):
+        cf.wait([self._future], timeout)
+
+    def get(self, timeout=None):
+        try:
+            return self._future.result(timeout)
+        except cf.TimeoutError:
+            raise TimeoutError(f"result not ready after {timeout} s") from None

@@ -1,0 +1,349 @@
+"""shmcoll.Pool: the Executor and multiprocessing.Pool interfaces against
+plain Python (the reference), arrays through the rings against numpy,
+and workers that die: their task raises WorkerDied, the rest complete,
+the pool keeps its size and leaves no process behind."""
+import concurrent.futures as cf
+import ctypes
+import multiprocessing
+import os
+import signal
+import threading
+
+import numpy as np
+import pytest
+
+import shmcoll
+from shmcoll import pool as pool_mod
+
+CPUS = len(os.sched_getaffinity(0))
+
+
+def square(x):
+    return x * x
+
+
+def add(a, b=0, *, c=0):
+    return a + b + c
+
+
+def pid(_=None):
+    return os.getpid()
+
+
+def boom(x):
+    raise ValueError(f"bad {x}")
+
+
+def twice(a):
+    return a * 2
+
+
+def echo(x):
+    return x
+
+
+def unpicklable_result(_):
+    return threading.Lock()
+
+
+def die(how, x=None):
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if how == "segv":
+        ctypes.string_at(0)
+    if how == "exit":
+        os._exit(7)
+    return x
+
+
+_state = {}
+
+
+def remember(value):
+    _state["v"] = value
+
+
+def recall(_):
+    return _state.get("v")
+
+
+def alive(pids):
+    out = []
+    for p in pids:
+        try:
+            os.kill(p, 0)
+            out.append(p)
+        except ProcessLookupError:
+            pass
+    return out
+
+
+@pytest.fixture
+def pool():
+    with shmcoll.Pool(2) as p:
+        yield p
+
+
+def test_submit_and_executor_map_agree_with_python(pool):
+    assert pool.submit(add, 1, 2, c=3).result(30) == 6
+    xs = list(range(-50, 1000))
+    assert pool.map(square, xs) == [x * x for x in xs]
+    assert list(pool.map(add, range(10), range(100, 107))) == [a + b for a, b in zip(range(10), range(100, 107))]
+    assert pool.map(square, []) == []
+
+
+@pytest.mark.parametrize("chunksize", [None, 1, 3, 7, 1000])
+def test_multiprocessing_calls_agree_with_python(pool, chunksize):
+    xs = list(range(101))
+    want = [x * x for x in xs]
+    assert pool.map(square, iter(xs), chunksize) == want
+    assert pool.starmap(add, [(x, 1) for x in xs], chunksize) == [x + 1 for x in xs]
+    assert list(pool.imap(square, xs, chunksize or 1)) == want
+    assert sorted(pool.imap_unordered(square, xs, chunksize or 1)) == sorted(want)
+    assert pool.apply(add, (2, 3), {"c": 4}) == 9
+
+
+def test_bad_chunksize_raises(pool):
+    with pytest.raises(ValueError, match="chunksize"):
+        pool.map(square, range(4), chunksize=0)
+
+
+def test_apply_async_and_callbacks(pool):
+    got, errs = [], []
+    done = threading.Event()
+    ok = pool.apply_async(square, (12,), callback=got.append)
+    bad = pool.apply_async(boom, (5,), error_callback=lambda e: (errs.append(e), done.set()))
+    assert ok.get(30) == 144
+    with pytest.raises(ValueError, match="bad 5"):
+        bad.get(30)
+    assert done.wait(30)
+    assert ok.ready() and ok.successful() and not bad.successful()
+    assert got == [144] and isinstance(errs[0], ValueError)
+
+
+def test_exception_carries_the_remote_traceback(pool):
+    fut = pool.submit(boom, 3)
+    with pytest.raises(ValueError, match="bad 3") as info:
+        fut.result(30)
+    assert "in boom" in str(info.value.__cause__)
+    assert isinstance(fut.exception(30), ValueError)
+    with pytest.raises(ValueError, match="bad 1"):
+        pool.map(boom, [1, 2])
+
+
+def test_unpicklable_task_and_result_raise(pool):
+    with pytest.raises(Exception):
+        pool.submit(lambda: 1).result(30)
+    with pytest.raises(RuntimeError, match="not picklable"):
+        pool.submit(unpicklable_result, 0).result(30)
+    assert pool.submit(square, 5).result(30) == 25      # the pool is fine after both
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int8, np.complex128, np.float32])
+@pytest.mark.parametrize("n", [0, 1, 4095, (pool_mod.CHAN // 8) + 1, (24 << 20) // 8])
+def test_arrays_through_the_rings(pool, dtype, n):
+    a = (np.arange(n) % 251).astype(dtype)
+    b = pool.submit(twice, a).result(60)
+    np.testing.assert_array_equal(b, a * 2)
+    assert b.dtype == a.dtype and b.flags.writeable and b.ctypes.data % 64 == 0
+
+
+def test_views_objects_and_several_arrays(pool):
+    a = np.arange(30.0).reshape(5, 6)
+    value = {"t": a.T, "s": a[::2, 1:], "f": np.asfortranarray(a), "x": [a, "text", 3]}
+    got = pool.submit(echo, value).result(30)
+    for k in ("t", "s", "f"):
+        np.testing.assert_array_equal(got[k], value[k])
+    np.testing.assert_array_equal(got["x"][0], a)
+    assert got["x"][1:] == ["text", 3]
+
+
+def test_timeouts(pool):
+    import time
+    slow = pool.submit(time.sleep, 0.5)
+    with pytest.raises(cf.TimeoutError):
+        slow.result(0.01)
+    ar = pool.apply_async(time.sleep, (0.5,))
+    with pytest.raises(multiprocessing.TimeoutError):
+        ar.get(0.01)
+    with pytest.raises(TimeoutError):
+        pool.map(time.sleep, [0.5, 0.5], timeout=0.01)
+    slow.result(30)
+
+
+def test_initializer_runs_in_every_worker():
+    with shmcoll.Pool(2, initializer=remember, initargs=("hello",)) as p:
+        assert p.map(recall, range(8), 1) == ["hello"] * 8
+
+
+def test_shutdown_waits_for_submitted_then_refuses():
+    p = shmcoll.Pool(2)
+    fs = [p.submit(square, i) for i in range(50)]
+    pids = p.map(pid, range(8), 1)
+    p.shutdown(wait=True)
+    assert [f.result(0) for f in fs] == [i * i for i in range(50)]
+    assert alive(set(pids)) == []
+    with pytest.raises(RuntimeError, match="shutdown"):
+        p.submit(square, 1)
+
+
+def test_shutdown_cancel_futures():
+    import time
+    p = shmcoll.Pool(1)
+    first = p.submit(time.sleep, 0.3)
+    rest = [p.submit(square, i) for i in range(20)]
+    p.shutdown(wait=True, cancel_futures=True)
+    assert first.result(0) is None
+    assert any(f.cancelled() for f in rest)
+    assert all(f.cancelled() or f.result(0) == i * i for i, f in enumerate(rest))
+
+
+def test_terminate_kills_workers_and_fails_pending():
+    import time
+    p = shmcoll.Pool(2)
+    pids = set(p.map(pid, range(8), 1))
+    fs = [p.submit(time.sleep, 5) for _ in range(4)]
+    p.terminate()
+    assert all(f.done() for f in fs)
+    assert alive(pids) == []
+
+
+@pytest.mark.parametrize("how", ["kill", "segv", "exit"])
+def test_a_dead_worker_fails_its_task_only(how):
+    with shmcoll.Pool(2) as p:
+        before = set(p.map(pid, range(8), 1))
+        fs = [p.submit(square, i) for i in range(20)]
+        doomed = p.submit(die, how)
+        more = [p.submit(square, i) for i in range(20, 40)]
+        with pytest.raises(shmcoll.WorkerDied) as info:
+            doomed.result(60)
+        e = info.value
+        assert e.pid in before
+        if how == "exit":
+            assert e.exitcode == 7 and e.signal is None
+        else:
+            assert e.signal == (signal.SIGKILL if how == "kill" else signal.SIGSEGV)
+        assert [f.result(60) for f in fs + more] == [i * i for i in range(40)]
+        after = set(p.map(pid, range(16), 1))
+        assert len(p._workers) == 2 and e.pid not in after
+        assert alive([e.pid]) == []
+
+
+def test_many_deaths_in_a_map_keep_the_pool_whole():
+    """Every task either completes or raises WorkerDied; no hang, the
+    pool keeps its size."""
+    with shmcoll.Pool(2) as p:
+        fs = [p.submit(die, "kill" if i % 5 == 0 else "none", i) for i in range(60)]
+        for i, f in enumerate(fs):
+            if i % 5 == 0:
+                assert isinstance(f.exception(60), shmcoll.WorkerDied)
+            else:
+                assert f.result(60) == i
+        assert len(set(p.map(pid, range(32), 1))) <= 2
+        assert p.map(square, range(100)) == [x * x for x in range(100)]
+
+
+def test_concurrent_submitters(pool):
+    out = {}
+
+    def user(k):
+        out[k] = [pool.submit(add, k, i).result(60) for i in range(200)]
+    threads = [threading.Thread(target=user, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert out == {k: [k + i for i in range(200)] for k in range(4)}
+
+
+def test_as_completed_without_result_calls(pool):
+    fs = [pool.submit(square, i) for i in range(30)]
+    assert sorted(f.result() for f in cf.as_completed(fs, timeout=60)) == [i * i for i in range(30)]
+    done, _ = cf.wait([pool.submit(square, 3)], timeout=60)
+    assert [f.result() for f in done] == [9]
+
+
+@pytest.mark.parametrize("n", sorted({1, 3, CPUS + 1}))
+def test_worker_counts(n):
+    with shmcoll.Pool(n) as p:
+        assert p.map(square, range(97)) == [x * x for x in range(97)]
+        assert len(set(p.map(pid, range(8 * n), 1))) <= n
+
+
+def test_bad_sizes_raise():
+    with pytest.raises(ValueError):
+        shmcoll.Pool(0)
+    with pytest.raises(TypeError):
+        shmcoll.Pool("2")
+
+
+def reduce_part(comm, k):
+    a = (np.arange(1000) * (comm.rank + 1) + k).astype(np.float64)
+    comm.Allreduce(shmcoll.IN_PLACE, a)
+    return a, id(comm), comm.rank, comm.size
+
+
+def refuse(comm, who):
+    if comm.rank == who:
+        raise KeyError(f"rank {who} refuses")
+    comm.Barrier()
+
+
+def kill_in_run(comm, who):
+    if comm.rank == who:
+        os.kill(os.getpid(), signal.SIGKILL)
+    comm.Barrier()
+
+
+def stall(comm, seconds):
+    import time
+    if comm.rank == 0:
+        time.sleep(seconds)
+    comm.Barrier()
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_run_is_spmd_with_a_warm_communicator(n):
+    with shmcoll.Pool(n) as p:
+        first = p.run(reduce_part, 5)
+        again = p.run(reduce_part, 7)
+        for k, out in ((5, first), (7, again)):
+            want = sum((np.arange(1000) * (r + 1) + k).astype(np.float64) for r in range(n))
+            assert [o[2:] for o in out] == [(r, n) for r in range(n)]
+            for o in out:
+                np.testing.assert_array_equal(o[0], want)
+        assert [o[1] for o in first] == [o[1] for o in again]     # the same Comm, kept
+
+
+def test_run_raises_a_members_error_then_runs_again():
+    with shmcoll.Pool(3) as p:
+        with pytest.raises(KeyError, match="rank 1 refuses"):
+            p.run(refuse, 1)
+        assert [o[2] for o in p.run(reduce_part, 0)] == [0, 1, 2]
+
+
+def test_run_with_a_killed_member_raises_peer_died_then_rebuilds():
+    import time
+    with shmcoll.Pool(3) as p:
+        p.run(reduce_part, 0)
+        pids = p.map(pid, range(12), 1)
+        t = time.monotonic()
+        with pytest.raises(shmcoll.PeerDied) as info:
+            p.run(kill_in_run, 2)
+        assert time.monotonic() - t < 5
+        assert info.value.rank == 2 and isinstance(info.value.__cause__, shmcoll.WorkerDied)
+        out = p.run(reduce_part, 1)
+        assert [o[2] for o in out] == [0, 1, 2]
+        assert len(set(p.map(pid, range(12), 1)) - set(pids)) >= 1
+
+
+@pytest.mark.parametrize("seconds", [2, 600])
+def test_run_timeout_aborts_the_members(seconds):
+    """A member still busy GRACE_S after the abort is killed and replaced."""
+    import time
+    with shmcoll.Pool(2) as p:
+        t = time.monotonic()
+        with pytest.raises(TimeoutError, match="killed" if seconds > pool_mod.GRACE_S else "aborted$"):
+            p.run(stall, seconds, timeout=0.2)
+        assert time.monotonic() - t < pool_mod.GRACE_S + 10
+        assert [o[2] for o in p.run(reduce_part, 0)] == [0, 1]
