@@ -162,7 +162,7 @@ def pool_failures():
     with shmcoll.Pool(2) as pool:
         out = [] if pool.map(abs, range(-500, 500)) == [abs(x) for x in range(-500, 500)] else ["Pool.map"]
         out += [] if np.array_equal(pool.submit(doubled, a).result(TIMEOUT), a * 2) else ["Pool.submit array"]
-        out += [] if pool.run(total, 5) == [10, 10] else ["Pool.run"]
+        out += [] if pool.run(total, 5) == [11, 11] else ["Pool.run"]  # (0 + 5) + (1 + 5)
     print(f"Pool: {len(out)} failures", flush=True)
     return out
 
