@@ -675,6 +675,17 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
         self._run(op, key, sum(n for n, _ in pieces), root, algorithm, s0, r0, dt, pieces, tail, agreed=agreed)
 
     # -- lifetime -------------------------------------------------------------
+    def Shrink(self):
+        """ULFM's MPIX_Comm_shrink (mpi4py's Comm.Shrink): a new
+        communicator of the ranks still alive, in their order, once every
+        survivor has called it.  Only a communicator of
+        pool.run(..., on_failure="shrink") can shrink (docs/pool.md)."""
+        shrinker = getattr(self, "_shrinker", None)
+        if shrinker is None:
+            raise NotImplementedError("Shrink: only the communicator of shmcoll.Pool.run(..., on_failure='shrink') "
+                                      "can shrink (docs/pool.md)")
+        return shrinker()
+
     def Free(self):
         """Leave the communicator: peers see a clean exit, and calls here raise.
         A root's calls wait on no one, so ranks that made different numbers

@@ -71,12 +71,13 @@ def _check_timeout(timeout):
 class Job:
     """A job's plan and segment, owned by the launching process."""
 
-    def __init__(self, nprocs, bind="core", map="compact", topology=None, options=None):
+    def __init__(self, nprocs, bind="core", map="compact", topology=None, options=None, slots=None):
+        """slots: where the ranks already are (a pool's survivors), instead of placing them."""
         if bind not in BINDS:
             raise ValueError(f"bind must be one of {', '.join(BINDS)}, not {bind!r}")
         topo = _topology(topology)
         self.bind = bind
-        self.plan = make_plan(nprocs, topo, topo.placement(nprocs, bind, map), options)
+        self.plan = make_plan(nprocs, topo, slots or topo.placement(nprocs, bind, map), options)
         self.plan.job = segment.job_prefix()
         self.device = Device.create(self.plan)
 

@@ -20,177 +20,31 @@ the others.  A watcher thread waits on the workers' pidfds and rings the
 bell when one ends."""
 import concurrent.futures as cf
 import itertools
-import mmap
 import multiprocessing
 import os
-import pickle
 import selectors
 import signal
-import struct
 import threading
 import traceback
-from time import monotonic as _now
 from collections import deque
+from time import monotonic as _now
 
-import numpy as np
-
-from ._core import ffi, lib
-from .comm import Comm
-from .device import Device
-from .errors import PeerDied, PeerFailure, RemoteTraceback, WorkerDied
+from . import chan, spmd
+from ._core import lib
+from .errors import RemoteTraceback, WorkerDied
 from .launcher import GRACE_S, Job, _check_nprocs, _die_with_parent
-from .segment import Segment
 from .topology import topology as _topology
 
-CHAN = 4 << 20          # bytes of a ring; a larger message streams through it
 DEPTH = 2               # tasks a worker holds at once: one running, one queued behind it
-SPIN_NS = 30_000        # a wait spins this long before it sleeps
 # An idle worker looks for its next task this long before it sleeps,
 # yielding its CPU between looks (negative: csrc/chan.c yields): a task
 # sent soon after the last result then needs no wake-up, and the owner,
 # which may share the CPU, still runs.
 IDLE_SPIN_NS = -300_000
-SLICE_NS = 200_000_000  # a wait returns this often to see whether its peer lives
-LINE = 64
-HEAD = struct.Struct("<iiqqq")   # kind, buffers, task id, pickle bytes, body bytes
-TASK, RESULT, ERROR, STOP = 1, 2, 3, 4
-# The worker's state line: the id of the task it runs.
-STARTED = struct.Struct("<q")
 
 
 class TimeoutError(multiprocessing.TimeoutError, TimeoutError):    # noqa: A001
     """A wait ran out: both multiprocessing's and the builtin's."""
-
-
-def _pad(n):
-    return -n % LINE
-
-
-class _Memory:
-    """The pool's shared memory: the owner's bell, then per worker slot a
-    state line, the task ring and the result ring."""
-
-    def __init__(self, n):
-        self.chan = lib.sc_chan_size(CHAN)
-        self.slot = LINE + 2 * (self.chan + _pad(self.chan))
-        self.map = mmap.mmap(-1, LINE + n * self.slot)
-        self.base = int(ffi.cast("uintptr_t", ffi.from_buffer(self.map)))
-        self.bell = ffi.cast("char *", self.base)
-        self.tasks = [ffi.cast("char *", self.base + self.state(i) + LINE) for i in range(n)]
-        self.results = [ffi.cast("char *", self.base + self.state(i) + LINE + self.chan + _pad(self.chan))
-                        for i in range(n)]
-
-    def state(self, i):
-        return LINE + i * self.slot
-
-    def reset(self, i):
-        STARTED.pack_into(self.map, self.state(i), -1)
-        lib.sc_chan_init(self.tasks[i], CHAN)
-        lib.sc_chan_init(self.results[i], CHAN)
-
-
-def _message(kind, tid, obj):
-    """A message as a list of buffers: header, pickle, then the arrays'
-    bytes out of band, each on a line boundary."""
-    bufs = []
-    data = pickle.dumps(obj, protocol=5, buffer_callback=bufs.append)
-    if not bufs:
-        return [HEAD.pack(kind, 0, tid, len(data), len(data)) + data]
-    raws = [b.raw() for b in bufs]
-    table = struct.pack(f"<{len(raws)}q", *(r.nbytes for r in raws))
-    body = len(table) + _pad(len(table)) + len(data) + _pad(len(data)) + sum(r.nbytes + _pad(r.nbytes) for r in raws)
-    parts = [HEAD.pack(kind, len(raws), tid, len(data), body) + table + bytes(_pad(len(table))) + data
-             + bytes(_pad(len(data)))]
-    for r in raws:
-        parts += [r, bytes(_pad(r.nbytes))] if _pad(r.nbytes) else [r]
-    return parts
-
-
-def _put(chan, parts, alive):
-    """Write a message whole; False if the reader died first (alive())."""
-    for part in parts:
-        src, n, done = ffi.from_buffer(part), len(part) if isinstance(part, bytes) else part.nbytes, 0
-        while done < n:
-            done += lib.sc_chan_put(chan, src + done, n - done, SPIN_NS, SLICE_NS)
-            if done < n and not alive():
-                return False
-    return True
-
-
-def _get(chan, dst, n, alive, spin=SPIN_NS):
-    done = 0
-    while done < n:
-        done += lib.sc_chan_get(chan, dst + done, n - done, spin, SLICE_NS)
-        if done < n and not alive():
-            return False
-    return True
-
-
-def _receive(chan, alive, heard=None, spin=SPIN_NS):
-    """(kind, task id, object) of the next message, None if the writer died
-    in it; heard(task id) is called once the header is in.  The arrays'
-    bytes land in one line-aligned block, which the unpickled arrays then
-    own."""
-    head = bytearray(HEAD.size)
-    if not _get(chan, ffi.from_buffer(head), HEAD.size, alive, spin):
-        return None
-    kind, nbuf, tid, plen, body = HEAD.unpack(head)
-    if heard is not None:
-        heard(tid)
-    if not nbuf:
-        data = bytearray(body)
-        return (kind, tid, pickle.loads(data)) if _get(chan, ffi.from_buffer(data), body, alive) else None
-    block = np.empty(body + LINE, np.uint8)
-    off = -block.ctypes.data % LINE
-    view = block[off:off + body]
-    if not _get(chan, ffi.cast("char *", view.ctypes.data), body, alive):
-        return None
-    mem = memoryview(view)
-    sizes = struct.unpack_from(f"<{nbuf}q", mem)
-    at = 8 * nbuf + _pad(8 * nbuf)
-    data, at = mem[at:at + plen], at + plen + _pad(plen)
-    bufs = []
-    for size in sizes:
-        bufs.append(mem[at:at + size])
-        at += size + _pad(size)
-    return kind, tid, pickle.loads(data, buffers=bufs)
-
-
-_group = None      # a worker's (generation, communicator) for run()
-
-
-def _member(gen, owner, fd, plan, rank, fn, args):
-    """A worker's part of a run: fn(comm, *args) on the communicator of
-    generation gen, attached on first use (the owner's segment, by its
-    /proc fd) and kept for the runs after."""
-    global _group
-    if _group is None or _group[0] != gen:
-        if _group is not None:
-            _group[2].close()
-            _group = None
-        dev = Device(plan, rank, Segment.open_proc(owner, fd, plan.size))
-        dev.register(os.getpid(), owner)
-        _group = (gen, Comm(dev), dev)
-    _, comm, dev = _group
-    try:
-        return fn(comm, *args)
-    except BaseException:
-        dev.abort(rank, 1)
-        raise
-
-
-def _cause(errors):
-    """The exception a failed run raises: a death first (as PeerDied),
-    then a worker's own error, then what its peers saw of it."""
-    for rank, e in errors:
-        if isinstance(e, WorkerDied):
-            err = PeerDied(rank, f"(pool worker {e.worker}, pid {e.pid}) {e.why} in pool.run")
-            err.__cause__ = e
-            return err
-    rank, e = min(errors, key=lambda x: (isinstance(x[1], PeerFailure), x[0]))
-    if hasattr(e, "add_note"):
-        e.add_note(f"(raised on rank {rank} of pool.run)")
-    return e
 
 
 def _call(fn, args, kwargs):
@@ -218,14 +72,19 @@ def _worker(mem, i, initializer, initargs):
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)    # Ctrl-C is the owner's to handle
         tasks, results, state = mem.tasks[i], mem.results[i], mem.state(i)
+        spmd._ring = (mem, i)
         if initializer is not None:
             initializer(*initargs)
 
         def heard(tid):     # before the arguments unpickle: a task that kills its worker there is the one named
-            STARTED.pack_into(mem.map, state, tid)
+            chan.STARTED.pack_into(mem.map, state, tid)
         while True:
-            kind, tid, obj = _receive(tasks, lambda: True, heard, IDLE_SPIN_NS)
-            if kind == STOP:
+            if spmd.inbox:      # what came while a run's Shrink waited
+                kind, tid, obj = spmd.inbox.popleft()
+                heard(tid)
+            else:
+                kind, tid, obj = chan.receive(tasks, lambda: True, heard, IDLE_SPIN_NS)
+            if kind == chan.STOP:
                 break
             try:
                 value = _call(*obj)
@@ -233,11 +92,11 @@ def _worker(mem, i, initializer, initargs):
                 out = _failure(tid, e)
             else:
                 try:
-                    out = _message(RESULT, tid, value)
+                    out = chan.message(chan.RESULT, tid, value)
                 except BaseException as e:
                     out = _failure(tid, RuntimeError(f"the task's result is not picklable: {e!r}"))
                 del value
-            _put(results, out, lambda: True)
+            chan.put(results, out, lambda: True)
             lib.sc_bell_ring(mem.bell)
     except BaseException:
         traceback.print_exc()
@@ -251,16 +110,17 @@ def _failure(tid, exc):
     naming it when it does not pickle."""
     tb = traceback.format_exc()
     try:
-        return _message(ERROR, tid, (exc, tb))
+        return chan.message(chan.ERROR, tid, (exc, tb))
     except BaseException as e:
-        return _message(ERROR, tid, (RuntimeError(f"{exc!r} (not picklable: {e!r})"), tb))
+        return chan.message(chan.ERROR, tid, (RuntimeError(f"{exc!r} (not picklable: {e!r})"), tb))
 
 
 class _Task:
-    __slots__ = ("future", "parts", "worker", "target")
+    __slots__ = ("future", "parts", "worker", "target", "member")
 
-    def __init__(self, future, parts, target=None):
+    def __init__(self, future, parts, target=None, member=None):
         self.future, self.parts, self.worker, self.target = future, parts, None, target
+        self.member = member    # a run's part: (generation, worker)
 
 
 class _Worker:
@@ -284,9 +144,9 @@ class Pool(cf.Executor):
         self._slots = _topology(topology).placement(n, bind, map)
         self._bind, self._map, self._topology = bind, map, topology
         self._run_lock = threading.Lock()
-        self._job, self._gen, self._broken = None, 0, False      # run()'s communicator
+        self._grp, self._old, self._gen, self._broken = None, [], 0, False      # run()'s communicator
         self._init = (initializer, tuple(initargs))
-        self._mem = _Memory(n)
+        self._mem = chan.Memory(n)
         self._lock = threading.Lock()
         self._reading = threading.Lock()     # held by the one thread that reads the result rings
         self._drivers = []                   # futures whose result() reads results (_drive)
@@ -357,10 +217,8 @@ class Pool(cf.Executor):
                 os.close(key.fd)
                 _, status = os.waitpid(w.pid, 0)
                 w.dead = status
-                job = self._job
-                if job is not None:     # a run's peers stop waiting for it at once
-                    job.device.abort(w.index, 2)
-                    self._broken = True
+                with self._lock:
+                    self._member_over(w.index, dead=True)
                 lib.sc_bell_ring(self._mem.bell)
                 self._poked.set()
 
@@ -416,7 +274,7 @@ class Pool(cf.Executor):
                 self._poked.wait(0.01)
                 self._poked.clear()
             else:
-                lib.sc_bell_wait(bell, seen, SPIN_NS, SLICE_NS)
+                lib.sc_bell_wait(bell, seen, chan.SPIN_NS, chan.SLICE_NS)
 
     def _progress(self):
         """Read the results the workers have written, unless another thread
@@ -459,26 +317,31 @@ class Pool(cf.Executor):
             left = 2e-3 if end is None else min(2e-3, end - _now())
             if left <= 0 or future.done():
                 return
-            lib.sc_bell_wait(bell, seen, SPIN_NS, int(left * 1e9))
+            lib.sc_bell_wait(bell, seen, chan.SPIN_NS, int(left * 1e9))
 
     def _collect(self, w):
         """Read the results worker w has written; whether there were any."""
-        chan, got = self._mem.results[w.index], False
-        while lib.sc_chan_ready(chan) >= HEAD.size or (w.dead is None and lib.sc_chan_ready(chan)):
-            msg = _receive(chan, lambda: w.dead is None)
+        ring, got = self._mem.results[w.index], False
+        while lib.sc_chan_ready(ring) >= chan.HEAD.size or (w.dead is None and lib.sc_chan_ready(ring)):
+            msg = chan.receive(ring, lambda: w.dead is None)
             if msg is None:
                 break
             got = True
             kind, tid, value = msg
             with self._lock:
+                if kind == chan.SHRINK:
+                    self._asked(w.index, value[0])
+                    continue
                 task = self._tasks.pop(tid, None)
                 if w.queued and w.queued[0] == tid:
                     w.queued.popleft()
+                if task is not None and task.member is not None:
+                    self._member_over(w.index, dead=False)
                 if self._pending:
                     self._dispatch()
             if task is None:
                 continue
-            if kind == RESULT:
+            if kind == chan.RESULT:
                 task.future.set_result(value)
             else:
                 exc, tb = value
@@ -489,7 +352,7 @@ class Pool(cf.Executor):
     def _replace(self, w):
         """w ended: its running task fails, the ones behind it go back to
         the queue, and a new worker takes its slot (unless stopping)."""
-        running = STARTED.unpack_from(self._mem.map, self._mem.state(w.index))[0]
+        running = chan.STARTED.unpack_from(self._mem.map, self._mem.state(w.index))[0]
         for tid in reversed(w.queued):
             task = self._tasks.get(tid)
             if task is None:
@@ -529,9 +392,9 @@ class Pool(cf.Executor):
             w.queued.append(tid)
             task.worker = w
             size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in task.parts)
-            if not w.feeding and size <= CHAN - lib.sc_chan_ready(self._mem.tasks[w.index]) and w.lock.acquire(False):
+            if not w.feeding and size <= chan.CHAN - lib.sc_chan_ready(self._mem.tasks[w.index]) and w.lock.acquire(False):
                 try:
-                    _put(self._mem.tasks[w.index], task.parts, lambda: True)
+                    chan.put(self._mem.tasks[w.index], task.parts, lambda: True)
                 finally:
                     w.lock.release()
             else:
@@ -551,7 +414,7 @@ class Pool(cf.Executor):
                 w, parts = self._feed.popleft()
             with w.lock:
                 if w.dead is None:
-                    _put(self._mem.tasks[w.index], parts, lambda: w.dead is None)
+                    chan.put(self._mem.tasks[w.index], parts, lambda: w.dead is None)
             with self._lock:
                 w.feeding -= 1
 
@@ -560,31 +423,31 @@ class Pool(cf.Executor):
         for w in self._workers:
             if w.dead is None:
                 with w.lock:
-                    _put(self._mem.tasks[w.index], _message(STOP, -1, None), lambda: w.dead is None)
+                    chan.put(self._mem.tasks[w.index], chan.message(chan.STOP, -1, None), lambda: w.dead is None)
         while True:
             seen = lib.sc_bell_seen(self._mem.bell)
             if all(w.dead is not None for w in self._workers):
                 return
-            lib.sc_bell_wait(self._mem.bell, seen, SPIN_NS, SLICE_NS)
+            lib.sc_bell_wait(self._mem.bell, seen, chan.SPIN_NS, chan.SLICE_NS)
 
     # -- the Executor interface ----------------------------------------------
     def submit(self, fn, /, *args, **kwargs):
         """Run fn(*args, **kwargs) on a worker; a Future of its result."""
         return self._submit(None, fn, args, kwargs)
 
-    def _submit(self, target, fn, args, kwargs):
+    def _submit(self, target, fn, args, kwargs, member=None):
         future = _Future(self)
         future._tid = tid = next(self._ids)
         parts = None
         try:
-            parts = _message(TASK, tid, (fn, args, kwargs))
+            parts = chan.message(chan.TASK, tid, (fn, args, kwargs))
         except BaseException as e:
             future.set_exception(e)
         with self._lock:
             if self._closed:
                 raise RuntimeError("cannot schedule new futures after shutdown")
             if parts is not None:
-                self._tasks[tid] = _Task(future, parts, target)
+                self._tasks[tid] = _Task(future, parts, target, member)
                 self._pending.append(tid)
                 self._dispatch()
         return future
@@ -648,25 +511,30 @@ class Pool(cf.Executor):
             for f in fs:
                 f.cancel()
 
-    def run(self, fn, *args, timeout=None):
+    def run(self, fn, *args, timeout=None, on_failure="rebuild"):
         """fn(comm, *args) on every worker at once, comm a communicator
         among them (rank i: worker i); their results in rank order.  The
-        communicator stays between runs, warm; a run that fails (a worker
+        communicator stays between runs, warm.  A run that fails (a worker
         raised, died or timed out) raises the cause here, every worker's
-        part ends, and the next run gets a new communicator (the pool's
-        replacement for a dead worker in it).  A worker joins when it has
-        finished the tasks it already holds."""
+        part ends, and the next run gets a new communicator (with the
+        replacement of a dead worker).  on_failure="shrink": a member's
+        death is not the run's end; the survivors see PeerDied in their
+        calls, comm.Shrink() gives them a communicator of the survivors,
+        and a dead member's entry in the results is its WorkerDied.  A
+        worker joins when it has finished the tasks it already holds."""
+        if on_failure not in ("rebuild", "shrink"):
+            raise ValueError(f"on_failure must be 'rebuild' or 'shrink', not {on_failure!r}")
         with self._run_lock:
-            gen, fd, plan = self._group()
-            owner = os.getpid()
-            fs = [self._submit(i, _member, (gen, owner, fd, plan, i, fn, args), {}) for i in range(self._n)]
+            group, owner = self._group(), os.getpid()
+            fs = [self._submit(i, spmd.member, (*group.place(i, owner), on_failure == "shrink", fn, args), {},
+                               member=(group.gen, i))
+                  for i in range(self._n)]
             end = None if timeout is None else _now() + timeout
             try:
                 for f in fs:
                     f.exception(None if end is None else max(0.0, end - _now()))
             except cf.TimeoutError:
-                self._job.device.abort(self._job.device.rank, 3)
-                self._broken = True
+                self._abort(3)
                 _, stuck = cf.wait(fs, GRACE_S)     # the abort ends every member's wait in shmcoll
                 self._kill({self._tasks[f._tid].worker for f in stuck if f._tid in self._tasks} - {None})
                 cf.wait(fs)
@@ -674,10 +542,21 @@ class Pool(cf.Executor):
                                    + (f", and {len(stuck)} members still running {GRACE_S} s later were killed"
                                       if stuck else "")) from None
             errors = [(i, f.exception()) for i, f in enumerate(fs) if f.exception() is not None]
+            if on_failure == "shrink":
+                died = [(i, e) for i, e in errors if isinstance(e, WorkerDied)]
+                if errors and len(died) == len(errors) and len(died) < len(fs):
+                    return [f.exception() or f.result() for f in fs]
             if not errors:
                 return [f.result() for f in fs]
             self._broken = True
-            raise _cause(errors)
+            raise spmd.cause(errors)
+
+    def _abort(self, code):
+        """Abort the communicator of the latest run (its members raise)."""
+        with self._lock:
+            self._broken = True
+            if self._grp is not None:
+                self._grp.job.device.abort(self._grp.job.device.rank, code)
 
     def _kill(self, workers):
         with self._lock:
@@ -686,16 +565,58 @@ class Pool(cf.Executor):
                     os.kill(w.pid, signal.SIGKILL)
 
     def _group(self):
-        """(generation, fd, plan) of the communicator the workers share,
-        made anew after a failed run or a worker's death."""
-        if self._job is None or self._broken:
-            if self._job is not None:
-                self._job.close()
-                self._job = None
-            self._job = Job(self._n, self._bind, self._map, self._topology)
-            self._gen += 1
-            self._broken = False
-        return self._gen, self._job.device.segment.fd, self._job.plan
+        """The group of run's communicator, made anew (every worker in it)
+        after a failed or shrunk run, or a worker's death."""
+        with self._lock:
+            if self._grp is None or self._broken:
+                self._retire()
+                self._gen += 1
+                self._grp = spmd.Group(self._gen, Job(self._n, self._bind, self._map, self._topology), range(self._n))
+                self._broken = False
+            return self._grp
+
+    def _retire(self):
+        """Close the groups' jobs that no run uses any more (lock held)."""
+        for g in self._old + ([self._grp] if self._grp is not None else []):
+            g.job.close()
+        self._old, self._grp = [], None
+
+    def _member_over(self, worker, dead):
+        """A worker's part of the current run ended (or it died): a Shrink
+        its peers wait on may now go ahead (lock held)."""
+        g = self._grp
+        rank = None if g is None else g.rank_of(worker)
+        if rank is None:
+            return
+        if dead:
+            g.job.device.abort(rank, 2)     # a run's peers stop waiting for it at once
+            self._broken = True
+        g.over.add(rank)
+        self._shrink()
+
+    def _asked(self, worker, gen):
+        g = self._grp
+        if g is not None and g.gen == gen and g.rank_of(worker) is not None:
+            g.asked.add(g.rank_of(worker))
+            self._shrink()
+
+    def _shrink(self):
+        """Once every member asked, ended or died: a group of the askers,
+        each told its place on its task ring (lock held)."""
+        g = self._grp
+        if g is None or not g.shrinkable():
+            return
+        workers = [g.workers[r] for r in sorted(g.asked)]
+        self._gen += 1
+        job = Job(len(workers), self._bind, self._map, self._topology, slots=[self._slots[w] for w in workers])
+        self._old.append(g)
+        self._grp = new = spmd.Group(self._gen, job, workers)
+        self._broken = True             # the next run starts from every worker again
+        for rank, w in enumerate(workers):
+            target = self._workers[w]
+            with target.lock:
+                chan.put(self._mem.tasks[w], chan.message(chan.GROUP, -1, new.place(rank, os.getpid())),
+                         lambda: target.dead is None)
 
     def apply(self, fn, args=(), kwds={}):
         return self.submit(fn, *args, **kwds).result()
@@ -730,9 +651,8 @@ class Pool(cf.Executor):
                 self._wake_w = -1
         self._watcher.join()
         self._sel.close()
-        if self._job is not None:
-            self._job.close()
-            self._job = None
+        with self._lock:
+            self._retire()
 
     def close(self):
         """multiprocessing.Pool.close: no new tasks."""

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import shmcoll
-from shmcoll import pool as pool_mod
+from shmcoll import chan, pool as pool_mod
 
 CPUS = len(os.sched_getaffinity(0))
 
@@ -140,7 +140,7 @@ def test_unpicklable_task_and_result_raise(pool):
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.int8, np.complex128, np.float32])
-@pytest.mark.parametrize("n", [0, 1, 4095, (pool_mod.CHAN // 8) + 1, (24 << 20) // 8])
+@pytest.mark.parametrize("n", [0, 1, 4095, (chan.CHAN // 8) + 1, (24 << 20) // 8])
 def test_arrays_through_the_rings(pool, dtype, n):
     a = (np.arange(n) % 251).astype(dtype)
     b = pool.submit(twice, a).result(60)
@@ -347,3 +347,73 @@ def test_run_timeout_aborts_the_members(seconds):
             p.run(stall, seconds, timeout=0.2)
         assert time.monotonic() - t < pool_mod.GRACE_S + 10
         assert [o[2] for o in p.run(reduce_part, 0)] == [0, 1]
+
+
+def resilient(comm, victims):
+    """Allreduce; a victim dies first; the survivors shrink and reduce again."""
+    try:
+        if comm.rank in victims:
+            os.kill(os.getpid(), signal.SIGKILL)
+        comm.Barrier()
+    except shmcoll.PeerFailure:
+        comm = comm.Shrink()
+    x = np.arange(64) * (comm.rank + 1.0)
+    comm.Allreduce(shmcoll.IN_PLACE, x)
+    return comm.rank, comm.size, x
+
+
+def shrink_unasked(comm):
+    return comm.Shrink()
+
+
+@pytest.mark.parametrize("n,victims", [(3, {0}), (3, {2}), (4, {1}), (4, {0, 3}), (3, set())])
+def test_shrink_carries_on_with_the_survivors(n, victims):
+    with shmcoll.Pool(n) as p:
+        out = p.run(resilient, victims, on_failure="shrink")
+        alive_ranks = [r for r in range(n) if r not in victims]
+        k = len(alive_ranks)
+        want = sum(np.arange(64) * (r + 1.0) for r in range(k))
+        for r in range(n):
+            if r in victims:
+                assert isinstance(out[r], shmcoll.WorkerDied) and out[r].signal == signal.SIGKILL
+            else:
+                rank, size, x = out[r]
+                assert (rank, size) == (alive_ranks.index(r), k)
+                np.testing.assert_array_equal(x, want)
+        assert [o[:2] for o in p.run(resilient, set())] == [(r, n) for r in range(n)]   # whole again
+
+
+def test_shrink_needs_the_shrink_run():
+    with shmcoll.Pool(2) as p:
+        with pytest.raises(NotImplementedError, match="on_failure='shrink'"):
+            p.run(shrink_unasked)
+        with pytest.raises(ValueError, match="on_failure"):
+            p.run(shrink_unasked, on_failure="retry")
+
+
+def test_kill_campaign():
+    """Random SIGKILLs during map, submit and run (shrink and rebuild):
+    every task completes or raises WorkerDied, no hang, the pool keeps
+    its size; nothing is left running."""
+    import random
+    rng = random.Random(46)
+    with shmcoll.Pool(3) as p:
+        seen = set()
+        for round_ in range(8):
+            marks = [rng.random() < 0.1 for _ in range(40)]
+            fs = [p.submit(die, "kill" if m else "none", i) for i, m in enumerate(marks)]
+            for i, (m, f) in enumerate(zip(marks, fs)):
+                if m:
+                    assert isinstance(f.exception(60), shmcoll.WorkerDied)
+                else:
+                    assert f.result(60) == i
+            victims = {rng.randrange(3)}
+            out = p.run(resilient, victims, on_failure="shrink")
+            assert sum(isinstance(o, shmcoll.WorkerDied) for o in out) == 1
+            with pytest.raises(shmcoll.PeerDied):
+                p.run(kill_in_run, rng.randrange(3))
+            pids = set(p.map(pid, range(30), 1))
+            assert len(pids) <= 3
+            seen |= pids
+        assert p.map(square, range(200)) == [x * x for x in range(200)]
+    assert alive(seen) == []
