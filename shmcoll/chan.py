@@ -6,6 +6,7 @@ receiver's array: one copy each side."""
 import mmap
 import pickle
 import struct
+import sys
 
 import numpy as np
 
@@ -85,6 +86,25 @@ def get(ring, dst, n, alive, spin=SPIN_NS):
     return True
 
 
+REUSE = 1 << 20     # blocks this large are kept, and taken again once nothing refers to them
+SPARES = 3          # how many: a loop `y = f(x)` holds the last result while the next arrives
+_spares = []        # a fresh 64 MiB block costs page faults (and compaction) worth 2-4 copies
+
+
+def _block(n):
+    """n bytes for a message's arrays: a kept block that fits and that
+    nothing refers to any more (its arrays and their views are gone), else
+    a new one, kept in place of the oldest."""
+    if n < REUSE:
+        return np.empty(n, np.uint8)
+    for b in _spares:
+        if n <= b.size <= 2 * n and sys.getrefcount(b) == 3:     # the list's, the loop's, the call's
+            return b
+    _spares.append(np.empty(n, np.uint8))
+    del _spares[:-SPARES]
+    return _spares[-1]
+
+
 def receive(ring, alive, heard=None, spin=SPIN_NS):
     """(kind, task id, object) of the next message, None if the writer died
     in it; heard(task id) is called once the header is in.  The arrays'
@@ -99,7 +119,7 @@ def receive(ring, alive, heard=None, spin=SPIN_NS):
     if not nbuf:
         data = bytearray(body)
         return (kind, tid, pickle.loads(data)) if get(ring, ffi.from_buffer(data), body, alive) else None
-    block = np.empty(body + LINE, np.uint8)
+    block = _block(body + LINE)
     off = -block.ctypes.data % LINE
     view = block[off:off + body]
     if not get(ring, ffi.cast("char *", view.ctypes.data), body, alive):

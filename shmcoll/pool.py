@@ -96,7 +96,9 @@ def _worker(mem, i, initializer, initargs):
                 except BaseException as e:
                     out = _failure(tid, RuntimeError(f"the task's result is not picklable: {e!r}"))
                 del value
+            del obj                 # the arguments' block may serve the next message (chan._block)
             chan.put(results, out, lambda: True)
+            del out
             lib.sc_bell_ring(mem.bell)
     except BaseException:
         traceback.print_exc()

@@ -417,3 +417,22 @@ def test_kill_campaign():
             seen |= pids
         assert p.map(square, range(200)) == [x * x for x in range(200)]
     assert alive(seen) == []
+
+
+def test_kept_blocks_never_alias_a_live_result(pool):
+    """Message blocks are reused once nothing refers to them: results held,
+    views of them held, and results dropped, all stay right."""
+    n = (2 << 20) // 8
+    held, views = [], []
+    for k in range(8):
+        a = np.full(n, float(k))
+        out = pool.submit(twice, a).result(60)
+        if k % 3 == 0:
+            held.append((k, out))
+        elif k % 3 == 1:
+            views.append((k, out[::7]))
+        del out
+    for k, out in held:
+        np.testing.assert_array_equal(out, np.full(n, 2.0 * k))
+    for k, v in views:
+        np.testing.assert_array_equal(v, np.full(len(v), 2.0 * k))
