@@ -211,7 +211,7 @@ class Pool(cf.Executor):
             for key, _ in self._sel.select():
                 w = key.data
                 if w is None:
-                    if os.read(self._wake_r, 4096) == b"":
+                    if b"q" in os.read(self._wake_r, 4096):
                         os.close(self._wake_r)
                         return
                     continue
@@ -649,7 +649,10 @@ class Pool(cf.Executor):
         self._feeder.join()
         with self._lock:
             if self._wake_w >= 0:
-                os.close(self._wake_w)      # the watcher reads EOF and ends
+                # not EOF: a process forked after the pool was made (another pool's
+                # worker) holds the write end too
+                os.write(self._wake_w, b"q")
+                os.close(self._wake_w)
                 self._wake_w = -1
         self._watcher.join()
         self._sel.close()

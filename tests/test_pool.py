@@ -436,3 +436,16 @@ def test_kept_blocks_never_alias_a_live_result(pool):
         np.testing.assert_array_equal(out, np.full(n, 2.0 * k))
     for k, v in views:
         np.testing.assert_array_equal(v, np.full(len(v), 2.0 * k))
+
+
+def test_shutdown_while_processes_forked_later_live():
+    """Children forked after the pool (another pool's workers) inherit its
+    descriptors; its shutdown must not wait for them."""
+    p = shmcoll.Pool(2)
+    with multiprocessing.get_context("fork").Pool(1) as other:
+        assert p.submit(square, 4).result(30) == 16
+        done = threading.Event()
+        t = threading.Thread(target=lambda: (p.shutdown(wait=True), done.set()), daemon=True)
+        t.start()
+        assert done.wait(30), "shutdown hung while a later child lived"
+        assert other.apply(square, (3,)) == 9
