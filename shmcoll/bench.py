@@ -1051,6 +1051,9 @@ def main(argv=None):
     """Returns 1 if any shmcoll result failed validation or raised, 2 if the run cannot start, else 0."""
     global PROGRESS
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["pool"]:        # shmcoll.Pool against the Python pools: a suite of its own
+        from shmcoll import bench_pool
+        return bench_pool.main(argv[1:])
     cfg = parse(argv)
     try:
         peers = preflight(cfg)

@@ -118,10 +118,11 @@ def _failure(tid, exc):
 
 
 class _Task:
-    __slots__ = ("future", "parts", "worker", "target", "member")
+    __slots__ = ("future", "parts", "size", "worker", "target", "member")
 
     def __init__(self, future, parts, target=None, member=None):
         self.future, self.parts, self.worker, self.target = future, parts, None, target
+        self.size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
         self.member = member    # a run's part: (generation, worker)
 
 
@@ -324,7 +325,7 @@ class Pool(cf.Executor):
     def _collect(self, w):
         """Read the results worker w has written; whether there were any."""
         ring, got = self._mem.results[w.index], False
-        while lib.sc_chan_ready(ring) >= chan.HEAD.size or (w.dead is None and lib.sc_chan_ready(ring)):
+        while (ready := lib.sc_chan_ready(ring)) >= chan.HEAD.size or (ready and w.dead is None):
             msg = chan.receive(ring, lambda: w.dead is None)
             if msg is None:
                 break
@@ -383,18 +384,19 @@ class Pool(cf.Executor):
                 if w.dead is not None:
                     return          # its replacement takes it
             else:
-                live = [w for w in self._workers if w.dead is None and len(w.queued) < DEPTH]
-                if not live:
+                w, least = None, DEPTH
+                for x in self._workers:
+                    if x.dead is None and len(x.queued) < least:
+                        w, least = x, len(x.queued)
+                if w is None:
                     return
-                w = min(live, key=lambda x: len(x.queued))
             tid = self._pending.popleft()
             if not (task.future.running() or task.future.set_running_or_notify_cancel()):
                 del self._tasks[tid]
                 continue
             w.queued.append(tid)
             task.worker = w
-            size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in task.parts)
-            if not w.feeding and size <= chan.CHAN - lib.sc_chan_ready(self._mem.tasks[w.index]) and w.lock.acquire(False):
+            if not w.feeding and task.size <= chan.CHAN - lib.sc_chan_ready(self._mem.tasks[w.index]) and w.lock.acquire(False):
                 try:
                     chan.put(self._mem.tasks[w.index], task.parts, lambda: True)
                 finally:
