@@ -31,7 +31,7 @@ P2P_BUDGET = 16 << 20       # the n^2 rings' bytes by default, each 4 KiB - 1 Mi
 ABORT_REASONS = {1: "raised an exception", 2: "died", 3: "passed bad or mismatched arguments", 4: "exited",
                  5: "timed out waiting for a peer", 6: "was interrupted (KeyboardInterrupt)",
                  7: "could not read or write a peer's memory (single copy)",
-                 8: "found that the ranks' calls differ"}
+                 8: "found that the ranks' calls differ", 9: "never joined the job (shmcoll.init under another launcher)"}
 ABORT_CALLED = 0x100     # | errorcode: a rank called Comm.Abort(errorcode)
 TWIN_ALG = isa.TWIN_ALG      # the signature's algorithm field of a twin (the automatic choice, single copy or staged)
 #: A signature field's id (as C reports a mismatch) -> the name messages give it.

@@ -23,7 +23,7 @@ import threading
 import time
 import traceback
 
-from . import forkrun, segment
+from . import forkrun, join, segment
 from .comm import Comm
 from .device import ABORT_CALLED, MAX_RANKS, Device, make_plan
 from .errors import MismatchError, PeerAborted, PeerDied, PeerFailure, RemoteTraceback, ShmcollError
@@ -509,16 +509,20 @@ def _foreign_launcher(env):
 
 def init():
     """The world communicator of this process: the job's when started by
-    `shmcoll run`, else a one-rank world (like an MPI singleton).  A rank
-    of another launcher's job of several (mpiexec, srun, torchrun) raises
-    RuntimeError: its world is not one rank."""
+    `shmcoll run`; the node's ranks of a job started by mpiexec (MPICH,
+    Open MPI), srun or torchrun, which join through /dev/shm (join.py);
+    else a one-rank world (like an MPI singleton).  A rank of another
+    launcher's job that cannot be joined raises RuntimeError."""
     global _world, _rank_pid
     if _world is not None:
         return _world
     plan_fd = os.environ.get("SHMCOLL_PLAN_FD")
-    if not plan_fd and (foreign := _foreign_launcher(os.environ)) is not None:
+    joining = None if plan_fd else join.found(os.environ)
+    if not plan_fd and joining is None and (foreign := _foreign_launcher(os.environ)) is not None:
         raise foreign
-    if plan_fd:
+    if joining is not None:
+        dev = join.join(joining)
+    elif plan_fd:
         from .segment import Segment
         rank, fd, plan = int(os.environ["SHMCOLL_RANK"]), int(os.environ["SHMCOLL_FD"]), _read_plan(int(plan_fd))
         dev = Device(plan, rank, Segment.from_fd(fd, plan.size))
@@ -529,7 +533,8 @@ def init():
         job = Job(1, bind="none")
         dev = job.device.for_rank(0)
         tracer = os.getpid()
-    _register(dev, tracer)
+    if joining is None:
+        _register(dev, tracer)      # a joining rank registered in join(), before rank 0 stops waiting
     _world, _rank_pid = Comm(dev), os.getpid()
     atexit.register(_leave, _world, dev)
     hook = sys.excepthook

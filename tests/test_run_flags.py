@@ -126,26 +126,39 @@ def test_version_and_help_on_every_command(command):
 
 
 INIT = "import shmcoll; print(shmcoll.init().Get_size())"
-FOREIGN = [("mpiexec (MPICH/Hydra)", {"PMI_RANK": "1", "PMI_SIZE": "2"}),
-           ("mpiexec (Open MPI)", {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4"}),
-           ("srun (Slurm)", {"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_ID": "0"}),
-           ("torchrun", {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}),
-           ("PMIx", {"PMIX_RANK": "1", "PMIX_NAMESPACE": "job"})]
+# A lone rank of a job of several, whose peers never come: it waits the join
+# timeout, then names who did not come.
+LONE = [("mpiexec (MPICH/Hydra)", {"PMI_RANK": "1", "PMI_SIZE": "2"}, "local rank 0 "),
+        ("mpiexec (Open MPI)", {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4"}, "local ranks [1, 2, 3]"),
+        ("srun (Slurm)", {"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_ID": "0"}, "local ranks [1]"),
+        ("torchrun", {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}, "local ranks [1]")]
+LAUNCHER_VARS = ("PMI", "OMPI_", "SLURM_", "SHMCOLL_", "MPI_LOCAL", "PMIX_", "TORCHELASTIC_")
 
 
-def init_under(env):
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PMI", "OMPI_", "SLURM_", "SHMCOLL_"))
-             and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    return subprocess.run([sys.executable, "-c", INIT], env=dict(clean, PYTHONPATH=ROOT, **env), capture_output=True,
-                          text=True, timeout=60)
+def clean_env(**env):
+    base = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARS)
+            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    return dict(base, PYTHONPATH=ROOT, **env)
 
 
-@pytest.mark.parametrize("name,env", FOREIGN, ids=[f[0].split()[0] for f in FOREIGN])
-def test_init_under_another_launcher_raises(name, env):
+def init_under(env, code=INIT):
+    return subprocess.run([sys.executable, "-c", code], env=clean_env(SHMCOLL_JOIN_TIMEOUT="1", **env),
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("name,env,missing", LONE, ids=[f[0].split()[0] for f in LONE])
+def test_init_of_a_lone_rank_names_who_never_came(name, env, missing):
     p = init_under(env)
-    assert p.returncode == 1 and "RuntimeError" in p.stderr
-    assert name in p.stderr and "shmcoll run" in p.stderr
-    assert all(f"{k}={v}" in p.stderr for k, v in env.items() if k != "LOCAL_RANK" or name == "torchrun")
+    assert p.returncode == 1 and "TimeoutError" in p.stderr, p.stderr
+    assert name in p.stderr and missing in p.stderr and "SHMCOLL_JOIN_TIMEOUT" in p.stderr
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith("shmcoll-join")]
+
+
+@pytest.mark.parametrize("env,why", [({"PMIX_RANK": "1", "PMIX_NAMESPACE": "job"}, "PMIx"),
+                                     ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}, "LOCAL_WORLD_SIZE")])
+def test_init_in_a_job_that_cannot_be_joined_raises(env, why):
+    p = init_under(env)
+    assert p.returncode == 1 and "RuntimeError" in p.stderr and why in p.stderr, p.stderr
 
 
 @pytest.mark.parametrize("env", [{}, {"PMI_RANK": "0", "PMI_SIZE": "1"}, {"RANK": "0", "WORLD_SIZE": "1"},
@@ -155,13 +168,97 @@ def test_init_in_a_job_of_one_is_a_world_of_one(env):
     assert (p.returncode, p.stdout) == (0, "1\n"), p.stderr
 
 
+# What each rank prints: its rank, the size, an Allreduce and an allgather
+# of ranks, checked against the closed forms in compare().
+JOINED = """
+import numpy as np, shmcoll
+comm = shmcoll.init()
+x = np.arange(16.0) * (comm.rank + 1)
+comm.Allreduce(shmcoll.IN_PLACE, x)
+lines = comm.gather(f"{comm.rank} {comm.size} {x.sum()} {sum(comm.allgather(comm.rank))}")
+if comm.rank == 0:
+    print("\\n".join(lines), flush=True)
+"""
+
+
+def compare(stdout, n, size=None):
+    size = size or n
+    want = {f"{r} {size} {120.0 * size * (size + 1) / 2} {size * (size - 1) // 2}" for r in range(size)}
+    assert sorted(stdout.split("\n")[:-1]) == sorted(want) and len(stdout.split("\n")) == size + 1, stdout
+
+
+def fake_launch(n, env_of):
+    """Start n ranks with a launcher's variables, as its daemon would (one parent)."""
+    ps = [subprocess.Popen([sys.executable, "-c", JOINED], env=clean_env(**env_of(r)), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True) for r in range(n)]
+    outs = [p.communicate(timeout=90) for p in ps]
+    assert [p.returncode for p in ps] == [0] * n, [e for _, e in outs]
+    return "".join(o for o, _ in outs)
+
+
+FAKE = {"torchrun": lambda n: lambda r: {"RANK": str(r), "WORLD_SIZE": str(n), "LOCAL_RANK": str(r),
+                                         "LOCAL_WORLD_SIZE": str(n), "TORCHELASTIC_RUN_ID": "t"},
+        "ompi": lambda n: lambda r: {"OMPI_COMM_WORLD_RANK": str(r), "OMPI_COMM_WORLD_SIZE": str(n),
+                                     "OMPI_COMM_WORLD_LOCAL_RANK": str(r), "OMPI_COMM_WORLD_LOCAL_SIZE": str(n),
+                                     "PMIX_NAMESPACE": "job"},
+        "srun": lambda n: lambda r: {"SLURM_PROCID": str(r), "SLURM_STEP_NUM_TASKS": str(n), "SLURM_LOCALID": str(r),
+                                     "SLURM_NODEID": "0", "SLURM_STEP_TASKS_PER_NODE": f"{n}", "SLURM_JOB_ID": "7",
+                                     "SLURM_STEP_ID": "0"},
+        "mpich": lambda n: lambda r: {"PMI_RANK": str(r), "PMI_SIZE": str(n), "MPI_LOCALRANKID": str(r),
+                                      "MPI_LOCALNRANKS": str(n)}}
+
+
+@pytest.mark.parametrize("launcher", sorted(FAKE))
+@pytest.mark.parametrize("n", [2, 3])
+def test_ranks_of_another_launcher_join_one_job(launcher, n):
+    """The same program gives the same results as under `shmcoll run`."""
+    compare(fake_launch(n, FAKE[launcher](n)), n)
+    p = run("-n", str(n), "--", "-c", JOINED)
+    assert p.returncode == 0, p.stderr
+    compare(p.stdout, n)
+    assert not [x for x in os.listdir("/dev/shm") if x.startswith("shmcoll-join")]
+
+
+def test_a_rank_that_never_comes_is_named_and_the_others_raise():
+    """Local ranks 0 and 1 of 3 start; 2 never does."""
+    code = ("import shmcoll\ntry:\n    shmcoll.init().Barrier()\nexcept Exception as e:\n"
+            "    print(type(e).__name__, e)\n")
+    env_of = FAKE["torchrun"](3)
+    ps = [subprocess.Popen([sys.executable, "-c", code], env=clean_env(SHMCOLL_JOIN_TIMEOUT="1", **env_of(r)),
+                           stdout=subprocess.PIPE, text=True) for r in range(2)]
+    first, second = (p.communicate(timeout=60)[0] for p in ps)
+    assert first.startswith("TimeoutError") and "local ranks [2] of this node's 3" in first
+    assert second.startswith("PeerAborted rank 2 never joined")
+    assert not [x for x in os.listdir("/dev/shm") if x.startswith("shmcoll-join")]
+
+
+def test_a_job_across_nodes_gives_this_nodes_ranks_and_says_so():
+    """Ranks 4, 5 of 6 on this node (torchrun's second node of three)."""
+    def env_of(r):
+        return {"RANK": str(4 + r), "WORLD_SIZE": "6", "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "2",
+                "TORCHELASTIC_RUN_ID": "t", "PYTHONWARNINGS": "always"}
+    ps = [subprocess.Popen([sys.executable, "-c", JOINED], env=clean_env(**env_of(r)), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True) for r in range(2)]
+    outs = [p.communicate(timeout=90) for p in ps]
+    assert [p.returncode for p in ps] == [0, 0]
+    compare("".join(o for o, _ in outs), 2)
+    assert all("spans several nodes" in e and "6 ranks" in e for _, e in outs)
+
+
 @pytest.mark.skipif(not os.path.exists(MPICH), reason="MPICH's mpiexec not installed")
-def test_init_under_real_mpiexec_raises_on_every_rank():
-    p = subprocess.run([MPICH, "-n", "2", sys.executable, "-c", INIT], env=dict(os.environ, PYTHONPATH=ROOT),
+def test_init_under_real_mpiexec_joins():
+    p = subprocess.run([MPICH, "-n", "3", sys.executable, "-c", JOINED], env=dict(os.environ, PYTHONPATH=ROOT),
                        capture_output=True, text=True, timeout=90)
-    assert p.returncode != 0 and p.stdout == ""
-    assert p.stderr.count("not by `shmcoll run`") == 2
-    assert "PMI_RANK=0" in p.stderr and "PMI_RANK=1" in p.stderr
+    assert p.returncode == 0, p.stderr
+    compare(p.stdout, 3)
+
+
+@pytest.mark.skipif(not os.path.exists(OMPI), reason="Open MPI's mpiexec not installed")
+def test_init_under_real_open_mpi_joins():
+    p = subprocess.run([OMPI, "--oversubscribe", "-n", "3", sys.executable, "-c", JOINED],
+                       env=dict(os.environ, PYTHONPATH=ROOT, **OMPI_ENV), capture_output=True, text=True, timeout=90)
+    assert p.returncode == 0, p.stderr
+    compare(p.stdout, 3)
 
 
 def test_shmcoll_run_under_a_foreign_launcher_still_runs():
