@@ -135,6 +135,8 @@ def from_dlpack(obj):
     if kind not in (_KDLCPU, _KDLCUDAHOST):
         raise BufferError(f"a {type(obj).__name__} on DLPack device type {kind}: shmcoll moves host (CPU) memory "
                           f"only")
+    if getattr(obj, "requires_grad", False) is True and callable(getattr(obj, "detach", None)):
+        obj = obj.detach()      # its data, as torch.distributed takes it: autograd's tensor exports none
     try:
         cap, name = obj.__dlpack__(max_version=(1, 0), copy=False), b"dltensor_versioned"
     except TypeError:

@@ -145,3 +145,40 @@ def test_collectives_into_legacy_dlpack_and_cai():
         return out.tolist(), b.tolist()
     for out, b in run_ranks(job, 3):
         assert out == (np.arange(8.0) * 6).tolist() and b == [4, 3, 2, 1]
+
+
+class GradTensor(Exporter):
+    """As autograd's tensors: exports nothing while it requires grad; detach() gives its data."""
+    requires_grad = True
+
+    def __dlpack__(self, stream=None, **kw):
+        raise BufferError("Can't export tensors that require gradient, use tensor.detach()")
+
+    def detach(self):
+        return Exporter(self.arr, self.versioned)
+
+
+def test_a_tensor_that_requires_grad_is_taken_as_its_data():
+    """As torch.distributed takes it (issue 46): an Allreduce in place into its memory."""
+    def job(comm):
+        a = np.arange(6.0) * (comm.rank + 1)
+        comm.Allreduce(buffers.IN_PLACE, GradTensor(a))
+        return a.tolist()
+    for got in run_ranks(job, 2):
+        assert got == (np.arange(6.0) * 3).tolist()
+
+
+def test_torch_bfloat16_and_grad_tensors():
+    torch = pytest.importorskip("torch")
+
+    def job(comm):
+        b = torch.arange(8, dtype=torch.bfloat16) * (comm.rank + 1)
+        comm.Allreduce(buffers.IN_PLACE, b)
+        c = torch.full((3,), float(comm.rank), dtype=torch.bfloat16)
+        comm.Bcast(c, root=1)
+        g = torch.ones(4, requires_grad=True)
+        comm.Allreduce(buffers.IN_PLACE, g)
+        return b.float().tolist(), c.float().tolist(), g.detach().tolist(), g.requires_grad
+    for b, c, g, grad in run_ranks(job, 2):
+        assert b == (torch.arange(8, dtype=torch.float32) * 3).tolist() and c == [1.0] * 3
+        assert g == [2.0] * 4 and grad
