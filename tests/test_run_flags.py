@@ -253,6 +253,16 @@ def test_init_under_real_mpiexec_joins():
     compare(p.stdout, 3)
 
 
+def test_init_under_real_torchrun_joins(tmp_path):
+    pytest.importorskip("torch")
+    script = tmp_path / "joined.py"
+    script.write_text(JOINED)
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", str(script)],
+                       env=clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    compare(p.stdout, 3)
+
+
 @pytest.mark.skipif(not os.path.exists(OMPI), reason="Open MPI's mpiexec not installed")
 def test_init_under_real_open_mpi_joins():
     p = subprocess.run([OMPI, "--oversubscribe", "-n", "3", sys.executable, "-c", JOINED],
