@@ -1,0 +1,215 @@
+"""torch.distributed backend "shmcoll" for CPU tensors.
+
+``import shmcoll.torch`` registers it (Backend.register_backend); then
+``torch.distributed.init_process_group("shmcoll")`` (or
+``"cpu:shmcoll,cuda:nccl"``) under torchrun, or under ``shmcoll run``
+with torch's usual RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT, runs
+torch's collectives on shmcoll's engine.  Pure Python: each call views
+the tensors as numpy arrays (no copy; bfloat16 through ml_dtypes) and
+makes one shmcoll call per tensor.  The calls complete before they
+return, so every Work is done and its future set.  A new_group's ranks
+get a communicator of their own (Comm.Create_group, called by them
+alone).  Reductions are shmcoll's: deterministic, float16 and bfloat16
+accumulated in float32."""
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.futures import Future
+
+from . import ops
+from .buffers import IN_PLACE
+from .launcher import init
+
+NAME = "shmcoll"
+# (torch's, shmcoll's): an opts.reduceOp is a ReduceOp that equals its RedOpType but does not hash as it
+_OPS = [(dist.ReduceOp.SUM, ops.SUM), (dist.ReduceOp.PRODUCT, ops.PROD), (dist.ReduceOp.MIN, ops.MIN),
+        (dist.ReduceOp.MAX, ops.MAX), (dist.ReduceOp.BAND, ops.BAND), (dist.ReduceOp.BOR, ops.BOR),
+        (dist.ReduceOp.BXOR, ops.BXOR), (dist.ReduceOp.AVG, ops.SUM)]
+
+
+def _array(t):
+    """A CPU tensor's memory as a numpy array (its data: autograd aside)."""
+    if t.device.type != "cpu":
+        raise ValueError(f"the shmcoll backend moves CPU tensors; this one is on {t.device}")
+    if not t.is_contiguous():
+        raise ValueError("the shmcoll backend needs contiguous tensors (as gloo does)")
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ops.BF16)
+    return t.numpy()
+
+
+def _op(opts):
+    op = opts.reduceOp
+    for theirs, ours in _OPS:
+        if op == theirs:
+            return ours, theirs == dist.ReduceOp.AVG
+    raise ValueError(f"the shmcoll backend has no reduction {getattr(op, 'op', op)} (PREMUL_SUM)")
+
+
+def _average(tensors, size):
+    for t in tensors:
+        if t.is_floating_point() or t.is_complex():
+            t.div_(size)
+        else:
+            raise ValueError(f"ReduceOp.AVG of {t.dtype} tensors: torch averages floating point only")
+
+
+class _Done(dist._Work):
+    """A finished call: shmcoll's collectives complete before they return."""
+
+    def __init__(self, value):
+        super().__init__()
+        self._future = Future()
+        self._future.set_result(value)
+
+    def wait(self, timeout=None):
+        return True
+
+    def is_completed(self):
+        return True
+
+    def is_success(self):
+        return True
+
+    def get_future(self):
+        return self._future
+
+
+class ProcessGroupShmcoll(dist.ProcessGroup):
+    """torch's ProcessGroup over a shmcoll communicator."""
+
+    def __init__(self, comm):
+        super().__init__(comm.rank, comm.size)
+        self.comm = comm
+
+    def getBackendName(self):
+        return NAME
+
+    def allreduce(self, tensors, opts):
+        op, avg = _op(opts)
+        for t in tensors:
+            self.comm.Allreduce(IN_PLACE, _array(t), op=op)
+        if avg:
+            _average(tensors, self.comm.size)
+        return _Done(tensors)
+
+    def allreduce_coalesced(self, tensors, opts):
+        return self.allreduce(tensors, opts)
+
+    def broadcast(self, tensors, opts):
+        for t in tensors:
+            self.comm.Bcast(_array(t), root=opts.rootRank)
+        return _Done(tensors)
+
+    def _allgather_base(self, output, input, opts=None):
+        self.comm.Allgather(_array(input), _array(output))
+        return _Done(output)
+
+    all_gather_single = _allgather_base         # torch 2.13's name for all_gather_into_tensor's call
+
+    def allgather(self, outputs, inputs, opts=None):
+        for outs, t in zip(outputs, inputs):
+            got = np.empty((self.comm.size,) + _array(t).shape, _array(t).dtype)
+            self.comm.Allgather(_array(t), got)
+            for o, g in zip(outs, got):
+                _array(o)[...] = g
+        return _Done(outputs)
+
+    def _reduce_scatter_base(self, output, input, opts):
+        op, avg = _op(opts)
+        self.comm.Reduce_scatter_block(_array(input), _array(output), op=op)
+        if avg:
+            _average([output], self.comm.size)
+        return _Done(output)
+
+    reduce_scatter_single = _reduce_scatter_base     # torch 2.13's name for reduce_scatter_tensor's
+
+    def reduce_scatter(self, outputs, inputs, opts):
+        op, avg = _op(opts)
+        for out, ins in zip(outputs, inputs):
+            self.comm.Reduce_scatter_block(np.stack([_array(t) for t in ins]), _array(out), op=op)
+        if avg:
+            _average(outputs, self.comm.size)
+        return _Done(outputs)
+
+    def reduce(self, tensors, opts):
+        op, avg = _op(opts)
+        root = opts.rootRank
+        for t in tensors:
+            a = _array(t)
+            self.comm.Reduce(IN_PLACE, a, op=op, root=root) if self.comm.rank == root else \
+                self.comm.Reduce(a, None, op=op, root=root)
+        if avg and self.comm.rank == root:
+            _average(tensors, self.comm.size)
+        return _Done(tensors)
+
+    def gather(self, outputs, inputs, opts):
+        root = opts.rootRank
+        for i, t in enumerate(inputs):
+            a = _array(t)
+            got = np.empty((self.comm.size,) + a.shape, a.dtype) if self.comm.rank == root else None
+            self.comm.Gather(a, got, root=root)
+            if got is not None:
+                for o, g in zip(outputs[i], got):
+                    _array(o)[...] = g
+        return _Done(outputs)
+
+    def scatter(self, outputs, inputs, opts):
+        root = opts.rootRank
+        for i, t in enumerate(outputs):
+            send = np.stack([_array(x) for x in inputs[i]]) if self.comm.rank == root else None
+            self.comm.Scatter(send, _array(t), root=root)
+        return _Done(outputs)
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        out, inp = _array(output), _array(input)
+        if not output_split_sizes and not input_split_sizes:
+            self.comm.Alltoall(inp, out)
+            return _Done(output)
+        row_in = inp.size // max(inp.shape[0], 1) if inp.ndim else 1
+        row_out = out.size // max(out.shape[0], 1) if out.ndim else 1
+        p = self.comm.size
+        sc = [s * row_in for s in (input_split_sizes or [inp.shape[0] // p] * p)]
+        rc = [s * row_out for s in (output_split_sizes or [out.shape[0] // p] * p)]
+        self.comm.Alltoallv([inp.reshape(-1), (sc, np.cumsum([0] + sc[:-1]).tolist())],
+                            [out.reshape(-1), (rc, np.cumsum([0] + rc[:-1]).tolist())])
+        return _Done(output)
+
+    def alltoall(self, outputs, inputs, opts=None):
+        for i, t in enumerate(inputs):
+            self.comm.Sendrecv(_array(t), i, 0, _array(outputs[i]), i, 0) if i != self.comm.rank else \
+                _array(outputs[i]).__setitem__(Ellipsis, _array(t))
+        return _Done(outputs)
+
+    def barrier(self, opts=None):
+        self.comm.Barrier()
+        return _Done(None)
+
+    def send(self, tensors, dst, tag):
+        for t in tensors:
+            self.comm.Send(_array(t), dst, tag)
+        return _Done(tensors)
+
+    def recv(self, tensors, src, tag):
+        for t in tensors:
+            self.comm.Recv(_array(t), src, tag)
+        return _Done(tensors)
+
+
+def _create(backend_opts, pg_opts=None):
+    """The backend of a process group: the world's communicator, or one of
+    a new_group's ranks (made by them alone)."""
+    world = init()
+    ranks = list(backend_opts.global_ranks_in_group) or list(range(backend_opts.group_size))
+    if world.size < (max(ranks) + 1 if ranks else backend_opts.group_size):
+        raise RuntimeError(f"shmcoll backend: torch's group spans {backend_opts.group_size} ranks, but shmcoll's "
+                           f"node has {world.size}: shmcoll does not yet talk between nodes")
+    if ranks == list(range(world.size)):
+        return ProcessGroupShmcoll(world)
+    return ProcessGroupShmcoll(world.Create_group(world.Get_group().Incl(ranks), tag=backend_opts.group_id
+                                                   if isinstance(backend_opts.group_id, int) else 0))
+
+
+if NAME not in dist.Backend.backend_list:
+    dist.Backend.register_backend(NAME, _create, extended_api=True, devices=["cpu"])

@@ -1,0 +1,35 @@
+"""The torch.distributed backend (shmcoll/torch.py) against gloo, torch's
+own CPU backend, as the independent reference: every collective, op and
+dtype of tests/torch_progs/collectives.py gives gloo's results, and a DDP
+training loop gives gloo's loss curve bit for bit, under a real torchrun.
+Skipped where torch is not installed."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.timeout(300)
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def torchrun(prog, n, backend):
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n),
+                        os.path.join(HERE, "torch_progs", prog), backend],
+                       env=dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                       timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return sorted(p.stdout.splitlines())
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_collectives_give_gloos_results(n):
+    assert torchrun("collectives.py", n, "shmcoll") == torchrun("collectives.py", n, "gloo")
+
+
+def test_ddp_loss_curve_is_gloos_bit_for_bit():
+    ours = torchrun("ddp.py", 2, "shmcoll")
+    assert ours == torchrun("ddp.py", 2, "gloo") and len(ours[0].split()) == 20
+    assert ours == torchrun("ddp.py", 2, "shmcoll")        # and the same on every run

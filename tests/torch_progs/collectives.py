@@ -1,0 +1,28 @@
+"""Every torch.distributed collective on one backend (argv[1]); each rank
+prints what it got (tests/test_torch_backend.py compares with gloo)."""
+import os, sys, torch, torch.distributed as dist
+backend = sys.argv[1]
+if backend == "shmcoll":
+    import shmcoll.torch
+dist.init_process_group(backend)
+r, n = dist.get_rank(), dist.get_world_size()
+out = []
+for dt in (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64):
+    for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.PRODUCT):
+        t = (torch.arange(6) + r + 1).to(dt); dist.all_reduce(t, op); out.append(("allreduce", str(dt), str(op), t.float().tolist()))
+t = torch.arange(4.0) * (r + 1); dist.broadcast(t, 1); out.append(("bcast", t.tolist()))
+t = torch.arange(3.0) + 10 * r; o = torch.empty(3 * n); dist.all_gather_into_tensor(o, t); out.append(("agit", o.tolist()))
+ol = [torch.empty(3) for _ in range(n)]; dist.all_gather(ol, t); out.append(("ag", [x.tolist() for x in ol]))
+i = torch.arange(2.0 * n) * (r + 1); o = torch.empty(2); dist.reduce_scatter_tensor(o, i); out.append(("rst", o.tolist()))
+t = torch.arange(4.0) * (r + 1); dist.reduce(t, 0); out.append(("reduce", t.tolist() if r == 0 else None))
+gl = [torch.empty(2) for _ in range(n)] if r == 0 else None; dist.gather(torch.full((2,), float(r)), gl, dst=0); out.append(("gather", [x.tolist() for x in gl] if r == 0 else None))
+o = torch.empty(2); dist.scatter(o, [torch.full((2,), 5.0 + k) for k in range(n)] if r == 1 else None, src=1); out.append(("scatter", o.tolist()))
+i = torch.arange(2.0 * n) + 100 * r; o = torch.empty(2 * n); dist.all_to_all_single(o, i); out.append(("a2a", o.tolist()))
+dist.barrier()
+if r == 0: dist.send(torch.arange(3.0), 1)
+if r == 1: t = torch.empty(3); dist.recv(t, 0); out.append(("p2p", t.tolist()))
+g = dist.new_group([0, 1]) if n > 1 else None
+if r < 2:
+    t = torch.ones(2) * (r + 1); dist.all_reduce(t, group=g); out.append(("group", t.tolist()))
+print(r, repr(out), flush=True)
+dist.destroy_process_group()
