@@ -151,7 +151,9 @@ class Pool(cf.Executor):
         self._init = (initializer, tuple(initargs))
         self._mem = chan.Memory(n)
         self._lock = threading.Lock()
-        self._reading = threading.Lock()     # held by the one thread that reads the result rings
+        # held by the one thread that reads the result rings; reentrant: a done-callback run while it
+        # reads may wait on another future, and then reads on
+        self._reading = threading.RLock()
         self._drivers = []                   # futures whose result() reads results (_drive)
         self._poked = threading.Event()      # a worker died: the manager's wake-up while others read
         self._pending = deque()          # tasks no worker holds yet

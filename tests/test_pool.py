@@ -449,3 +449,18 @@ def test_shutdown_while_processes_forked_later_live():
         t.start()
         assert done.wait(30), "shutdown hung while a later child lived"
         assert other.apply(square, (3,)) == 9
+
+
+def test_a_done_callback_may_wait_on_other_tasks(pool):
+    """Callbacks run in the thread that read the result; one that waits on
+    another future must not wait on that thread (it hung before)."""
+    got, done = [], threading.Event()
+
+    def then(f):
+        got.append(pool.submit(square, f.result() + 1).result(30))
+        got.append(pool.map(square, range(4)))
+        done.set()
+    f = pool.submit(square, 3)
+    f.add_done_callback(then)
+    assert f.result(30) == 9 and done.wait(30)
+    assert got == [100, [0, 1, 4, 9]]
