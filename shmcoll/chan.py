@@ -118,7 +118,7 @@ def receive(ring, alive, heard=None, spin=SPIN_NS):
         heard(tid)
     if not nbuf:
         data = bytearray(body)
-        return (kind, tid, pickle.loads(data)) if get(ring, ffi.from_buffer(data), body, alive) else None
+        return (*_loads(kind, tid, data),) if get(ring, ffi.from_buffer(data), body, alive) else None
     block = _block(body + LINE)
     off = -block.ctypes.data % LINE
     view = block[off:off + body]
@@ -132,4 +132,15 @@ def receive(ring, alive, heard=None, spin=SPIN_NS):
     for size in sizes:
         bufs.append(mem[at:at + size])
         at += size + pad(size)
-    return kind, tid, pickle.loads(data, buffers=bufs)
+    return _loads(kind, tid, data, bufs)
+
+
+def _loads(kind, tid, data, bufs=()):
+    """(kind, tid, object); a message that does not unpickle here (an
+    exception class whose __init__ takes other arguments) becomes its
+    task's error, not the reader's."""
+    try:
+        return kind, tid, pickle.loads(data, buffers=bufs)
+    except Exception as e:
+        return ERROR, tid, (RuntimeError(f"a task's {'result' if kind == RESULT else 'error'} could not be "
+                                         f"unpickled here: {e!r}"), "")

@@ -32,7 +32,7 @@ from time import monotonic as _now
 from . import chan, spmd
 from ._core import lib
 from .errors import RemoteTraceback, WorkerDied
-from .launcher import GRACE_S, Job, _check_nprocs, _die_with_parent
+from .launcher import GRACE_S, Job, _check_nprocs, _die_with_parent, _forked_exit
 from .topology import topology as _topology
 
 DEPTH = 2               # tasks a worker holds at once: one running, one queued behind it
@@ -41,6 +41,7 @@ DEPTH = 2               # tasks a worker holds at once: one running, one queued 
 # sent soon after the last result then needs no wake-up, and the owner,
 # which may share the CPU, still runs.
 IDLE_SPIN_NS = -300_000
+EARLY = 3               # a pool whose workers die this many times its size in a row before a first task is broken
 
 
 class TimeoutError(multiprocessing.TimeoutError, TimeoutError):    # noqa: A001
@@ -72,7 +73,7 @@ def _worker(mem, i, initializer, initargs):
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)    # Ctrl-C is the owner's to handle
         tasks, results, state = mem.tasks[i], mem.results[i], mem.state(i)
-        spmd._ring = (mem, i)
+        spmd._ring, me = (mem, i), os.getpid()
         if initializer is not None:
             initializer(*initargs)
 
@@ -86,11 +87,19 @@ def _worker(mem, i, initializer, initargs):
                 kind, tid, obj = chan.receive(tasks, lambda: True, heard, IDLE_SPIN_NS)
             if kind == chan.STOP:
                 break
+            if kind == chan.ERROR:      # its arguments did not unpickle here
+                chan.put(results, _failure(tid, obj[0]), lambda: True)
+                lib.sc_bell_ring(mem.bell)
+                continue
             try:
                 value = _call(*obj)
             except BaseException as e:
+                if os.getpid() != me:
+                    _forked_exit(e)
                 out = _failure(tid, e)
             else:
+                if os.getpid() != me:   # a process the task forked, leaving it: not this worker
+                    _forked_exit()
                 try:
                     out = chan.message(chan.RESULT, tid, value)
                 except BaseException as e:
@@ -163,6 +172,7 @@ class Pool(cf.Executor):
         self._closed = False
         self._stopping = False           # shutdown: stop once the submitted tasks are done
         self._killing = False            # terminate: no more replacements
+        self._early = 0                  # workers that died in a row before their first task
         self._done = False               # the manager has stopped the workers
         self._feed = deque()
         self._feeder_wake = threading.Condition(self._lock)
@@ -220,7 +230,11 @@ class Pool(cf.Executor):
                     continue
                 self._sel.unregister(key.fd)
                 os.close(key.fd)
-                _, status = os.waitpid(w.pid, 0)
+                try:
+                    _, status = os.waitpid(w.pid, 0)
+                except ChildProcessError:       # SIGCHLD ignored: the kernel reaped it, its status is gone
+                    status = signal.SIGKILL
+
                 w.dead = status
                 with self._lock:
                     self._member_over(w.index, dead=True)
@@ -358,6 +372,16 @@ class Pool(cf.Executor):
         """w ended: its running task fails, the ones behind it go back to
         the queue, and a new worker takes its slot (unless stopping)."""
         running = chan.STARTED.unpack_from(self._mem.map, self._mem.state(w.index))[0]
+        self._early = self._early + 1 if running < 0 else 0
+        if self._early >= EARLY * self._n and not self._killing:     # the initializer fails, say: stop
+            self._closed = self._killing = True
+            why = RuntimeError(f"shmcoll.Pool: {self._early} workers in a row died before their first task "
+                               f"(the last: {WorkerDied(w.index, w.pid, w.dead).why}); the pool is broken, "
+                               f"see their stderr (does the initializer raise?)")
+            for task in self._tasks.values():
+                task.future.done() or task.future.set_exception(why)
+            self._tasks.clear()
+            self._pending.clear()
         for tid in reversed(w.queued):
             task = self._tasks.get(tid)
             if task is None:
@@ -467,10 +491,10 @@ class Pool(cf.Executor):
             *iterables, chunksize = iterables
         if not iterables:
             raise TypeError("map() needs at least one iterable")
-        columns = [_sliceable(it) for it in iterables]
-        n = min(map(len, columns))          # zip's length
-        columns = [c[:n] if len(c) > n else c for c in columns]
-        return self._gather(self._chunks(_mapped, fn, columns, chunksize), timeout)
+        if len(iterables) == 1:
+            return self._gather(self._chunks(_mapped, fn, [_sliceable(iterables[0])], chunksize), timeout)
+        # zip first: an endless iterable beside a finite one ends with it, as in Executor.map
+        return self._gather(self._chunks(_starmapped, fn, [list(zip(*iterables))], chunksize), timeout)
 
     def starmap(self, fn, iterable, chunksize=None):
         """multiprocessing.Pool.starmap: [fn(*args) for args in iterable]."""
@@ -500,9 +524,12 @@ class Pool(cf.Executor):
         out = []
         try:
             for f in fs:
-                out += f.result(None if end is None else max(0.0, end - _now()))
-        except cf.TimeoutError:
-            raise TimeoutError(f"results not ready after {timeout} s") from None
+                try:
+                    out += f.result(None if end is None else max(0.0, end - _now()))
+                except cf.TimeoutError:
+                    if f.done():
+                        raise           # the task's own TimeoutError (cf.TimeoutError is the builtin since 3.11)
+                    raise TimeoutError(f"results not ready after {timeout} s") from None
         finally:
             for f in fs:
                 f.cancel()
@@ -562,7 +589,7 @@ class Pool(cf.Executor):
         with self._lock:
             self._broken = True
             if self._grp is not None:
-                self._grp.job.device.abort(self._grp.job.device.rank, code)
+                lib.sc_set_abort(self._grp.job.device.c, -1, code)     # the owner's: counts at once, for every call
 
     def _kill(self, workers):
         with self._lock:
@@ -747,4 +774,6 @@ class AsyncResult:
         try:
             return self._future.result(timeout)
         except cf.TimeoutError:
+            if self._future.done():
+                raise               # the task's own TimeoutError
             raise TimeoutError(f"result not ready after {timeout} s") from None

@@ -464,3 +464,71 @@ def test_a_done_callback_may_wait_on_other_tasks(pool):
     f.add_done_callback(then)
     assert f.result(30) == 9 and done.wait(30)
     assert got == [100, [0, 1, 4, 9]]
+
+
+def fork_and_return(x):
+    """The child returns out of the task too, as the parent does."""
+    os.fork()
+    return x
+
+
+def test_a_process_forked_in_a_task_leaves_quietly(pool):
+    """It must not go on as a second reader of the worker's ring."""
+    assert [pool.submit(fork_and_return, i).result(30) for i in range(10)] == list(range(10))
+    assert pool.map(square, range(200), 1) == [x * x for x in range(200)]
+
+
+class TwoArgError(Exception):
+    """Pickles, but does not unpickle (its __init__ takes two arguments)."""
+
+    def __init__(self, a, b):
+        super().__init__(f"{a} {b}")
+
+
+def raise_two_arg(_):
+    raise TwoArgError(1, 2)
+
+
+def raise_timeout(_):
+    raise TimeoutError("the task's own")
+
+
+def bad_init():
+    raise ValueError("initializer refuses")
+
+
+def test_an_error_that_does_not_unpickle_fails_its_task_only(pool):
+    with pytest.raises(RuntimeError, match="could not be unpickled"):
+        pool.submit(raise_two_arg, 0).result(30)
+    assert pool.map(square, range(10)) == [x * x for x in range(10)]
+
+
+def test_a_tasks_own_timeout_error_is_its_error(pool):
+    with pytest.raises(TimeoutError, match="the task's own"):
+        pool.map(raise_timeout, range(3))
+    with pytest.raises(TimeoutError, match="the task's own"):
+        pool.apply_async(raise_timeout, (1,)).get(30)
+
+
+def test_map_zips_an_endless_iterable_with_a_finite_one(pool):
+    import itertools
+    assert pool.map(add, range(5), itertools.count(10)) == [a + b for a, b in zip(range(5), itertools.count(10))]
+
+
+def test_an_initializer_that_raises_breaks_the_pool_instead_of_respawning():
+    with shmcoll.Pool(2, initializer=bad_init) as p:
+        with pytest.raises(RuntimeError, match="died before their first task"):
+            p.submit(square, 1).result(60)
+        with pytest.raises(RuntimeError):
+            p.submit(square, 1)
+
+
+def test_workers_are_watched_with_sigchld_ignored():
+    old = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    try:
+        with shmcoll.Pool(2) as p:
+            with pytest.raises(shmcoll.WorkerDied):
+                p.submit(die, "kill").result(30)
+            assert p.map(square, range(20), 1) == [x * x for x in range(20)]
+    finally:
+        signal.signal(signal.SIGCHLD, old)
