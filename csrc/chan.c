@@ -87,52 +87,43 @@ static void moved(_Atomic uint64_t *word, uint64_t to, _Atomic uint32_t *sleep)
     wake(word, sleep);
 }
 
-int64_t sc_chan_put(char *ch, const char *src, int64_t n, int64_t spin_ns, int64_t wait_ns)
+/* Move up to n bytes between buf and the ring: the producer's side (put:
+ * its word is head, it waits for the consumer's tail to free room) or the
+ * consumer's (its word is tail, it waits for head to bring bytes). */
+static int64_t move(chan_t *c, char *buf, int64_t n, int put, int64_t spin_ns, int64_t wait_ns)
 {
-    chan_t *c = (chan_t *)ch;
+    _Atomic uint64_t *mine = put ? &c->head : &c->tail, *theirs = put ? &c->tail : &c->head;
+    _Atomic uint32_t *my_sleep = put ? &c->wsleep : &c->rsleep, *their_sleep = put ? &c->rsleep : &c->wsleep;
     int64_t done = 0;
-    uint64_t h = atomic_load_explicit(&c->head, memory_order_relaxed);
+    uint64_t pos = atomic_load_explicit(mine, memory_order_relaxed);
     while (done < n) {
-        uint64_t t = atomic_load_explicit(&c->tail, memory_order_acquire);
-        int64_t room = c->cap - (int64_t)(h - t);
-        if (room == 0) {
-            if (!wait_moved(&c->tail, t, &c->wsleep, spin_ns, wait_ns)) break;
+        uint64_t other = atomic_load_explicit(theirs, memory_order_acquire);
+        int64_t can = put ? c->cap - (int64_t)(pos - other) : (int64_t)(other - pos);   /* room, or bytes ready */
+        if (can == 0) {
+            if (!wait_moved(theirs, other, my_sleep, spin_ns, wait_ns)) break;
             continue;
         }
-        int64_t at = (int64_t)(h % (uint64_t)c->cap), k = n - done;
-        if (k > room) k = room;
+        int64_t at = (int64_t)(pos % (uint64_t)c->cap), k = n - done;
+        if (k > can) k = can;
         if (k > c->cap - at) k = c->cap - at;
         if (k > PIECE) k = PIECE;
-        sc_copy(c->data + at, src + done, k, 0);
+        if (put) sc_copy(c->data + at, buf + done, k, 0);
+        else sc_copy(buf + done, c->data + at, k, 0);
         done += k;
-        h += (uint64_t)k;
-        moved(&c->head, h, &c->rsleep);
+        pos += (uint64_t)k;
+        moved(mine, pos, their_sleep);
     }
     return done;
 }
 
+int64_t sc_chan_put(char *ch, const char *src, int64_t n, int64_t spin_ns, int64_t wait_ns)
+{
+    return move((chan_t *)ch, (char *)src, n, 1, spin_ns, wait_ns);
+}
+
 int64_t sc_chan_get(char *ch, char *dst, int64_t n, int64_t spin_ns, int64_t wait_ns)
 {
-    chan_t *c = (chan_t *)ch;
-    int64_t done = 0;
-    uint64_t t = atomic_load_explicit(&c->tail, memory_order_relaxed);
-    while (done < n) {
-        uint64_t h = atomic_load_explicit(&c->head, memory_order_acquire);
-        int64_t ready = (int64_t)(h - t);
-        if (ready == 0) {
-            if (!wait_moved(&c->head, h, &c->rsleep, spin_ns, wait_ns)) break;
-            continue;
-        }
-        int64_t at = (int64_t)(t % (uint64_t)c->cap), k = n - done;
-        if (k > ready) k = ready;
-        if (k > c->cap - at) k = c->cap - at;
-        if (k > PIECE) k = PIECE;
-        sc_copy(dst + done, c->data + at, k, 0);
-        done += k;
-        t += (uint64_t)k;
-        moved(&c->tail, t, &c->wsleep);
-    }
-    return done;
+    return move((chan_t *)ch, dst, n, 0, spin_ns, wait_ns);
 }
 
 int64_t sc_chan_ready(char *ch)

@@ -164,30 +164,39 @@ def _unlink(name):
 
 def _find(name, f, timeout):
     """Local rank 0's record, once it is there and its writer lives."""
-    end, delay = time.monotonic() + timeout, 1e-3
-    while True:
+    def missing():
+        raise TimeoutError(f"shmcoll.init(): local rank 0 of this node's {f.local_size} ranks ({f.launcher}) did not "
+                           f"publish the job within {timeout:g} s (SHMCOLL_JOIN_TIMEOUT); it never started, or died")
+    def published():
         record = _read("/dev/shm" + name)
-        if _alive(record):
-            return record
-        if time.monotonic() > end:
-            raise TimeoutError(f"shmcoll.init(): local rank 0 of this node's {f.local_size} ranks ({f.launcher}) did "
-                               f"not publish the job within {timeout:g} s (SHMCOLL_JOIN_TIMEOUT); it never started, "
-                               f"or died")
-        time.sleep(delay)           # start-up only: nothing to wake on before the record exists
-        delay = min(2 * delay, 0.05)
+        return record if _alive(record) else None
+    return _poll(published, timeout, missing)
 
 
 def _wait_all(dev, f, timeout):
     """Every local rank registered, or the job aborted and a TimeoutError
     naming those that did not."""
+    def absent():
+        return [r for r in range(f.local_size) if dev.rank_state(r) == 0]
+
+    def missing():
+        late = absent()
+        dev.abort(late[0], 9)
+        raise TimeoutError(f"shmcoll.init(): local ranks {late} of this node's {f.local_size} "
+                           f"({f.launcher}) did not join within {timeout:g} s (SHMCOLL_JOIN_TIMEOUT)")
+    _poll(lambda: not absent(), timeout, missing)
+
+
+def _poll(ready, timeout, missing):
+    """ready()'s first true value, looked for with growing pauses (start-up
+    only: nothing to wake on before the others exist); missing() raises
+    once timeout seconds have passed."""
     end, delay = time.monotonic() + timeout, 1e-3
     while True:
-        missing = [r for r in range(f.local_size) if dev.rank_state(r) == 0]
-        if not missing:
-            return
+        got = ready()
+        if got:
+            return got
         if time.monotonic() > end:
-            dev.abort(missing[0], 9)
-            raise TimeoutError(f"shmcoll.init(): local ranks {missing} of this node's {f.local_size} "
-                               f"({f.launcher}) did not join within {timeout:g} s (SHMCOLL_JOIN_TIMEOUT)")
+            missing()
         time.sleep(delay)
         delay = min(2 * delay, 0.05)

@@ -723,8 +723,6 @@ class Pool(cf.Executor):
         return f"<shmcoll.Pool {self._n} workers{' (shut down)' if self._closed else ''}>"
 
 
-
-
 class _Future(cf.Future):
     """A Future whose result() and exception() read the results
     themselves (Pool._drive) while they wait."""
