@@ -1,0 +1,46 @@
+"""shmcoll inside an MPI job that spans nodes: shared memory within each
+node, MPI between them (docs/multinode.md)."""
+import sys
+
+import numpy as np
+
+from .hier import Hier
+from .layout import node_comm, node_split, virtual_nodes
+from .specs import mpi
+
+__all__ = ["Hier", "from_mpi", "virtual_nodes"]
+
+
+def from_mpi(comm=None, *, options=None, abort_on_error=True):
+    """A hierarchical communicator over the mpi4py communicator comm
+    (default COMM_WORLD); collective over comm.  Its ranks on one node
+    (COMM_TYPE_SHARED, or SHMCOLL_VIRTUAL_NODES) share a shmcoll
+    communicator; their local rank 0s form the MPI communicator between
+    nodes.  abort_on_error: an exception that ends this rank's program
+    aborts the whole MPI job (as `python -m mpi4py` does), so no rank
+    waits forever for it."""
+    MPI = mpi()
+    comm = MPI.COMM_WORLD if comm is None else comm
+    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+        raise TypeError(f"shmcoll.from_mpi(): an mpi4py intracommunicator, not {comm!r}")
+    node_mpi = node_split(comm)
+    own = comm.Dup()                # our legs' messages never match the user's
+    local = node_mpi.Get_rank()
+    leaders = own.Split(0 if local == 0 else MPI.UNDEFINED, own.Get_rank())
+    index = node_mpi.bcast(leaders.Get_rank() if local == 0 else None, root=0)
+    where = np.array(own.allgather((index, local)), np.int64).reshape(-1, 2)
+    node = node_comm(node_mpi, options)
+    hier = Hier(own, node_mpi, leaders if local == 0 else None, node, where[:, 0], where[:, 1])
+    if abort_on_error and hier.size > 1:
+        _abort_on_error(hier)
+    return hier
+
+
+def _abort_on_error(hier):
+    hook = sys.excepthook
+
+    def abort(*exc):
+        hook(*exc)
+        sys.stderr.flush()
+        hier.mpi.Abort(1)
+    sys.excepthook = abort

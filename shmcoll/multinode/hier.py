@@ -1,0 +1,371 @@
+"""The hierarchical communicator: shmcoll legs within each node, MPI legs
+between nodes (Open MPI's coll/han and MPICH's *_intra_smp, with shmcoll
+as the node layer).
+
+Every rank runs the same legs in the same order, so a leg never waits on
+a rank busy in another.  Node legs go to the node's shmcoll communicator
+(`node`); inter-node legs to MPI among the nodes' local rank 0s
+(`leaders`), or, where fewer copies result, point-to-point between the
+root and each node's leader (Gather, Scatter) or among all ranks
+(Alltoall's off-node blocks).  Reductions run in a fixed order (the node's
+ranks, then MPI among the leaders), so a result is the same from run to
+run.  Nodes must hold consecutive ranks of the communicator for the
+layouts that assume it (the usual block placement); otherwise, and for
+what the legs cannot express (derived datatypes, user-defined ops), the
+call is MPI's own on the whole communicator.  Everything else
+(point-to-point, communicator calls, object collectives) is the MPI
+communicator's."""
+import functools
+import sys
+
+import numpy as np
+
+from ..buffers import IN_PLACE as SHM_IN_PLACE
+from ..errors import PeerFailure
+from .specs import Fallback, in_place, mpi, op_pair, packed, simple, vector
+
+TAG = 7                 # point-to-point legs run on a communicator of their own: any tag serves
+
+
+def _packed(counts):
+    return np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+
+
+def _legs(fn):
+    """Fall back to MPI for what the legs cannot express; a peer's failure
+    in a node leg ends the whole job (MPI cannot carry on without it)."""
+    @functools.wraps(fn)
+    def method(self, *args, **kw):
+        try:
+            return fn(self, *args, **kw)
+        except Fallback:
+            self.fallbacks += 1
+            return getattr(self.mpi, fn.__name__)(*args, **kw)
+        except PeerFailure as e:
+            self._abort(e)
+    return method
+
+
+class Hier:
+    """An MPI communicator (any size, one node or many) whose collectives
+    run hierarchically.  node: this node's shmcoll communicator; leaders:
+    MPI among each node's local rank 0 (None on the others)."""
+
+    def __init__(self, mpi_comm, node_mpi, leaders, node, node_of, local_of):
+        self.mpi, self.node_mpi, self.leaders, self.node = mpi_comm, node_mpi, leaders, node
+        self.rank, self.size = mpi_comm.Get_rank(), mpi_comm.Get_size()
+        self.node_of, self.local_of = node_of, local_of
+        self.nodes = [np.flatnonzero(node_of == n) for n in range(int(node_of.max()) + 1)]
+        self.me, self.local = int(node_of[self.rank]), int(local_of[self.rank])
+        self.starts = np.array([m[0] for m in self.nodes], np.int64)
+        self.counts = np.array([m.size for m in self.nodes], np.int64)
+        self.blocked = all(np.array_equal(m, np.arange(m[0], m[0] + m.size)) for m in self.nodes) and \
+            bool(np.all(np.diff(self.starts) > 0))
+        self.first, self.end = int(self.starts[self.me]), int(self.starts[self.me] + self.counts[self.me])
+        self.many = len(self.nodes) > 1
+        self.fallbacks = 0      # calls that were MPI's own (what the legs cannot express)
+
+    def __getattr__(self, name):
+        return getattr(self.mpi, name)
+
+    def __repr__(self):
+        return (f"<shmcoll hierarchical communicator: rank {self.rank} of {self.size}, node {self.me} of "
+                f"{len(self.nodes)} (local rank {self.local} of {self.counts[self.me]})>")
+
+    def Get_rank(self):
+        return self.rank
+
+    def Get_size(self):
+        return self.size
+
+    def _abort(self, exc):
+        print(f"shmcoll: rank {self.rank} (node {self.me}, local rank {self.local}): {exc}; aborting the MPI job",
+              file=sys.stderr, flush=True)
+        self.mpi.Abort(1)
+
+    def _need_blocks(self):
+        if not self.blocked:
+            raise Fallback
+
+    def _leader(self, n):
+        return int(self.nodes[n][0])
+
+    # -- collectives ---------------------------------------------------
+
+    @_legs
+    def Barrier(self):
+        self.node.Barrier()
+        if self.many:
+            if self.leaders is not None:
+                self.leaders.Barrier()
+            self.node.Barrier()
+
+    @_legs
+    def Bcast(self, buf, root=0):
+        a = simple(buf, "buf")
+        rn = int(self.node_of[root])
+        if self.me == rn:
+            self.node.Bcast(a, root=int(self.local_of[root]))
+        if self.leaders is not None and self.many:
+            self.leaders.Bcast(a, root=rn)
+        if self.me != rn:
+            self.node.Bcast(a, root=0)
+
+    @_legs
+    def Reduce(self, sendbuf, recvbuf=None, op=None, root=0):
+        m_op, s_op = op_pair(mpi().SUM if op is None else op)
+        me_root = self.rank == root
+        r = simple(recvbuf, "recvbuf") if me_root else None
+        s = simple(sendbuf, "sendbuf")
+        rn, rl = int(self.node_of[root]), int(self.local_of[root])
+        if self.local == 0:
+            part = r if me_root else np.empty_like(s if not in_place(s) else r)
+            self.node.Reduce(SHM_IN_PLACE if in_place(s) else s, part, op=s_op, root=0)
+            if self.many:
+                if self.me == rn:
+                    self.leaders.Reduce(mpi().IN_PLACE, part, op=m_op, root=rn)
+                else:
+                    self.leaders.Reduce(part, None, op=m_op, root=rn)
+            if self.me == rn and rl != 0:
+                self.node.Send(part, dest=rl, tag=TAG)
+        else:
+            self.node.Reduce(r if in_place(s) else s, None, op=s_op, root=0)
+            if me_root:
+                self.node.Recv(r, source=0, tag=TAG)
+
+    @_legs
+    def Allreduce(self, sendbuf, recvbuf, op=None):
+        m_op, s_op = op_pair(mpi().SUM if op is None else op)
+        r, s = simple(recvbuf, "recvbuf"), simple(sendbuf, "sendbuf")
+        if not self.many:
+            return self.node.Allreduce(SHM_IN_PLACE if in_place(s) else s, r, op=s_op)
+        if self.local == 0:
+            self.node.Reduce(SHM_IN_PLACE if in_place(s) else s, r, op=s_op, root=0)
+            self.leaders.Allreduce(mpi().IN_PLACE, r, op=m_op)
+        else:
+            self.node.Reduce(r if in_place(s) else s, None, op=s_op, root=0)
+        self.node.Bcast(r, root=0)
+
+    @_legs
+    def Allgather(self, sendbuf, recvbuf):
+        self._need_blocks()
+        r = simple(recvbuf, "recvbuf")
+        k = r.size // self.size
+        s = simple(sendbuf, "sendbuf")
+        mine = r[k * self.first:k * self.end]
+        if self.local == 0:
+            self.node.Gather(SHM_IN_PLACE if in_place(s) else s, mine, root=0)
+            if self.many:
+                self.leaders.Allgatherv(mpi().IN_PLACE, [r, (k * self.counts, k * self.starts)])
+        else:
+            self.node.Gather(r[k * self.rank:k * (self.rank + 1)] if in_place(s) else s, None, root=0)
+        self.node.Bcast(r[:k * self.size], root=0)
+
+    @_legs
+    def Allgatherv(self, sendbuf, recvbuf):
+        self._need_blocks()
+        a, counts, displs = vector(recvbuf, "recvbuf", self.size)
+        r = a if packed(counts, displs) else np.empty(int(counts.sum()), a.dtype)
+        offs = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        s = simple(sendbuf, "sendbuf")
+        if in_place(s):
+            s = a[displs[self.rank]:displs[self.rank] + counts[self.rank]].copy()
+        lo, hi = int(offs[self.first]), int(offs[self.end])
+        if self.local == 0:
+            c = counts[self.first:self.end]
+            self.node.Gatherv(s, [r[lo:hi], (c, offs[self.first:self.end] - lo)], root=0)
+            if self.many:
+                self.leaders.Allgatherv(mpi().IN_PLACE, [r, (offs[self.starts + self.counts] - offs[self.starts],
+                                                             offs[self.starts])])
+        else:
+            self.node.Gatherv(s, None, root=0)
+        self.node.Bcast(r[:int(offs[-1])], root=0)
+        if r is not a:
+            for i in range(self.size):
+                a[displs[i]:displs[i] + counts[i]] = r[offs[i]:offs[i + 1]]
+
+    @_legs
+    def Gather(self, sendbuf, recvbuf=None, root=0):
+        self._need_blocks()
+        me_root = self.rank == root
+        s = simple(sendbuf, "sendbuf")
+        r = simple(recvbuf, "recvbuf") if me_root else None
+        k = r.size // self.size if me_root else s.size
+        rn, rl = int(self.node_of[root]), int(self.local_of[root])
+        if self.me == rn:
+            reqs = [self.mpi.Irecv(r[k * self.starts[n]:k * (self.starts[n] + self.counts[n])],
+                                   source=self._leader(n), tag=TAG)
+                    for n in range(len(self.nodes)) if n != rn] if me_root else []
+            self.node.Gather(SHM_IN_PLACE if in_place(s) else s, r[k * self.first:k * self.end] if me_root else None,
+                             root=rl)
+            mpi().Request.Waitall(reqs)
+        elif self.local == 0:
+            part = np.empty(k * (self.end - self.first), s.dtype)
+            self.node.Gather(s, part, root=0)
+            self.mpi.Send(part, dest=root, tag=TAG)
+        else:
+            self.node.Gather(s, None, root=0)
+
+    @_legs
+    def Scatter(self, sendbuf, recvbuf, root=0):
+        self._need_blocks()
+        me_root = self.rank == root
+        r = simple(recvbuf, "recvbuf")
+        s = simple(sendbuf, "sendbuf") if me_root else None
+        k = s.size // self.size if me_root else r.size
+        rn, rl = int(self.node_of[root]), int(self.local_of[root])
+        if self.me == rn:
+            reqs = [self.mpi.Isend(s[k * self.starts[n]:k * (self.starts[n] + self.counts[n])],
+                                   dest=self._leader(n), tag=TAG)
+                    for n in range(len(self.nodes)) if n != rn] if me_root else []
+            self.node.Scatter(s[k * self.first:k * self.end] if me_root else None,
+                              SHM_IN_PLACE if in_place(r) else r, root=rl)
+            mpi().Request.Waitall(reqs)
+        elif self.local == 0:
+            part = np.empty(k * (self.end - self.first), r.dtype)
+            self.mpi.Recv(part, source=root, tag=TAG)
+            self.node.Scatter(part, r, root=0)
+        else:
+            self.node.Scatter(None, r, root=0)
+
+    @_legs
+    def Gatherv(self, sendbuf, recvbuf=None, root=0):
+        self._need_blocks()
+        me_root = self.rank == root
+        s = simple(sendbuf, "sendbuf")
+        rn, rl = int(self.node_of[root]), int(self.local_of[root])
+        if me_root:
+            a, counts, displs = vector(recvbuf, "recvbuf", self.size)
+            if in_place(s):
+                s = a[displs[root]:displs[root] + counts[root]].copy()
+        mine = np.empty(self.end - self.first, np.int64)        # the node's counts, at its leader
+        self.node.Gather(np.array([s.size], np.int64), mine if self.local == 0 else None, root=0)
+        if self.me == rn:
+            if me_root:
+                reqs, stage = [], []
+                for n in range(len(self.nodes)):
+                    if n == rn:
+                        continue
+                    lo, hi = self.starts[n], self.starts[n] + self.counts[n]
+                    if packed(counts[lo:hi], displs[lo:hi] - displs[lo]):
+                        buf = a[displs[lo]:displs[lo] + counts[lo:hi].sum()]
+                    else:
+                        buf = np.empty(int(counts[lo:hi].sum()), a.dtype)
+                        stage.append((buf, lo, hi))
+                    reqs.append(self.mpi.Irecv(buf, source=self._leader(n), tag=TAG))
+                c = counts[self.first:self.end]
+                self.node.Gatherv(s, [a, (c, displs[self.first:self.end])], root=rl)
+                mpi().Request.Waitall(reqs)
+                for buf, lo, hi in stage:
+                    at = 0
+                    for i in range(lo, hi):
+                        a[displs[i]:displs[i] + counts[i]] = buf[at:at + counts[i]]
+                        at += counts[i]
+            else:
+                self.node.Gatherv(s, None, root=rl)
+        elif self.local == 0:
+            part = np.empty(int(mine.sum()), s.dtype)
+            self.node.Gatherv(s, [part, (mine, _packed(mine))], root=0)
+            self.mpi.Send(part, dest=root, tag=TAG)
+        else:
+            self.node.Gatherv(s, None, root=0)
+
+    @_legs
+    def Scatterv(self, sendbuf, recvbuf, root=0):
+        self._need_blocks()
+        me_root = self.rank == root
+        r = simple(recvbuf, "recvbuf")
+        rn, rl = int(self.node_of[root]), int(self.local_of[root])
+        if me_root:
+            a, counts, displs = vector(sendbuf, "sendbuf", self.size)
+        if not me_root and in_place(r):
+            raise ValueError("Scatterv: recvbuf IN_PLACE is the root's only")
+        if self.me == rn:
+            if me_root:
+                reqs = []
+                for n in range(len(self.nodes)):
+                    if n == rn:
+                        continue
+                    lo, hi = self.starts[n], self.starts[n] + self.counts[n]
+                    buf = np.concatenate([a[displs[i]:displs[i] + counts[i]] for i in range(lo, hi)])
+                    reqs.append(self.mpi.Isend(counts[lo:hi].copy(), dest=self._leader(n), tag=TAG))
+                    reqs.append(self.mpi.Isend(buf, dest=self._leader(n), tag=TAG))
+                self.node.Scatterv([a, (counts[self.first:self.end], displs[self.first:self.end])],
+                                   SHM_IN_PLACE if in_place(r) else r, root=rl)
+                mpi().Request.Waitall(reqs)
+            else:
+                self.node.Scatterv(None, r, root=rl)
+        elif self.local == 0:
+            c = np.empty(self.end - self.first, np.int64)
+            self.mpi.Recv(c, source=root, tag=TAG)
+            part = np.empty(int(c.sum()), r.dtype)
+            self.mpi.Recv(part, source=root, tag=TAG)
+            self.node.Scatterv([part, (c, _packed(c))], r, root=0)
+        else:
+            self.node.Scatterv(None, r, root=0)
+
+    @_legs
+    def Alltoall(self, sendbuf, recvbuf):
+        """Off-node blocks by MPI among all ranks (one Alltoallv, every
+        node's blocks zero), on-node ones by the node's Alltoall."""
+        self._need_blocks()
+        r = simple(recvbuf, "recvbuf")
+        s = simple(sendbuf, "sendbuf")
+        s = r.copy() if in_place(s) else s
+        k = r.size // self.size
+        if not self.many:
+            return self.node.Alltoall(s, r)
+        counts = np.full(self.size, k, np.int64)
+        counts[self.first:self.end] = 0
+        displs = np.arange(self.size, dtype=np.int64) * k
+        req = self.mpi.Ialltoallv([s, (counts, displs)], [r, (counts, displs)])
+        self.node.Alltoall(s[k * self.first:k * self.end], r[k * self.first:k * self.end])
+        req.Wait()
+
+    @_legs
+    def Reduce_scatter_block(self, sendbuf, recvbuf, op=None):
+        r = simple(recvbuf, "recvbuf")
+        s = simple(sendbuf, "sendbuf")
+        k = r.size // self.size if in_place(s) else r.size
+        self._reduce_scatter(r.copy() if in_place(s) else s, r[:k], np.full(self.size, k, np.int64), op)
+
+    @_legs
+    def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=None):
+        r = simple(recvbuf, "recvbuf")
+        s = simple(sendbuf, "sendbuf")
+        if recvcounts is None:
+            raise Fallback
+        counts = np.asarray(recvcounts, np.int64).reshape(-1)
+        if counts.size != self.size:
+            raise ValueError(f"Reduce_scatter: {counts.size} recvcounts for {self.size} ranks")
+        self._reduce_scatter(r.copy() if in_place(s) else s, r[:counts[self.rank]], counts, op)
+
+    def _reduce_scatter(self, s, r, counts, op):
+        """Node Reduce to the leader, Reduce_scatter among the leaders by
+        node, node Scatterv."""
+        self._need_blocks()
+        m_op, s_op = op_pair(mpi().SUM if op is None else op)
+        offs = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        mine = counts[self.first:self.end]
+        if self.local == 0:
+            whole = np.empty(int(offs[-1]), s.dtype)
+            self.node.Reduce(s[:whole.size], whole, op=s_op, root=0)
+            if self.many:
+                part = np.empty(int(mine.sum()), s.dtype)
+                self.leaders.Reduce_scatter(whole, part, offs[self.starts + self.counts] - offs[self.starts], op=m_op)
+            else:
+                part = whole
+            self.node.Scatterv([part, (mine, _packed(mine))], r, root=0)
+        else:
+            self.node.Reduce(s[:int(offs[-1])], None, op=s_op, root=0)
+            self.node.Scatterv(None, r, root=0)
+
+    def Free(self):
+        """Free the node's communicator and the MPI communicators made for
+        this one (collective)."""
+        self.node.Free()
+        for c in (self.leaders, self.node_mpi, self.mpi):
+            if c is not None:
+                c.Free()
+        self.leaders = None
+

@@ -1,0 +1,73 @@
+"""Which ranks of an MPI communicator share a node, and the node's shmcoll
+communicator among them.
+
+The node's shared memory is never named: its local rank 0 creates the
+job's segment (unlinked at once, as every shmcoll segment), sends (its
+pid, the fd, the plan) over the node's MPI communicator, and the others
+map it through /proc/<pid>/fd (as init() does under another launcher, and
+communicators do).  So there is no window in which a name could be left
+in /dev/shm, and nothing stale to sweep."""
+import os
+
+import numpy as np
+
+from ..comm import Comm
+from ..device import Device
+from ..segment import Segment
+from .specs import mpi
+
+
+def virtual_nodes(size, env=os.environ):
+    """SHMCOLL_VIRTUAL_NODES=3,1: the sizes of consecutive groups of
+    COMM_WORLD's ranks taken as nodes (in place of the hostname), or None."""
+    text = env.get("SHMCOLL_VIRTUAL_NODES", "").strip()
+    if not text:
+        return None
+    try:
+        sizes = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise ValueError(f"SHMCOLL_VIRTUAL_NODES={text!r}: not comma-separated rank counts") from None
+    if min(sizes) < 1 or sum(sizes) != size:
+        raise ValueError(f"SHMCOLL_VIRTUAL_NODES={text!r}: node sizes must be positive and add up to "
+                         f"COMM_WORLD's {size} ranks")
+    return sizes
+
+
+def node_split(comm):
+    """comm's ranks on this rank's node (virtual or real), in comm's order."""
+    MPI = mpi()
+    sizes = virtual_nodes(MPI.COMM_WORLD.Get_size())
+    if sizes is None:
+        return comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    node = int(np.searchsorted(np.cumsum(sizes), MPI.COMM_WORLD.Get_rank(), side="right"))
+    return comm.Split(node, comm.Get_rank())
+
+
+def node_comm(node_mpi, options=None):
+    """The shmcoll communicator of node_mpi's ranks.  A failure on any of
+    them (no memory for the segment, a policy refusing /proc/<pid>/fd)
+    raises on every one."""
+    from ..launcher import Job
+    err = record = dev = None
+    if node_mpi.Get_rank() == 0:
+        try:
+            job = Job(node_mpi.Get_size(), bind="none", options=options)
+            dev = job.device.for_rank(0)
+            dev.job = job                   # the segment's fd lives as long as the communicator
+            record = (os.getpid(), job.device.segment.fd, job.plan)
+        except (OSError, ValueError, RuntimeError) as e:
+            err = e
+    record = node_mpi.bcast(record if err is None else None, root=0)
+    if node_mpi.Get_rank() != 0 and record is not None:
+        try:
+            dev = Device(record[2], node_mpi.Get_rank(), Segment.open_proc(record[0], record[1], record[2].size))
+        except OSError as e:
+            err = e
+    if dev is not None:
+        dev.register(os.getpid(), 0)
+    failed = node_mpi.allgather(None if err is None else f"{type(err).__name__}: {err}")
+    bad = [(r, m) for r, m in enumerate(failed) if m]
+    if bad:
+        raise RuntimeError(f"shmcoll.from_mpi(): node-local rank {bad[0][0]} could not set up the node's shared "
+                           f"memory: {bad[0][1]}")
+    return Comm(dev)
