@@ -23,13 +23,13 @@ def from_mpi(comm=None, *, options=None, abort_on_error=True):
     comm = MPI.COMM_WORLD if comm is None else comm
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
         raise TypeError(f"shmcoll.from_mpi(): an mpi4py intracommunicator, not {comm!r}")
-    node_mpi = node_split(comm)
+    node_mpi, crowded = node_split(comm)
     own = comm.Dup()                # our legs' messages never match the user's
     local = node_mpi.Get_rank()
     leaders = own.Split(0 if local == 0 else MPI.UNDEFINED, own.Get_rank())
     index = node_mpi.bcast(leaders.Get_rank() if local == 0 else None, root=0)
     where = np.array(own.allgather((index, local)), np.int64).reshape(-1, 2)
-    node = node_comm(node_mpi, options)
+    node = node_comm(node_mpi, options, crowded)
     hier = Hier(own, node_mpi, leaders if local == 0 else None, node, where[:, 0], where[:, 1])
     if abort_on_error and hier.size > 1:
         _abort_on_error(hier)
@@ -44,3 +44,4 @@ def _abort_on_error(hier):
         sys.stderr.flush()
         hier.mpi.Abort(1)
     sys.excepthook = abort
+

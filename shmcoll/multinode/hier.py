@@ -22,13 +22,9 @@ import numpy as np
 
 from ..buffers import IN_PLACE as SHM_IN_PLACE
 from ..errors import PeerFailure
-from .specs import Fallback, in_place, mpi, op_pair, packed, simple, vector
+from .specs import Fallback, displacements, in_place, mpi, op_pair, packed, simple, vector
 
 TAG = 7                 # point-to-point legs run on a communicator of their own: any tag serves
-
-
-def _packed(counts):
-    return np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
 
 
 def _legs(fn):
@@ -79,8 +75,11 @@ class Hier:
         return self.size
 
     def _abort(self, exc):
-        print(f"shmcoll: rank {self.rank} (node {self.me}, local rank {self.local}): {exc}; aborting the MPI job",
-              file=sys.stderr, flush=True)
+        """A node peer failed: name it by its rank in this communicator
+        (the reason's ranks are the node's local ones), end the job."""
+        who = int(self.nodes[self.me][exc.rank]) if 0 <= exc.rank < self.counts[self.me] else exc.rank
+        print(f"shmcoll: rank {who} failed: {type(exc).__name__}: {exc} (local ranks of node {self.me}, seen by "
+              f"rank {self.rank}); aborting the MPI job", file=sys.stderr, flush=True)
         self.mpi.Abort(1)
 
     def _need_blocks(self):
@@ -265,7 +264,7 @@ class Hier:
                 self.node.Gatherv(s, None, root=rl)
         elif self.local == 0:
             part = np.empty(int(mine.sum()), s.dtype)
-            self.node.Gatherv(s, [part, (mine, _packed(mine))], root=0)
+            self.node.Gatherv(s, [part, (mine, displacements(mine))], root=0)
             self.mpi.Send(part, dest=root, tag=TAG)
         else:
             self.node.Gatherv(s, None, root=0)
@@ -300,7 +299,7 @@ class Hier:
             self.mpi.Recv(c, source=root, tag=TAG)
             part = np.empty(int(c.sum()), r.dtype)
             self.mpi.Recv(part, source=root, tag=TAG)
-            self.node.Scatterv([part, (c, _packed(c))], r, root=0)
+            self.node.Scatterv([part, (c, displacements(c))], r, root=0)
         else:
             self.node.Scatterv(None, r, root=0)
 
@@ -342,11 +341,12 @@ class Hier:
 
     def _reduce_scatter(self, s, r, counts, op):
         """Node Reduce to the leader, Reduce_scatter among the leaders by
-        node, node Scatterv."""
+        node, node Scatter (Scatterv where the counts differ)."""
         self._need_blocks()
         m_op, s_op = op_pair(mpi().SUM if op is None else op)
         offs = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
         mine = counts[self.first:self.end]
+        even = bool((mine == mine[0]).all())
         if self.local == 0:
             whole = np.empty(int(offs[-1]), s.dtype)
             self.node.Reduce(s[:whole.size], whole, op=s_op, root=0)
@@ -354,11 +354,17 @@ class Hier:
                 part = np.empty(int(mine.sum()), s.dtype)
                 self.leaders.Reduce_scatter(whole, part, offs[self.starts + self.counts] - offs[self.starts], op=m_op)
             else:
-                part = whole
-            self.node.Scatterv([part, (mine, _packed(mine))], r, root=0)
+                part = whole[offs[self.first]:offs[self.end]]
+            if even:
+                self.node.Scatter(part, r, root=0)
+            else:
+                self.node.Scatterv([part, (mine, displacements(mine))], r, root=0)
         else:
             self.node.Reduce(s[:int(offs[-1])], None, op=s_op, root=0)
-            self.node.Scatterv(None, r, root=0)
+            if even:
+                self.node.Scatter(None, r, root=0)
+            else:
+                self.node.Scatterv(None, r, root=0)
 
     def Free(self):
         """Free the node's communicator and the MPI communicators made for

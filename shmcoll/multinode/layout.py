@@ -34,20 +34,30 @@ def virtual_nodes(size, env=os.environ):
 
 
 def node_split(comm):
-    """comm's ranks on this rank's node (virtual or real), in comm's order."""
+    """(comm's ranks on this rank's node (virtual or real), in comm's
+    order; whether the machine's ranks outnumber the CPUs they may run on)."""
     MPI = mpi()
     sizes = virtual_nodes(MPI.COMM_WORLD.Get_size())
+    machine = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    cpus = machine.allgather(sorted(os.sched_getaffinity(0)))
+    crowded = machine.Get_size() > len(set().union(*map(set, cpus)))
     if sizes is None:
-        return comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+        return machine, crowded
+    machine.Free()
     node = int(np.searchsorted(np.cumsum(sizes), MPI.COMM_WORLD.Get_rank(), side="right"))
-    return comm.Split(node, comm.Get_rank())
+    return comm.Split(node, comm.Get_rank()), crowded
 
 
-def node_comm(node_mpi, options=None):
+def node_comm(node_mpi, options=None, crowded=False):
     """The shmcoll communicator of node_mpi's ranks.  A failure on any of
     them (no memory for the segment, a policy refusing /proc/<pid>/fd)
-    raises on every one."""
+    raises on every one.  crowded: more ranks on this machine than CPUs
+    (virtual nodes on a small one), which the node's ranks alone do not
+    show: waits hand the CPU over at once, as shmcoll's do when it sees
+    oversubscription itself, unless the options or SHMCOLL_SPIN_NS say."""
     from ..launcher import Job
+    if crowded and "SHMCOLL_SPIN_NS" not in os.environ:
+        options = {"spin_ns": 0, **(options or {})}
     err = record = dev = None
     if node_mpi.Get_rank() == 0:
         try:

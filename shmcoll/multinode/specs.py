@@ -91,7 +91,7 @@ def vector(spec, what, size):
     if counts.size != size:
         raise ValueError(f"{what}: {counts.size} counts for {size} ranks")
     displs = (np.asarray(rest[1], np.int64).reshape(-1) if len(rest) > 1 and rest[1] is not None
-              else np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64))
+              else displacements(counts))
     if displs.size != size:
         raise ValueError(f"{what}: {displs.size} displacements for {size} ranks")
     if size and ((counts < 0).any() or (displs < 0).any() or (displs + counts).max() > a.size):
@@ -99,9 +99,14 @@ def vector(spec, what, size):
     return a, counts, displs
 
 
+def displacements(counts):
+    """The pieces' displacements back to back in rank order from 0."""
+    return np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+
+
 def packed(counts, displs):
     """Whether the pieces lie back to back in rank order from 0."""
-    return bool(np.array_equal(displs, np.concatenate(([0], np.cumsum(counts)[:-1]))))
+    return bool(np.array_equal(displs, displacements(counts)))
 
 
 _OPS = ("SUM", "PROD", "MAX", "MIN", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR")

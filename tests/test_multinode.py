@@ -1,0 +1,115 @@
+"""shmcoll.from_mpi under real mpiexec: MPICH's and Open MPI's, each from
+a virtualenv that holds an MPI wheel and mpi4py and sees this shmcoll
+(`python3 -m venv --system-site-packages DIR && DIR/bin/pip install mpich
+mpi4py`; .ci/mpi_envs.sh makes them).  SHMCOLL_TEST_MPI lists those
+directories, comma-separated; without it these tests skip.  Nodes are
+virtual (SHMCOLL_VIRTUAL_NODES), so one machine runs 2+2, 3+1, 2+1."""
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from shmcoll.multinode import virtual_nodes
+
+PROGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi_progs")
+ENVS = [d for d in os.environ.get("SHMCOLL_TEST_MPI", "").split(",") if d.strip()]
+
+
+def _library(env):
+    out = subprocess.run([os.path.join(env, "bin", "python"), "-c",
+                          "from mpi4py import MPI; print(MPI.Get_library_version().split()[0])"],
+                         capture_output=True, text=True, timeout=60)
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+LIBS = {env: _library(env) for env in ENVS}
+
+
+def mpiexec(env, n, prog, *args, nodes="", timeout=120, flags=()):
+    """Run prog on n ranks of env's mpiexec; (returncode, output, seconds).
+    MPICH leaves its own /dev/shm/mpich_shm_* behind when a rank is killed
+    (under plain MPI too): those this run made are removed."""
+    before = set(os.listdir("/dev/shm"))
+    var = dict(os.environ, SHMCOLL_VIRTUAL_NODES=nodes, OMPI_ALLOW_RUN_AS_ROOT="1",
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1")
+    launcher = [os.path.join(env, "bin", "mpiexec")]
+    if LIBS[env] == "Open":
+        launcher += ["--oversubscribe", "-x", "SHMCOLL_VIRTUAL_NODES"]
+    cmd = launcher + list(flags) + ["-n", str(n), os.path.join(env, "bin", "python"),
+                                    os.path.join(PROGS, prog)] + [str(a) for a in args]
+    t0 = time.monotonic()
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=var, cwd=PROGS)
+    finally:
+        for name in set(os.listdir("/dev/shm")) - before:
+            if name.startswith("mpich_shm_"):
+                os.unlink(os.path.join("/dev/shm", name))
+    return out.returncode, out.stdout + out.stderr, time.monotonic() - t0
+
+
+def envs():
+    if not ENVS:
+        return [pytest.param(None, marks=pytest.mark.skip(reason="SHMCOLL_TEST_MPI names no MPI virtualenv"))]
+    return [pytest.param(e, id=os.path.basename(e.rstrip("/")),
+                         marks=[pytest.mark.skipif(LIBS[e] is None, reason=f"no mpi4py in {e}")]) for e in ENVS]
+
+
+def test_virtual_nodes_parse():
+    assert virtual_nodes(4, {"SHMCOLL_VIRTUAL_NODES": "3,1"}) == [3, 1]
+    assert virtual_nodes(4, {}) is None
+    for bad in ("2,3", "4,0", "two,2"):
+        with pytest.raises(ValueError, match="SHMCOLL_VIRTUAL_NODES"):
+            virtual_nodes(4, {"SHMCOLL_VIRTUAL_NODES": bad})
+
+
+@pytest.mark.parametrize("env", envs())
+@pytest.mark.parametrize("nodes,n", [("2,2", 4), ("3,1", 4), ("1,2", 3), ("", 3)])
+def test_collectives_match_mpi(env, nodes, n):
+    """Every hierarchical collective gives MPI's own result, on every rank."""
+    rc, out, _ = mpiexec(env, n, "hier_collectives.py", "0,1,7,1000,70000", nodes=nodes, timeout=300)
+    assert rc == 0, out[-3000:]
+    counts = [line.split()[1:] for line in out.splitlines() if line.startswith("ok ")]
+    assert len(counts) == 1 and len(counts[0]) == n and len(set(counts[0])) == 1, out[-3000:]
+
+
+@pytest.mark.parametrize("env", envs())
+def test_bad_virtual_nodes_raise_on_every_rank(env):
+    rc, out, _ = mpiexec(env, 3, "hier_bad_nodes.py", nodes="2,2")
+    assert rc == 0, out[-3000:]
+    assert "refused on 3 of 3" in out, out[-3000:]
+
+
+@pytest.mark.parametrize("env", envs())
+@pytest.mark.parametrize("victim", [0, 1, 3])
+def test_kill_ends_the_job(env, victim):
+    """A rank killed mid-collective ends the whole job at once; nothing of
+    shmcoll's is left in /dev/shm (the autouse fixture checks)."""
+    rc, out, took = mpiexec(env, 4, "hier_kill.py", victim, 50, nodes="2,2", timeout=60)
+    assert rc != 0 and took < 30, out[-3000:]
+
+
+@pytest.mark.parametrize("env", envs())
+def test_a_node_peer_death_is_named_when_mpiexec_waits(env):
+    """Under MPICH's -disable-auto-cleanup the launcher leaves the others
+    running: shmcoll sees the death in a node leg, names the rank (in the
+    world's numbering) and aborts the MPI job."""
+    if LIBS[env] != "MPICH":
+        pytest.skip("MPICH's Hydra flag")
+    rc, out, took = mpiexec(env, 4, "hier_kill.py", 2, 50, nodes="2,2", timeout=60, flags=["-disable-auto-cleanup"])
+    assert rc != 0 and took < 30, out[-3000:]
+    assert "shmcoll: rank 2 failed: PeerDied" in out, out[-3000:]
+
+
+@pytest.mark.parametrize("env", envs())
+def test_an_exception_on_one_rank_aborts_the_job(env):
+    """An exception that ends one rank's program ends the job, instead of
+    the others waiting for it in the next collective."""
+    rc, out, took = mpiexec(env, 4, "hier_raise.py", nodes="3,1", timeout=60)
+    assert rc != 0 and took < 30, out[-3000:]
+    assert "ValueError: rank 1 gives up" in out, out[-3000:]
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
