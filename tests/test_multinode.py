@@ -19,7 +19,8 @@ ENVS = [d for d in os.environ.get("SHMCOLL_TEST_MPI", "").split(",") if d.strip(
 
 def _library(env):
     out = subprocess.run([os.path.join(env, "bin", "python"), "-c",
-                          "from mpi4py import MPI; print(MPI.Get_library_version().split()[0])"],
+                          "import mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI; "
+                          "print(MPI.Get_library_version().split()[0])"],
                          capture_output=True, text=True, timeout=60)
     return out.stdout.strip() if out.returncode == 0 else None
 
