@@ -4,22 +4,25 @@ import sys
 
 import numpy as np
 
-from .hier import Hier
+from .hier import Hier, flat_table
 from .layout import node_comm, node_split, virtual_nodes
 from .specs import mpi
 
 __all__ = ["Hier", "from_mpi", "virtual_nodes"]
 
 
-def from_mpi(comm=None, *, options=None, abort_on_error=True):
+def from_mpi(comm=None, *, options=None, abort_on_error=True, flat_below=None):
     """A hierarchical communicator over the mpi4py communicator comm
     (default COMM_WORLD); collective over comm.  Its ranks on one node
     (COMM_TYPE_SHARED, or SHMCOLL_VIRTUAL_NODES) share a shmcoll
     communicator; their local rank 0s form the MPI communicator between
     nodes.  abort_on_error: an exception that ends this rank's program
     aborts the whole MPI job (as `python -m mpi4py` does), so no rank
-    waits forever for it."""
+    waits forever for it.  flat_below: bytes (an int, or a dict by
+    collective) below which a call is the MPI library's own on comm
+    (default: hier.FLAT_BELOW's row for the library; 0: always the legs)."""
     MPI = mpi()
+    flat = flat_table(MPI.Get_library_version(), flat_below)
     comm = MPI.COMM_WORLD if comm is None else comm
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
         raise TypeError(f"shmcoll.from_mpi(): an mpi4py intracommunicator, not {comm!r}")
@@ -30,7 +33,7 @@ def from_mpi(comm=None, *, options=None, abort_on_error=True):
     index = node_mpi.bcast(leaders.Get_rank() if local == 0 else None, root=0)
     where = np.array(own.allgather((index, local)), np.int64).reshape(-1, 2)
     node = node_comm(node_mpi, options, crowded)
-    hier = Hier(own, node_mpi, leaders if local == 0 else None, node, where[:, 0], where[:, 1])
+    hier = Hier(own, node_mpi, leaders if local == 0 else None, node, where[:, 0], where[:, 1], flat)
     if abort_on_error and hier.size > 1:
         _abort_on_error(hier)
     return hier

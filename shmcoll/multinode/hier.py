@@ -27,13 +27,49 @@ from .specs import Fallback, displacements, in_place, mpi, op_pair, packed, simp
 TAG = 7                 # point-to-point legs run on a communicator of their own: any tag serves
 
 
+K, M = 1 << 10, 1 << 20
+# Below these sizes (bytes of the whole buffer for Bcast and the reductions,
+# of one rank's block for the others) the MPI library's own call on the
+# whole communicator beat the legs (4 ranks as 2 virtual nodes of 2 on 2
+# vCPUs, bench/README.md "Issue 47"): the legs' fixed costs (three calls,
+# one of them MPI's own) outweigh what the node legs save.  None: always
+# MPI's own (the legs never won).  from_mpi(flat_below=) overrides.
+FLAT_BELOW = {
+    "MPICH": {"barrier": 0, "bcast": 64 * K, "reduce": 16 * K, "allreduce": 64 * K, "allgather": 16 * K,
+              "gather": 16 * K, "scatter": 16 * M, "alltoall": 256 * K, "reduce_scatter": None},
+    "Open MPI": {"barrier": None, "bcast": 64 * K, "reduce": M, "allreduce": 16 * K, "allgather": 16 * K,
+                 "gather": 4 * M, "scatter": 16 * K, "alltoall": 256 * K, "reduce_scatter": 64 * K},
+}
+
+
+class Flat(Exception):
+    """This call is MPI's own: the legs lose at its size."""
+
+
+def flat_table(library, given=None):
+    """The sizes below which each collective is MPI's own: given (an int
+    for all, or a dict by collective) over the library's row."""
+    row = dict(FLAT_BELOW["Open MPI" if library.startswith("Open MPI") else "MPICH"])
+    if isinstance(given, int):
+        row = dict.fromkeys(row, given)
+    elif given:
+        unknown = set(given) - set(row)
+        if unknown:
+            raise ValueError(f"flat_below: no collective {sorted(unknown)}; these are {sorted(row)}")
+        row.update(given)
+    return row
+
+
 def _legs(fn):
-    """Fall back to MPI for what the legs cannot express; a peer's failure
-    in a node leg ends the whole job (MPI cannot carry on without it)."""
+    """Fall back to MPI for what the legs cannot express, or where they
+    lose; a peer's failure in a node leg ends the whole job (MPI cannot
+    carry on without it)."""
     @functools.wraps(fn)
     def method(self, *args, **kw):
         try:
             return fn(self, *args, **kw)
+        except Flat:
+            return getattr(self.mpi, fn.__name__)(*args, **kw)
         except Fallback:
             self.fallbacks += 1
             return getattr(self.mpi, fn.__name__)(*args, **kw)
@@ -47,7 +83,9 @@ class Hier:
     run hierarchically.  node: this node's shmcoll communicator; leaders:
     MPI among each node's local rank 0 (None on the others)."""
 
-    def __init__(self, mpi_comm, node_mpi, leaders, node, node_of, local_of):
+    def __init__(self, mpi_comm, node_mpi, leaders, node, node_of, local_of, flat_below):
+        self.flat_below = flat_below
+        self._spare = {}
         self.mpi, self.node_mpi, self.leaders, self.node = mpi_comm, node_mpi, leaders, node
         self.rank, self.size = mpi_comm.Get_rank(), mpi_comm.Get_size()
         self.node_of, self.local_of = node_of, local_of
@@ -82,6 +120,22 @@ class Hier:
               f"rank {self.rank}); aborting the MPI job", file=sys.stderr, flush=True)
         self.mpi.Abort(1)
 
+    def _flat(self, op, nbytes):
+        """Raise Flat where MPI's own call wins at nbytes (alike on every
+        rank: MPI makes the sizes match)."""
+        limit = self.flat_below[op]
+        if limit is None or nbytes < limit:
+            raise Flat
+
+    def _scratch(self, n, dtype, slot=0):
+        """n items of dtype in a buffer kept between calls (a fresh one
+        page-faults on every call: 64 MiB is 16k faults)."""
+        nbytes = n * np.dtype(dtype).itemsize
+        buf = self._spare.get(slot)
+        if buf is None or buf.size < nbytes:
+            buf = self._spare[slot] = np.empty(nbytes, np.uint8)
+        return buf[:nbytes].view(dtype)
+
     def _need_blocks(self):
         if not self.blocked:
             raise Fallback
@@ -93,6 +147,7 @@ class Hier:
 
     @_legs
     def Barrier(self):
+        self._flat("barrier", 0)
         self.node.Barrier()
         if self.many:
             if self.leaders is not None:
@@ -102,6 +157,7 @@ class Hier:
     @_legs
     def Bcast(self, buf, root=0):
         a = simple(buf, "buf")
+        self._flat("bcast", a.nbytes)
         rn = int(self.node_of[root])
         if self.me == rn:
             self.node.Bcast(a, root=int(self.local_of[root]))
@@ -116,9 +172,10 @@ class Hier:
         me_root = self.rank == root
         r = simple(recvbuf, "recvbuf") if me_root else None
         s = simple(sendbuf, "sendbuf")
+        self._flat("reduce", (r if in_place(s) else s).nbytes)
         rn, rl = int(self.node_of[root]), int(self.local_of[root])
         if self.local == 0:
-            part = r if me_root else np.empty_like(s if not in_place(s) else r)
+            part = r if me_root else self._scratch(s.size, s.dtype)
             self.node.Reduce(SHM_IN_PLACE if in_place(s) else s, part, op=s_op, root=0)
             if self.many:
                 if self.me == rn:
@@ -136,6 +193,7 @@ class Hier:
     def Allreduce(self, sendbuf, recvbuf, op=None):
         m_op, s_op = op_pair(mpi().SUM if op is None else op)
         r, s = simple(recvbuf, "recvbuf"), simple(sendbuf, "sendbuf")
+        self._flat("allreduce", r.nbytes)
         if not self.many:
             return self.node.Allreduce(SHM_IN_PLACE if in_place(s) else s, r, op=s_op)
         if self.local == 0:
@@ -147,23 +205,28 @@ class Hier:
 
     @_legs
     def Allgather(self, sendbuf, recvbuf):
+        """Node Allgather of the node's blocks, leaders exchange them, each
+        node's ranks get the other nodes' from their leader."""
         self._need_blocks()
         r = simple(recvbuf, "recvbuf")
         k = r.size // self.size
+        self._flat("allgather", k * r.itemsize)
         s = simple(sendbuf, "sendbuf")
-        mine = r[k * self.first:k * self.end]
+        self.node.Allgather(SHM_IN_PLACE if in_place(s) else s, r[k * self.first:k * self.end])
+        if not self.many:
+            return
         if self.local == 0:
-            self.node.Gather(SHM_IN_PLACE if in_place(s) else s, mine, root=0)
-            if self.many:
-                self.leaders.Allgatherv(mpi().IN_PLACE, [r, (k * self.counts, k * self.starts)])
-        else:
-            self.node.Gather(r[k * self.rank:k * (self.rank + 1)] if in_place(s) else s, None, root=0)
-        self.node.Bcast(r[:k * self.size], root=0)
+            self.leaders.Allgatherv(mpi().IN_PLACE, [r, (k * self.counts, k * self.starts)])
+        if self.first:
+            self.node.Bcast(r[:k * self.first], root=0)
+        if self.end < self.size:
+            self.node.Bcast(r[k * self.end:k * self.size], root=0)
 
     @_legs
     def Allgatherv(self, sendbuf, recvbuf):
         self._need_blocks()
         a, counts, displs = vector(recvbuf, "recvbuf", self.size)
+        self._flat("allgather", int(counts.max(initial=0)) * a.itemsize)
         r = a if packed(counts, displs) else np.empty(int(counts.sum()), a.dtype)
         offs = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
         s = simple(sendbuf, "sendbuf")
@@ -190,6 +253,7 @@ class Hier:
         s = simple(sendbuf, "sendbuf")
         r = simple(recvbuf, "recvbuf") if me_root else None
         k = r.size // self.size if me_root else s.size
+        self._flat("gather", k * (r if me_root else s).itemsize)
         rn, rl = int(self.node_of[root]), int(self.local_of[root])
         if self.me == rn:
             reqs = [self.mpi.Irecv(r[k * self.starts[n]:k * (self.starts[n] + self.counts[n])],
@@ -199,7 +263,7 @@ class Hier:
                              root=rl)
             mpi().Request.Waitall(reqs)
         elif self.local == 0:
-            part = np.empty(k * (self.end - self.first), s.dtype)
+            part = self._scratch(k * (self.end - self.first), s.dtype)
             self.node.Gather(s, part, root=0)
             self.mpi.Send(part, dest=root, tag=TAG)
         else:
@@ -212,6 +276,7 @@ class Hier:
         r = simple(recvbuf, "recvbuf")
         s = simple(sendbuf, "sendbuf") if me_root else None
         k = s.size // self.size if me_root else r.size
+        self._flat("scatter", k * (s if me_root else r).itemsize)
         rn, rl = int(self.node_of[root]), int(self.local_of[root])
         if self.me == rn:
             reqs = [self.mpi.Isend(s[k * self.starts[n]:k * (self.starts[n] + self.counts[n])],
@@ -221,7 +286,7 @@ class Hier:
                               SHM_IN_PLACE if in_place(r) else r, root=rl)
             mpi().Request.Waitall(reqs)
         elif self.local == 0:
-            part = np.empty(k * (self.end - self.first), r.dtype)
+            part = self._scratch(k * (self.end - self.first), r.dtype)
             self.mpi.Recv(part, source=root, tag=TAG)
             self.node.Scatter(part, r, root=0)
         else:
@@ -312,6 +377,7 @@ class Hier:
         s = simple(sendbuf, "sendbuf")
         s = r.copy() if in_place(s) else s
         k = r.size // self.size
+        self._flat("alltoall", k * r.itemsize)
         if not self.many:
             return self.node.Alltoall(s, r)
         counts = np.full(self.size, k, np.int64)
@@ -326,6 +392,7 @@ class Hier:
         r = simple(recvbuf, "recvbuf")
         s = simple(sendbuf, "sendbuf")
         k = r.size // self.size if in_place(s) else r.size
+        self._flat("reduce_scatter", k * r.itemsize)
         self._reduce_scatter(r.copy() if in_place(s) else s, r[:k], np.full(self.size, k, np.int64), op)
 
     @_legs
@@ -337,6 +404,7 @@ class Hier:
         counts = np.asarray(recvcounts, np.int64).reshape(-1)
         if counts.size != self.size:
             raise ValueError(f"Reduce_scatter: {counts.size} recvcounts for {self.size} ranks")
+        self._flat("reduce_scatter", int(counts.max(initial=0)) * r.itemsize)
         self._reduce_scatter(r.copy() if in_place(s) else s, r[:counts[self.rank]], counts, op)
 
     def _reduce_scatter(self, s, r, counts, op):
@@ -348,10 +416,10 @@ class Hier:
         mine = counts[self.first:self.end]
         even = bool((mine == mine[0]).all())
         if self.local == 0:
-            whole = np.empty(int(offs[-1]), s.dtype)
+            whole = self._scratch(int(offs[-1]), s.dtype)
             self.node.Reduce(s[:whole.size], whole, op=s_op, root=0)
             if self.many:
-                part = np.empty(int(mine.sum()), s.dtype)
+                part = self._scratch(int(mine.sum()), s.dtype, 1)
                 self.leaders.Reduce_scatter(whole, part, offs[self.starts + self.counts] - offs[self.starts], op=m_op)
             else:
                 part = whole[offs[self.first]:offs[self.end]]
