@@ -42,6 +42,32 @@ FLAT_BELOW = {
 }
 
 
+def _root_block(self, sendbuf, recvbuf=None, root=0, **_):
+    """Gather's block (Scatter's with the buffers' roles swapped)."""
+    if self.rank == root:
+        return _nbytes(recvbuf, self.size) if sendbuf is None or in_place(sendbuf) else _nbytes(sendbuf)
+    return _nbytes(sendbuf)
+
+
+def _rs_block(self, sendbuf, recvbuf, *_, **__):
+    return _nbytes(recvbuf, self.size) if in_place(sendbuf) else _nbytes(recvbuf)
+
+
+# Each method's row of FLAT_BELOW and how its size is read from plain arrays.
+SIZES = {
+    "Barrier": ("barrier", lambda self: 0),
+    "Bcast": ("bcast", lambda self, buf, root=0: _nbytes(buf)),
+    "Reduce": ("reduce", lambda self, sendbuf, recvbuf=None, op=None, root=0:
+               _nbytes(recvbuf) if in_place(sendbuf) else _nbytes(sendbuf)),
+    "Allreduce": ("allreduce", lambda self, sendbuf, recvbuf, op=None: _nbytes(recvbuf)),
+    "Allgather": ("allgather", lambda self, sendbuf, recvbuf: _nbytes(recvbuf, self.size)),
+    "Alltoall": ("alltoall", lambda self, sendbuf, recvbuf: _nbytes(recvbuf, self.size)),
+    "Gather": ("gather", _root_block),
+    "Scatter": ("scatter", lambda self, sendbuf, recvbuf, root=0: _root_block(self, recvbuf, sendbuf, root)),
+    "Reduce_scatter_block": ("reduce_scatter", _rs_block),
+}
+
+
 class Flat(Exception):
     """This call is MPI's own: the legs lose at its size."""
 
@@ -60,12 +86,24 @@ def flat_table(library, given=None):
     return row
 
 
+def _nbytes(x, per=1):
+    """x's bytes / per where x is a plain array, else None (the method
+    parses the spec and decides then, to the same size)."""
+    return x.nbytes // per if type(x) is np.ndarray else None
+
+
 def _legs(fn):
     """Fall back to MPI for what the legs cannot express, or where they
     lose; a peer's failure in a node leg ends the whole job (MPI cannot
     carry on without it)."""
+    op, size = SIZES.get(fn.__name__, (None, None))
+
     @functools.wraps(fn)
     def method(self, *args, **kw):
+        if op is not None:
+            limit = self.flat_below[op]
+            if limit is None or ((n := size(self, *args, **kw)) is not None and n < limit):
+                return getattr(self.mpi, fn.__name__)(*args, **kw)
         try:
             return fn(self, *args, **kw)
         except Flat:

@@ -14,9 +14,15 @@ class Fallback(Exception):
     """This call is plain MPI's."""
 
 
+_MPI = []
+
+
 def mpi():
-    from mpi4py import MPI
-    return MPI
+    """mpi4py's MPI module, imported on first use (shmcoll does not need it)."""
+    if not _MPI:
+        from mpi4py import MPI
+        _MPI.append(MPI)
+    return _MPI[0]
 
 
 def in_place(x):
