@@ -472,3 +472,10 @@ del _call
 # `from shmcoll.MPI import *`: MPI's names (COMM_WORLD and COMM_SELF made then), not this module's imports
 __all__ = sorted([n for n in globals() if n[:1].isupper()] + ["COMM_WORLD", "COMM_SELF", "buffer", "memory", "pickle",
                                                              "get_vendor"])
+
+# A job whose ranks are on several nodes (or virtual nodes): this module is
+# mpi4py's own MPI, its COMM_WORLD hierarchical (multinode/face.py).
+from .multinode import face as _face  # noqa: E402
+if _face.spans_nodes():
+    import sys as _sys
+    _sys.modules[__name__] = _face.module(__name__)

@@ -28,18 +28,21 @@ def _library(env):
 LIBS = {env: _library(env) for env in ENVS}
 
 
-def mpiexec(env, n, prog, *args, nodes="", timeout=120, flags=()):
+def mpiexec(env, n, prog, *args, nodes="", timeout=120, flags=(), extra=None):
     """Run prog on n ranks of env's mpiexec; (returncode, output, seconds).
     MPICH leaves its own /dev/shm/mpich_shm_* behind when a rank is killed
     (under plain MPI too): those this run made are removed."""
     before = set(os.listdir("/dev/shm"))
     var = dict(os.environ, SHMCOLL_VIRTUAL_NODES=nodes, OMPI_ALLOW_RUN_AS_ROOT="1",
-               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1")
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1", **(extra or {}))
     launcher = [os.path.join(env, "bin", "mpiexec")]
     if LIBS[env] == "Open":
         launcher += ["--oversubscribe", "-x", "SHMCOLL_VIRTUAL_NODES"]
     cmd = launcher + list(flags) + ["-n", str(n), os.path.join(env, "bin", "python"),
                                     os.path.join(PROGS, prog)] + [str(a) for a in args]
+    if LIBS[env] == "Open":
+        for name in extra or ():
+            cmd[1:1] = ["-x", name]
     t0 = time.monotonic()
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=var, cwd=PROGS)
@@ -73,6 +76,23 @@ def test_collectives_match_mpi(env, nodes, n):
     assert rc == 0, out[-3000:]
     counts = [line.split()[1:] for line in out.splitlines() if line.startswith("ok ")]
     assert len(counts) == 1 and len(counts[0]) == n and len(set(counts[0])) == 1, out[-3000:]
+
+
+EXAMPLES = os.path.join(os.path.dirname(PROGS), "..", "examples")
+
+
+@pytest.mark.parametrize("env", envs())
+@pytest.mark.parametrize("nodes,n", [("2,2", 4), ("3,1", 4)])
+@pytest.mark.parametrize("name", ["halo", "kmeans", "master_worker", "power_iteration", "sample_sort"])
+def test_examples_same_under_mpi_and_the_hierarchical_world(env, nodes, n, name):
+    """examples/ print the same under plain mpi4py and under `from shmcoll
+    import MPI` across virtual nodes, its legs forced at every size."""
+    prog = os.path.abspath(os.path.join(EXAMPLES, f"{name}.py"))
+    rc, ref, _ = mpiexec(env, n, prog, nodes=nodes, extra={"MPI_MODULE": "mpi4py.MPI"})
+    assert rc == 0 and ref.strip(), ref[-3000:]
+    rc, got, _ = mpiexec(env, n, prog, nodes=nodes, extra={"MPI_MODULE": "shmcoll.MPI", "SHMCOLL_FLAT_BELOW": "0"})
+    assert rc == 0, got[-3000:]
+    assert sorted(got.splitlines()) == sorted(ref.splitlines())
 
 
 @pytest.mark.parametrize("env", envs())

@@ -156,6 +156,10 @@ def rank_main(a):
     sys.path.insert(0, a.testdir)
     # As mpi4py's test/main.py does: test with numpy and array only.
     sys.modules["cupy"] = sys.modules["numba"] = None
+    if a.face:      # shmcoll.MPI across (virtual) nodes: mpi4py's MPI, COMM_WORLD hierarchical
+        import mpi4py
+        import shmcoll.MPI
+        sys.modules["mpi4py.MPI"] = mpi4py.MPI = shmcoll.MPI
     from mpi4py import MPI
     rank = MPI.COMM_WORLD.Get_rank()
     skips = load_skips(a.skips) if a.skips else []
@@ -188,8 +192,11 @@ def _launch(a, n, file, outdir, testdir, peer, skips):
         cmd = [sys.executable, "-m", "shmcoll", "run", "-n", str(n), "--bind", "none", "--"] + me
     else:
         cmd = [str(peer / "bin" / "mpiexec"), "-n", str(n)]
+        if a.nodes:
+            me.insert(2, "--face")
+            env["SHMCOLL_VIRTUAL_NODES"] = a.nodes
         if (peer / "bin" / "ompi_info").exists():
-            cmd.append("--oversubscribe")
+            cmd += ["--oversubscribe", "-x", "SHMCOLL_VIRTUAL_NODES"] if a.nodes else ["--oversubscribe"]
             env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         cmd += [str(peer / "bin" / "python")] + me
     return run_logged(cmd, outdir / "output.log", a.timeout, env)
@@ -275,7 +282,10 @@ def parse_args(argv):
     ap.add_argument("--out", type=Path, help="work directory for logs (default: a temporary one)")
     ap.add_argument("--json", type=Path, help="write {file: {N: {test id: [outcome, detail]}}} here")
     ap.add_argument("-v", "--verbose", action="store_true", help="print each failure's detail")
+    ap.add_argument("--nodes", help="with --peer: ranks per virtual node (SHMCOLL_VIRTUAL_NODES, e.g. 2,2; -n is "
+                    "their sum), the tests' `from mpi4py import MPI` being shmcoll.MPI's hierarchical face")
     ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--face", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--shim", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--testdir", help=argparse.SUPPRESS)
     ap.add_argument("--outdir", help=argparse.SUPPRESS)
@@ -299,11 +309,15 @@ def main(argv=None):
         print(f"mpi4py_tests: SKIP: mpi4py {VERSION}'s sdist is not available: {e}")
         return 0
     testdir = root / "test"
-    ns = [int(x) for x in a.n.split(",")]
+    if a.nodes and not a.peer:
+        raise SystemExit("mpi4py_tests: --nodes needs --peer (the MPI library between the nodes)")
+    ns = [sum(int(x) for x in a.nodes.split(","))] if a.nodes else [int(x) for x in a.n.split(",")]
     files = a.files or FILES
     skips = None if a.no_skips else SKIPS
     work = a.out or Path(tempfile.mkdtemp(prefix="mpi4py_tests."))
     who = f"mpi4py+{a.peer}" if a.peer else "shmcoll"
+    if a.nodes:
+        who = f"shmcoll.MPI over mpi4py+{a.peer}, virtual nodes {a.nodes}"
     print(f"mpi4py {VERSION} tests on {who}; logs in {work}")
     print(f"{'file':<22}{'N':>3}{'ran':>6}{'passed':>8}{'failed':>8}{'skipped':>9}{'s':>7}"
           + ("  main.py ran/skipped/failed" if a.check_main else ""))

@@ -16,6 +16,7 @@ call is MPI's own on the whole communicator.  Everything else
 (point-to-point, communicator calls, object collectives) is the MPI
 communicator's."""
 import functools
+import os
 import sys
 
 import numpy as np
@@ -72,10 +73,16 @@ class Flat(Exception):
     """This call is MPI's own: the legs lose at its size."""
 
 
-def flat_table(library, given=None):
+def flat_table(library, given=None, env=os.environ):
     """The sizes below which each collective is MPI's own: given (an int
-    for all, or a dict by collective) over the library's row."""
+    for all, or a dict by collective), else SHMCOLL_FLAT_BELOW (bytes, for
+    all), over the library's row."""
     row = dict(FLAT_BELOW["Open MPI" if library.startswith("Open MPI") else "MPICH"])
+    if given is None and env.get("SHMCOLL_FLAT_BELOW", "").strip():
+        text = env["SHMCOLL_FLAT_BELOW"].strip()
+        if not text.isdigit():
+            raise ValueError(f"SHMCOLL_FLAT_BELOW={text!r}: a number of bytes")
+        given = int(text)
     if isinstance(given, int):
         row = dict.fromkeys(row, given)
     elif given:
@@ -194,7 +201,7 @@ class Hier:
 
     @_legs
     def Bcast(self, buf, root=0):
-        a = simple(buf, "buf")
+        a = simple(buf, "buf", writable=self.rank != root)
         self._flat("bcast", a.nbytes)
         rn = int(self.node_of[root])
         if self.me == rn:
@@ -208,7 +215,7 @@ class Hier:
     def Reduce(self, sendbuf, recvbuf=None, op=None, root=0):
         m_op, s_op = op_pair(mpi().SUM if op is None else op)
         me_root = self.rank == root
-        r = simple(recvbuf, "recvbuf") if me_root else None
+        r = simple(recvbuf, "recvbuf", True) if me_root else None
         s = simple(sendbuf, "sendbuf")
         self._flat("reduce", (r if in_place(s) else s).nbytes)
         rn, rl = int(self.node_of[root]), int(self.local_of[root])
@@ -230,7 +237,7 @@ class Hier:
     @_legs
     def Allreduce(self, sendbuf, recvbuf, op=None):
         m_op, s_op = op_pair(mpi().SUM if op is None else op)
-        r, s = simple(recvbuf, "recvbuf"), simple(sendbuf, "sendbuf")
+        r, s = simple(recvbuf, "recvbuf", True), simple(sendbuf, "sendbuf")
         self._flat("allreduce", r.nbytes)
         if not self.many:
             return self.node.Allreduce(SHM_IN_PLACE if in_place(s) else s, r, op=s_op)
@@ -246,7 +253,7 @@ class Hier:
         """Node Allgather of the node's blocks, leaders exchange them, each
         node's ranks get the other nodes' from their leader."""
         self._need_blocks()
-        r = simple(recvbuf, "recvbuf")
+        r = simple(recvbuf, "recvbuf", True, self.size)
         k = r.size // self.size
         self._flat("allgather", k * r.itemsize)
         s = simple(sendbuf, "sendbuf")
@@ -263,7 +270,7 @@ class Hier:
     @_legs
     def Allgatherv(self, sendbuf, recvbuf):
         self._need_blocks()
-        a, counts, displs = vector(recvbuf, "recvbuf", self.size)
+        a, counts, displs = vector(recvbuf, "recvbuf", self.size, True)
         self._flat("allgather", int(counts.max(initial=0)) * a.itemsize)
         r = a if packed(counts, displs) else np.empty(int(counts.sum()), a.dtype)
         offs = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
@@ -289,7 +296,7 @@ class Hier:
         self._need_blocks()
         me_root = self.rank == root
         s = simple(sendbuf, "sendbuf")
-        r = simple(recvbuf, "recvbuf") if me_root else None
+        r = simple(recvbuf, "recvbuf", True, self.size) if me_root else None
         k = r.size // self.size if me_root else s.size
         self._flat("gather", k * (r if me_root else s).itemsize)
         rn, rl = int(self.node_of[root]), int(self.local_of[root])
@@ -311,8 +318,8 @@ class Hier:
     def Scatter(self, sendbuf, recvbuf, root=0):
         self._need_blocks()
         me_root = self.rank == root
-        r = simple(recvbuf, "recvbuf")
-        s = simple(sendbuf, "sendbuf") if me_root else None
+        r = simple(recvbuf, "recvbuf", True)
+        s = simple(sendbuf, "sendbuf", False, self.size) if me_root else None
         k = s.size // self.size if me_root else r.size
         self._flat("scatter", k * (s if me_root else r).itemsize)
         rn, rl = int(self.node_of[root]), int(self.local_of[root])
@@ -337,7 +344,7 @@ class Hier:
         s = simple(sendbuf, "sendbuf")
         rn, rl = int(self.node_of[root]), int(self.local_of[root])
         if me_root:
-            a, counts, displs = vector(recvbuf, "recvbuf", self.size)
+            a, counts, displs = vector(recvbuf, "recvbuf", self.size, True)
             if in_place(s):
                 s = a[displs[root]:displs[root] + counts[root]].copy()
         mine = np.empty(self.end - self.first, np.int64)        # the node's counts, at its leader
@@ -376,7 +383,7 @@ class Hier:
     def Scatterv(self, sendbuf, recvbuf, root=0):
         self._need_blocks()
         me_root = self.rank == root
-        r = simple(recvbuf, "recvbuf")
+        r = simple(recvbuf, "recvbuf", True)
         rn, rl = int(self.node_of[root]), int(self.local_of[root])
         if me_root:
             a, counts, displs = vector(sendbuf, "sendbuf", self.size)
@@ -411,8 +418,8 @@ class Hier:
         """Off-node blocks by MPI among all ranks (one Alltoallv, every
         node's blocks zero), on-node ones by the node's Alltoall."""
         self._need_blocks()
-        r = simple(recvbuf, "recvbuf")
-        s = simple(sendbuf, "sendbuf")
+        r = simple(recvbuf, "recvbuf", True, self.size)
+        s = simple(sendbuf, "sendbuf", False, self.size)
         s = r.copy() if in_place(s) else s
         k = r.size // self.size
         self._flat("alltoall", k * r.itemsize)
@@ -427,15 +434,15 @@ class Hier:
 
     @_legs
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=None):
-        r = simple(recvbuf, "recvbuf")
-        s = simple(sendbuf, "sendbuf")
+        r = simple(recvbuf, "recvbuf", True, self.size if in_place(sendbuf) else 0)
+        s = simple(sendbuf, "sendbuf", False, self.size)
         k = r.size // self.size if in_place(s) else r.size
         self._flat("reduce_scatter", k * r.itemsize)
         self._reduce_scatter(r.copy() if in_place(s) else s, r[:k], np.full(self.size, k, np.int64), op)
 
     @_legs
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=None):
-        r = simple(recvbuf, "recvbuf")
+        r = simple(recvbuf, "recvbuf", True)
         s = simple(sendbuf, "sendbuf")
         if recvcounts is None:
             raise Fallback

@@ -6,7 +6,7 @@ call goes to MPI as given: a condition every rank meets alike, since MPI
 requires the ranks' type signatures and ops to match."""
 import numpy as np
 
-from .. import ops as shm_ops
+from .. import buffers, ops as shm_ops, spec as spec_reader
 from ..buffers import IN_PLACE as SHM_IN_PLACE
 
 
@@ -40,69 +40,36 @@ def _dtype(datatype):
         raise Fallback from None
 
 
-def _flat(buf, dtype, what):
-    """buf's memory as a flat array in memory order (C or Fortran), of
-    dtype where the spec names one."""
-    a = buf if isinstance(buf, np.ndarray) else np.asarray(memoryview(buf))
-    if not (a.flags.c_contiguous or a.flags.f_contiguous):
-        raise ValueError(f"{what}: the buffer is not contiguous (mpi4py takes contiguous buffers only)")
-    a = a.ravel(order="K")
-    if dtype is not None and a.dtype != dtype:
-        a = a.view(np.uint8).view(dtype)
-    return a
-
-
-def _split(spec, what):
-    """(buffer, the middle items, dtype or None) of a list/tuple spec."""
+def _translated(spec):
+    """spec with mpi4py's datatypes as numpy dtypes: what shmcoll's reader
+    of mpi4py's specs (shmcoll.spec) takes."""
     if not isinstance(spec, (list, tuple)):
-        return spec, [], None
-    if not spec:
-        raise ValueError(f"{what}: an empty buffer spec")
-    buf, *rest = spec
-    dt = _dtype(rest.pop()) if rest and isinstance(rest[-1], mpi().Datatype) else None
-    return buf, rest, dt
+        return spec
+    MPI = mpi()
+    return [_dtype(x) if isinstance(x, MPI.Datatype) else x for x in spec]
 
 
-def simple(spec, what):
-    """[buf], [buf, type], [buf, count, type], [buf, (count, displ), type],
-    [buf, count, displ, type]: the view of count items from displ."""
+def _array(x, what, writable):
+    """Any buffer shmcoll takes (the buffer protocol, DLPack, Fortran
+    order) as a flat numpy array over the same memory."""
+    b = buffers.checked(x, what, writable)[0]
+    return (b if isinstance(b, np.ndarray) else np.asarray(b)).reshape(-1)
+
+
+def simple(spec, what, writable=False, blocks=0):
+    """A spec of one message as a flat array of its items, read as mpi4py
+    reads it ([buf, count, displ, type], ...); blocks: the spec's count is
+    per block of that many (Allgather's recvbuf: one per rank)."""
     if spec is None or in_place(spec):
         return spec
-    buf, rest, dt = _split(spec, what)
-    a = _flat(buf, dt, what)
-    if len(rest) == 1 and isinstance(rest[0], tuple):
-        rest = list(rest[0])
-    if len(rest) > 2:
-        raise ValueError(f"{what}: a buffer spec of {len(spec)} items")
-    count = rest[0] if rest else None
-    displ = rest[1] if len(rest) > 1 else 0
-    if count is None:
-        return a[displ:]
-    if displ + count > a.size:
-        raise ValueError(f"{what}: {count} items from {displ} overrun the buffer's {a.size}")
-    return a[displ:displ + count]
+    return _array(spec_reader.simple(_translated(spec), what, writable, blocks), what, writable)
 
 
-def vector(spec, what, size):
-    """[buf, counts, displs, type], [buf, (counts, displs), type],
-    [buf, counts, type]: (whole flat array, counts, displs), displacements
-    packed in rank order where none are given."""
-    buf, rest, dt = _split(spec, what)
-    a = _flat(buf, dt, what)
-    if len(rest) == 1 and isinstance(rest[0], tuple) and len(rest[0]) == 2 and not np.isscalar(rest[0][0]):
-        rest = list(rest[0])
-    if not rest:
-        raise ValueError(f"{what}: a v-collective's spec needs counts ([buf, counts, displs, type])")
-    counts = np.asarray(rest[0], np.int64).reshape(-1)
-    if counts.size != size:
-        raise ValueError(f"{what}: {counts.size} counts for {size} ranks")
-    displs = (np.asarray(rest[1], np.int64).reshape(-1) if len(rest) > 1 and rest[1] is not None
-              else displacements(counts))
-    if displs.size != size:
-        raise ValueError(f"{what}: {displs.size} displacements for {size} ranks")
-    if size and ((counts < 0).any() or (displs < 0).any() or (displs + counts).max() > a.size):
-        raise ValueError(f"{what}: counts and displacements reach past the buffer's {a.size} items")
-    return a, counts, displs
+def vector(spec, what, size, writable=False):
+    """A v-spec ([buf, counts, displs, type], [buf, count], ...) as (the
+    whole buffer's items, counts, displacements) in items."""
+    raw, dt, counts, displs = spec_reader.vector(_translated(spec), what, size, writable)
+    return raw.view(dt), np.array(counts, np.int64), np.array(displs, np.int64)
 
 
 def displacements(counts):
