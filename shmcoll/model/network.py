@@ -212,6 +212,8 @@ def text(results, machine, network):
         win, lose = r["winner"], "leader" if r["winner"] == "direct" else "direct"
         algs = ", ".join(f"{leg} {r['leader'][leg]['algorithm']}" for leg in ("intra", "gather", "scatter")
                          if r["leader"][leg]["algorithm"])
-        lines.append(f"{'':>6}  -> {win}, {r[lose]['total'] / r[win]['total']:.2f}x faster ({algs})")
+        ratio = r[lose]["total"] / r[win]["total"] if r[win]["total"] else 1.0
+        verdict = f"{win}, {ratio:.2f}x faster" if ratio > 1 else "a tie"
+        lines.append(f"{'':>6}  -> {verdict} ({algs})")
     return "\n".join(lines)
 
