@@ -201,9 +201,21 @@ def _model(argv):
     ap.add_argument("--min-time", type=float, default=0.05, help="seconds per timed repetition (default 0.05)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    ap.add_argument("--nodes", type=int, default=None, help="predict a hierarchical Alltoall over this many nodes "
+                    "(no collective is run): the node legs on --params' machine, the network leg by paper 002's "
+                    "(2)-(4) on --network, run directly by every rank and through a leader per node")
+    ap.add_argument("--ppn", type=int, default=None, help="ranks per node with --nodes (default: as -n)")
+    ap.add_argument("--network", default=None, help="with --nodes: 'alpha=1.5us,beta=12.5GB/s,hops=3,radix=48"
+                    "[,packet=4K][,cycle=T][,rho=R|wait=T]' (docs/model.md, \"Across nodes\")")
     a = ap.parse_args(argv)
     from . import model
-    from .model import report
+    from .model import network, report
+    if a.nodes is None and (a.ppn or a.network):
+        ap.error("--ppn and --network go with --nodes")
+    if a.nodes is not None and (a.network is None or (a.op or ["alltoall"]) != ["alltoall"]):
+        ap.error("--nodes needs --network, and predicts Alltoall only")
+    if a.nodes is not None and (a.nodes < 1 or (a.ppn if a.ppn is not None else 1) < 1):
+        ap.error("--nodes and --ppn count 1 or more")
     try:
         sizes = [_size(x) for x in a.sizes.split(",") if x.strip()]
         if a.measure or a.params is None:
@@ -213,8 +225,11 @@ def _model(argv):
                 mc.save(a.params)
         else:
             mc = model.EXAMPLE if a.params == "example" else model.load(a.params)
+        net = network.parse(a.network) if a.nodes is not None else None
     except (argparse.ArgumentTypeError, OSError, ValueError) as e:
         ap.error(str(e))
+    if net:
+        return _model_nodes(a, sizes, mc, net)
     here = mc.here()
     n = a.n or (len(os.sched_getaffinity(0)) if here else mc.description.get("cpus", 2))
     runs = here and not a.no_run
@@ -227,6 +242,21 @@ def _model(argv):
     if a.json:
         import json
         print(json.dumps({"machine": mc.description, "rows": out}, indent=1))
+    return 0
+
+
+def _model_nodes(a, sizes, mc, net):
+    """`shmcoll model --nodes`: pure prediction, both strategies per size."""
+    from .model import network
+    ppn = a.ppn or a.n or (len(os.sched_getaffinity(0)) if mc.here() else mc.description.get("cpus", 2))
+    rs = [network.hierarchical_alltoall(a.nodes, ppn, n, mc, net, a.topology) for n in sizes]
+    if a.json:
+        import dataclasses
+        import json
+        print(json.dumps({"machine": mc.description, "network": dict(dataclasses.asdict(net), text=net.text()),
+                          "rows": rs}, indent=1))
+    else:
+        print(network.text(rs, mc, net))
     return 0
 
 
