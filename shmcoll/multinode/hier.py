@@ -36,7 +36,7 @@ K, M = 1 << 10, 1 << 20
 # one of them MPI's own) outweigh what the node legs save.  None: always
 # MPI's own (the legs never won).  from_mpi(flat_below=) overrides.
 FLAT_BELOW = {
-    "MPICH": {"barrier": 0, "bcast": 64 * K, "reduce": 16 * K, "allreduce": 64 * K, "allgather": 16 * K,
+    "MPICH": {"barrier": 0, "bcast": 64 * K, "reduce": 16 * K, "allreduce": 16 * K, "allgather": 16 * K,
               "gather": 16 * K, "scatter": 16 * M, "alltoall": 256 * K, "reduce_scatter": None},
     "Open MPI": {"barrier": None, "bcast": 64 * K, "reduce": M, "allreduce": 16 * K, "allgather": 16 * K,
                  "gather": 4 * M, "scatter": 16 * K, "alltoall": 256 * K, "reduce_scatter": 64 * K},
@@ -67,6 +67,9 @@ SIZES = {
     "Scatter": ("scatter", lambda self, sendbuf, recvbuf, root=0: _root_block(self, recvbuf, sendbuf, root)),
     "Reduce_scatter_block": ("reduce_scatter", _rs_block),
 }
+
+
+SPREAD = 16 * K       # from here an Allreduce's MPI leg is spread over the node's ranks
 
 
 class Flat(Exception):
@@ -128,7 +131,8 @@ class Hier:
     run hierarchically.  node: this node's shmcoll communicator; leaders:
     MPI among each node's local rank 0 (None on the others)."""
 
-    def __init__(self, mpi_comm, node_mpi, leaders, node, node_of, local_of, flat_below):
+    def __init__(self, mpi_comm, node_mpi, leaders, up, node, node_of, local_of, flat_below):
+        self.up = up
         self.flat_below = flat_below
         self._spare = {}
         self.mpi, self.node_mpi, self.leaders, self.node = mpi_comm, node_mpi, leaders, node
@@ -142,6 +146,7 @@ class Hier:
             bool(np.all(np.diff(self.starts) > 0))
         self.first, self.end = int(self.starts[self.me]), int(self.starts[self.me] + self.counts[self.me])
         self.many = len(self.nodes) > 1
+        self.even = bool((self.counts == self.counts[0]).all())     # every node has as many ranks
         self.fallbacks = 0      # calls that were MPI's own (what the legs cannot express)
 
     def __getattr__(self, name):
@@ -180,6 +185,23 @@ class Hier:
         if buf is None or buf.size < nbytes:
             buf = self._spare[slot] = np.empty(nbytes, np.uint8)
         return buf[:nbytes].view(dtype)
+
+    def _exchange(self, r, sizes, starts):
+        """Leaders: each node's piece of r (sizes[n] items at starts[n],
+        this node's already there) to every leader.  MPICH's Allgatherv
+        between two leaders took 4x its Allgather's time at 2 MiB (1134 us
+        against 290), so equal pieces go by Allgather, unequal ones by a
+        ring of Sendrecv (N - 1 steps, each forwarding the piece that came
+        in the step before)."""
+        if (sizes == sizes[0]).all() and (starts == np.arange(len(sizes)) * sizes[0]).all():
+            self.leaders.Allgather(mpi().IN_PLACE, r[:int(sizes.sum())])
+            return
+        n, me = len(sizes), self.me
+        right, left = (me + 1) % n, (me - 1) % n
+        for step in range(n - 1):
+            out, into = (me - step) % n, (me - step - 1) % n
+            self.leaders.Sendrecv(r[starts[out]:starts[out] + sizes[out]], right, TAG,
+                                  r[starts[into]:starts[into] + sizes[into]], left, TAG)
 
     def _need_blocks(self):
         if not self.blocked:
@@ -241,6 +263,15 @@ class Hier:
         self._flat("allreduce", r.nbytes)
         if not self.many:
             return self.node.Allreduce(SHM_IN_PLACE if in_place(s) else s, r, op=s_op)
+        P = int(self.counts[self.me])
+        if self.even and r.nbytes >= SPREAD and r.size % P == 0:
+            # HAN's: node Reduce_scatter, each local rank's part over the
+            # nodes, node Allgather: every rank carries 1/P of the MPI leg
+            part = self._scratch(r.size // P, r.dtype)
+            self.node.Reduce_scatter_block(r if in_place(s) else s, part, op=s_op)
+            self.up.Allreduce(mpi().IN_PLACE, part, op=m_op)
+            self.node.Allgather(part, r)
+            return
         if self.local == 0:
             self.node.Reduce(SHM_IN_PLACE if in_place(s) else s, r, op=s_op, root=0)
             self.leaders.Allreduce(mpi().IN_PLACE, r, op=m_op)
@@ -261,7 +292,7 @@ class Hier:
         if not self.many:
             return
         if self.local == 0:
-            self.leaders.Allgatherv(mpi().IN_PLACE, [r, (k * self.counts, k * self.starts)])
+            self._exchange(r, k * self.counts, k * self.starts)
         if self.first:
             self.node.Bcast(r[:k * self.first], root=0)
         if self.end < self.size:
@@ -282,8 +313,7 @@ class Hier:
             c = counts[self.first:self.end]
             self.node.Gatherv(s, [r[lo:hi], (c, offs[self.first:self.end] - lo)], root=0)
             if self.many:
-                self.leaders.Allgatherv(mpi().IN_PLACE, [r, (offs[self.starts + self.counts] - offs[self.starts],
-                                                             offs[self.starts])])
+                self._exchange(r, offs[self.starts + self.counts] - offs[self.starts], offs[self.starts])
         else:
             self.node.Gatherv(s, None, root=0)
         self.node.Bcast(r[:int(offs[-1])], root=0)
@@ -416,7 +446,8 @@ class Hier:
     @_legs
     def Alltoall(self, sendbuf, recvbuf):
         """Off-node blocks by MPI among all ranks (one Alltoallv, every
-        node's blocks zero), on-node ones by the node's Alltoall."""
+        node's blocks zero; point-to-point pairs were slower with MPICH),
+        on-node ones by the node's Alltoall meanwhile."""
         self._need_blocks()
         r = simple(recvbuf, "recvbuf", True, self.size)
         s = simple(sendbuf, "sendbuf", False, self.size)
@@ -465,7 +496,11 @@ class Hier:
             self.node.Reduce(s[:whole.size], whole, op=s_op, root=0)
             if self.many:
                 part = self._scratch(int(mine.sum()), s.dtype, 1)
-                self.leaders.Reduce_scatter(whole, part, offs[self.starts + self.counts] - offs[self.starts], op=m_op)
+                sizes = offs[self.starts + self.counts] - offs[self.starts]
+                if (sizes == sizes[0]).all():
+                    self.leaders.Reduce_scatter_block(whole, part, op=m_op)
+                else:
+                    self.leaders.Reduce_scatter(whole, part, sizes, op=m_op)
             else:
                 part = whole[offs[self.first]:offs[self.end]]
             if even:
@@ -483,7 +518,7 @@ class Hier:
         """Free the node's communicator and the MPI communicators made for
         this one (collective)."""
         self.node.Free()
-        for c in (self.leaders, self.node_mpi, self.mpi):
+        for c in (self.leaders, self.up, self.node_mpi, self.mpi):
             if c is not None:
                 c.Free()
         self.leaders = None
