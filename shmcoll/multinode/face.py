@@ -52,26 +52,16 @@ def module(name):
     hier = from_mpi(MPI.COMM_WORLD)
 
     class Intracomm(MPI.Intracomm):
-        """MPI's COMM_WORLD, its blocking collectives hierarchical."""
-        _mpi_class = MPI.Intracomm
+        """MPI's COMM_WORLD, its blocking collectives hierarchical (bound
+        on the instance: what Dup or Split make of it, mpi4py makes of
+        this class, and those are MPI's own)."""
 
-    for call in COLLECTIVES:
-        setattr(Intracomm, call, _delegate(call))
     world = Intracomm(hier.mpi)
     world.hier = hier
+    for call in COLLECTIVES:
+        setattr(world, call, getattr(hier, call))
     m = _Module(name, __doc__)
     m._mpi, m.COMM_WORLD = MPI, world
     m.__all__ = [n for n in dir(MPI) if not n.startswith("_")]
     return m
 
-
-def _delegate(call):
-    """COMM_WORLD's call as the hierarchical one; on a communicator made
-    from it (Dup, Split: mpi4py makes them of its class), MPI's own."""
-    def method(self, *args, **kw):
-        hier = self.__dict__.get("hier")
-        if hier is None:
-            return getattr(self._mpi_class, call)(self, *args, **kw)
-        return getattr(hier, call)(*args, **kw)
-    method.__name__ = call
-    return method

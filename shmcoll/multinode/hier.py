@@ -43,32 +43,6 @@ FLAT_BELOW = {
 }
 
 
-def _root_block(self, sendbuf, recvbuf=None, root=0, **_):
-    """Gather's block (Scatter's with the buffers' roles swapped)."""
-    if self.rank == root:
-        return _nbytes(recvbuf, self.size) if sendbuf is None or in_place(sendbuf) else _nbytes(sendbuf)
-    return _nbytes(sendbuf)
-
-
-def _rs_block(self, sendbuf, recvbuf, *_, **__):
-    return _nbytes(recvbuf, self.size) if in_place(sendbuf) else _nbytes(recvbuf)
-
-
-# Each method's row of FLAT_BELOW and how its size is read from plain arrays.
-SIZES = {
-    "Barrier": ("barrier", lambda self: 0),
-    "Bcast": ("bcast", lambda self, buf, root=0: _nbytes(buf)),
-    "Reduce": ("reduce", lambda self, sendbuf, recvbuf=None, op=None, root=0:
-               _nbytes(recvbuf) if in_place(sendbuf) else _nbytes(sendbuf)),
-    "Allreduce": ("allreduce", lambda self, sendbuf, recvbuf, op=None: _nbytes(recvbuf)),
-    "Allgather": ("allgather", lambda self, sendbuf, recvbuf: _nbytes(recvbuf, self.size)),
-    "Alltoall": ("alltoall", lambda self, sendbuf, recvbuf: _nbytes(recvbuf, self.size)),
-    "Gather": ("gather", _root_block),
-    "Scatter": ("scatter", lambda self, sendbuf, recvbuf, root=0: _root_block(self, recvbuf, sendbuf, root)),
-    "Reduce_scatter_block": ("reduce_scatter", _rs_block),
-}
-
-
 SPREAD = 16 * K       # from here an Allreduce's MPI leg is spread over the node's ranks
 
 
@@ -96,31 +70,21 @@ def flat_table(library, given=None, env=os.environ):
     return row
 
 
-def _nbytes(x, per=1):
-    """x's bytes / per where x is a plain array, else None (the method
-    parses the spec and decides then, to the same size)."""
-    return x.nbytes // per if type(x) is np.ndarray else None
-
-
 def _legs(fn):
     """Fall back to MPI for what the legs cannot express, or where they
     lose; a peer's failure in a node leg ends the whole job (MPI cannot
     carry on without it)."""
-    op, size = SIZES.get(fn.__name__, (None, None))
+    name = fn.__name__.lstrip("_")
 
     @functools.wraps(fn)
     def method(self, *args, **kw):
-        if op is not None:
-            limit = self.flat_below[op]
-            if limit is None or ((n := size(self, *args, **kw)) is not None and n < limit):
-                return getattr(self.mpi, fn.__name__)(*args, **kw)
         try:
             return fn(self, *args, **kw)
         except Flat:
-            return getattr(self.mpi, fn.__name__)(*args, **kw)
+            return getattr(self.mpi, name)(*args, **kw)
         except Fallback:
             self.fallbacks += 1
-            return getattr(self.mpi, fn.__name__)(*args, **kw)
+            return getattr(self.mpi, name)(*args, **kw)
         except PeerFailure as e:
             self._abort(e)
     return method
@@ -134,6 +98,7 @@ class Hier:
     def __init__(self, mpi_comm, node_mpi, leaders, up, node, node_of, local_of, flat_below):
         self.up = up
         self.flat_below = flat_below
+        self._below = {k: float("inf") if v is None else v for k, v in flat_below.items()}
         self._spare = {}
         self.mpi, self.node_mpi, self.leaders, self.node = mpi_comm, node_mpi, leaders, node
         self.rank, self.size = mpi_comm.Get_rank(), mpi_comm.Get_size()
@@ -173,8 +138,7 @@ class Hier:
     def _flat(self, op, nbytes):
         """Raise Flat where MPI's own call wins at nbytes (alike on every
         rank: MPI makes the sizes match)."""
-        limit = self.flat_below[op]
-        if limit is None or nbytes < limit:
+        if nbytes < self._below[op]:
             raise Flat
 
     def _scratch(self, n, dtype, slot=0):
@@ -210,10 +174,63 @@ class Hier:
     def _leader(self, n):
         return int(self.nodes[n][0])
 
-    # -- collectives ---------------------------------------------------
+    # -- the collectives: a call below FLAT_BELOW on plain arrays goes to
+    # MPI after one check (a generic wrapper's cost, 0.4 us a call, was a
+    # fifth of a small Bcast's); the rest to the legs (_Bcast, ...), which
+    # parse the specs and decide to the same size
+
+    def Barrier(self):
+        if self._below["barrier"] > 0:
+            return self.mpi.Barrier()
+        return self._Barrier()
+
+    def Bcast(self, buf, root=0):
+        if type(buf) is np.ndarray and buf.nbytes < self._below["bcast"]:
+            return self.mpi.Bcast(buf, root)
+        return self._Bcast(buf, root)
+
+    def Reduce(self, sendbuf, recvbuf=None, op=None, root=0):
+        x = recvbuf if in_place(sendbuf) else sendbuf
+        if type(x) is np.ndarray and x.nbytes < self._below["reduce"]:
+            return self.mpi.Reduce(sendbuf, recvbuf, mpi().SUM if op is None else op, root)
+        return self._Reduce(sendbuf, recvbuf, op, root)
+
+    def Allreduce(self, sendbuf, recvbuf, op=None):
+        if type(recvbuf) is np.ndarray and recvbuf.nbytes < self._below["allreduce"]:
+            return self.mpi.Allreduce(sendbuf, recvbuf, mpi().SUM if op is None else op)
+        return self._Allreduce(sendbuf, recvbuf, op)
+
+    def Allgather(self, sendbuf, recvbuf):
+        if type(recvbuf) is np.ndarray and recvbuf.nbytes < self._below["allgather"] * self.size:
+            return self.mpi.Allgather(sendbuf, recvbuf)
+        return self._Allgather(sendbuf, recvbuf)
+
+    def Alltoall(self, sendbuf, recvbuf):
+        if type(recvbuf) is np.ndarray and recvbuf.nbytes < self._below["alltoall"] * self.size:
+            return self.mpi.Alltoall(sendbuf, recvbuf)
+        return self._Alltoall(sendbuf, recvbuf)
+
+    def Gather(self, sendbuf, recvbuf=None, root=0):
+        x = recvbuf if self.rank == root and (sendbuf is None or in_place(sendbuf)) else sendbuf
+        if type(x) is np.ndarray and x.nbytes < self._below["gather"] * (self.size if x is recvbuf else 1):
+            return self.mpi.Gather(sendbuf, recvbuf, root)
+        return self._Gather(sendbuf, recvbuf, root)
+
+    def Scatter(self, sendbuf, recvbuf, root=0):
+        x = sendbuf if self.rank == root and (recvbuf is None or in_place(recvbuf)) else recvbuf
+        if type(x) is np.ndarray and x.nbytes < self._below["scatter"] * (self.size if x is sendbuf else 1):
+            return self.mpi.Scatter(sendbuf, recvbuf, root)
+        return self._Scatter(sendbuf, recvbuf, root)
+
+    def Reduce_scatter_block(self, sendbuf, recvbuf, op=None):
+        if type(recvbuf) is np.ndarray and \
+                recvbuf.nbytes < self._below["reduce_scatter"] * (self.size if in_place(sendbuf) else 1):
+            return self.mpi.Reduce_scatter_block(sendbuf, recvbuf, mpi().SUM if op is None else op)
+        return self._Reduce_scatter_block(sendbuf, recvbuf, op)
+
 
     @_legs
-    def Barrier(self):
+    def _Barrier(self):
         self._flat("barrier", 0)
         self.node.Barrier()
         if self.many:
@@ -222,7 +239,7 @@ class Hier:
             self.node.Barrier()
 
     @_legs
-    def Bcast(self, buf, root=0):
+    def _Bcast(self, buf, root=0):
         a = simple(buf, "buf", writable=self.rank != root)
         self._flat("bcast", a.nbytes)
         rn = int(self.node_of[root])
@@ -234,7 +251,7 @@ class Hier:
             self.node.Bcast(a, root=0)
 
     @_legs
-    def Reduce(self, sendbuf, recvbuf=None, op=None, root=0):
+    def _Reduce(self, sendbuf, recvbuf=None, op=None, root=0):
         m_op, s_op = op_pair(mpi().SUM if op is None else op)
         me_root = self.rank == root
         r = simple(recvbuf, "recvbuf", True) if me_root else None
@@ -257,7 +274,7 @@ class Hier:
                 self.node.Recv(r, source=0, tag=TAG)
 
     @_legs
-    def Allreduce(self, sendbuf, recvbuf, op=None):
+    def _Allreduce(self, sendbuf, recvbuf, op=None):
         m_op, s_op = op_pair(mpi().SUM if op is None else op)
         r, s = simple(recvbuf, "recvbuf", True), simple(sendbuf, "sendbuf")
         self._flat("allreduce", r.nbytes)
@@ -280,7 +297,7 @@ class Hier:
         self.node.Bcast(r, root=0)
 
     @_legs
-    def Allgather(self, sendbuf, recvbuf):
+    def _Allgather(self, sendbuf, recvbuf):
         """Node Allgather of the node's blocks, leaders exchange them, each
         node's ranks get the other nodes' from their leader."""
         self._need_blocks()
@@ -322,7 +339,7 @@ class Hier:
                 a[displs[i]:displs[i] + counts[i]] = r[offs[i]:offs[i + 1]]
 
     @_legs
-    def Gather(self, sendbuf, recvbuf=None, root=0):
+    def _Gather(self, sendbuf, recvbuf=None, root=0):
         self._need_blocks()
         me_root = self.rank == root
         s = simple(sendbuf, "sendbuf")
@@ -345,7 +362,7 @@ class Hier:
             self.node.Gather(s, None, root=0)
 
     @_legs
-    def Scatter(self, sendbuf, recvbuf, root=0):
+    def _Scatter(self, sendbuf, recvbuf, root=0):
         self._need_blocks()
         me_root = self.rank == root
         r = simple(recvbuf, "recvbuf", True)
@@ -444,7 +461,7 @@ class Hier:
             self.node.Scatterv(None, r, root=0)
 
     @_legs
-    def Alltoall(self, sendbuf, recvbuf):
+    def _Alltoall(self, sendbuf, recvbuf):
         """Off-node blocks by MPI among all ranks (one Alltoallv, every
         node's blocks zero; point-to-point pairs were slower with MPICH),
         on-node ones by the node's Alltoall meanwhile."""
@@ -464,7 +481,7 @@ class Hier:
         req.Wait()
 
     @_legs
-    def Reduce_scatter_block(self, sendbuf, recvbuf, op=None):
+    def _Reduce_scatter_block(self, sendbuf, recvbuf, op=None):
         r = simple(recvbuf, "recvbuf", True, self.size if in_place(sendbuf) else 0)
         s = simple(sendbuf, "sendbuf", False, self.size)
         k = r.size // self.size if in_place(s) else r.size
