@@ -245,6 +245,17 @@ class Hier:
         rn = int(self.node_of[root])
         if self.me == rn:
             self.node.Bcast(a, root=int(self.local_of[root]))
+        P = int(self.counts[self.me])
+        if self.many and self.even and a.size % P == 0:
+            # HAN's: each local rank carries 1/P of the buffer to its peers
+            # on the other nodes, whose node then Allgathers the parts
+            # (MPICH 2+2, same run: 0.68 of MPI's own at 1 MiB, 1.07
+            # through the leaders)
+            part = a.size // P
+            self.up.Bcast(a[self.local * part:(self.local + 1) * part], root=rn)
+            if self.me != rn:
+                self.node.Allgather(SHM_IN_PLACE, a)
+            return
         if self.leaders is not None and self.many:
             self.leaders.Bcast(a, root=rn)
         if self.me != rn:
@@ -298,8 +309,11 @@ class Hier:
 
     @_legs
     def _Allgather(self, sendbuf, recvbuf):
-        """Node Allgather of the node's blocks, leaders exchange them, each
-        node's ranks get the other nodes' from their leader."""
+        """Node Allgather of the node's blocks; then, where every node has
+        as many ranks, an Allgather of the nodes' blocks among each local
+        rank's peers on the other nodes (HAN's; MPICH 2+2: 0.92-0.80 of
+        its own from 16 KiB, against 1.48-0.87 through the leaders); else
+        the leaders exchange them and give them to their node."""
         self._need_blocks()
         r = simple(recvbuf, "recvbuf", True, self.size)
         k = r.size // self.size
@@ -307,6 +321,9 @@ class Hier:
         s = simple(sendbuf, "sendbuf")
         self.node.Allgather(SHM_IN_PLACE if in_place(s) else s, r[k * self.first:k * self.end])
         if not self.many:
+            return
+        if self.even:       # each rank takes the other nodes' blocks from its peers there
+            self.up.Allgather(mpi().IN_PLACE, r[:k * self.size])
             return
         if self.local == 0:
             self._exchange(r, k * self.counts, k * self.starts)
