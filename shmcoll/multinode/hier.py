@@ -518,10 +518,31 @@ class Hier:
         self._reduce_scatter(r.copy() if in_place(s) else s, r[:counts[self.rank]], counts, op)
 
     def _reduce_scatter(self, s, r, counts, op):
-        """Node Reduce to the leader, Reduce_scatter among the leaders by
-        node, node Scatter (Scatterv where the counts differ)."""
+        """Where every node has as many ranks and every rank as many
+        items, HAN's (below; MPICH 2+2, same run: 1.09 of MPI's own at
+        1 MiB, 0.97 at 16 MiB, against 1.49 and 1.84 through the leaders);
+        else node Reduce to the leader, Reduce_scatter among the leaders
+        by node, node Scatter (Scatterv where the counts differ)."""
         self._need_blocks()
         m_op, s_op = op_pair(mpi().SUM if op is None else op)
+        k = int(counts[0])
+        if self.many and self.even and (counts == k).all():
+            # HAN's: node Reduce_scatter_block (local rank l: blocks l N ..
+            # l N + N - 1 of the node), a Reduce_scatter_block of those
+            # among the local rank's peers on the other nodes (node n's
+            # gets block l N + n), then each block to its rank
+            N, P = len(self.nodes), int(self.counts[0])
+            u = self._scratch(N * k, s.dtype)
+            self.node.Reduce_scatter_block(s[:N * P * k], u, op=s_op)
+            held = self.local * N + self.me             # the block this rank now holds
+            source = (self.rank % N) * P + self.rank // N    # the rank holding this rank's block
+            if held == self.rank:
+                self.up.Reduce_scatter_block(u, r, op=m_op)
+            else:
+                t = self._scratch(k, s.dtype, 1)
+                self.up.Reduce_scatter_block(u, t, op=m_op)
+                self.mpi.Sendrecv(t, held, TAG, r, source, TAG)
+            return
         offs = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
         mine = counts[self.first:self.end]
         even = bool((mine == mine[0]).all())
