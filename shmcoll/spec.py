@@ -211,12 +211,15 @@ def ranges(name, counts, displs, size, unit, writable):
     size (in items of dtype unit, or bytes); ranges written must not
     overlap (MPI's rule for receive buffers; ranges only read may, as a
     Scatterv root's)."""
-    r = max(range(len(counts)), key=lambda i: displs[i] + counts[i], default=None)
-    if r is not None and displs[r] + counts[r] > size:
+    ends = [d + c for d, c in zip(displs, counts)]
+    if ends and max(ends) > size:
+        r = ends.index(max(ends))
         raise ValueError(f"{name}: rank {r}'s {counts[r]} at displacement {displs[r]} end past the buffer's "
                          f"{size} {unit if isinstance(unit, str) else f'{unit} items'}")
+    if not writable or all(e <= d for e, d in zip(ends, displs[1:])):    # in rank order, apart: the usual
+        return
     live = sorted((d, c, r) for r, (d, c) in enumerate(zip(displs, counts)) if c)
-    for (d0, c0, r0), (d1, _, r1) in zip(live, live[1:]) if writable else ():
+    for (d0, c0, r0), (d1, _, r1) in zip(live, live[1:]):
         if d0 + c0 > d1:
             raise ValueError(f"{name}: the ranges of ranks {r0} and {r1} overlap (displacements {d0} and {d1})")
 
@@ -233,6 +236,11 @@ def _sequence(x):
 def _per_rank(seq, what, n):
     """n non-negative ints, one per rank, as a list of Python ints."""
     if isinstance(seq, np.ndarray):
+        if seq.ndim == 1 and seq.size == n and seq.dtype.kind in "iu":    # the usual: one check, no copies
+            out = seq.tolist()
+            if out and min(out) < 0:
+                raise ValueError(f"{what} must not be negative: {seq!r}")
+            return out
         return [int(x) for x in buffers.ints(seq, what, n)]
     try:
         out = [operator.index(x) for x in seq]
