@@ -78,6 +78,15 @@ def test_collectives_match_mpi(env, nodes, n):
     assert len(counts) == 1 and len(counts[0]) == n and len(set(counts[0])) == 1, out[-3000:]
 
 
+@pytest.mark.parametrize("env", envs())
+def test_nodes_that_interleave_the_ranks(env):
+    """A communicator whose ranks interleave the nodes: the up level would
+    put the nodes out of order (a Bcast from the wrong root), so it is not
+    used; every collective still gives MPI's result."""
+    rc, out, _ = mpiexec(env, 4, "hier_permuted.py", nodes="2,2")
+    assert rc == 0 and "ok " in out, out[-3000:]
+
+
 EXAMPLES = os.path.join(os.path.dirname(PROGS), "..", "examples")
 
 

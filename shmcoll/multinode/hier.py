@@ -111,7 +111,9 @@ class Hier:
             bool(np.all(np.diff(self.starts) > 0))
         self.first, self.end = int(self.starts[self.me]), int(self.starts[self.me] + self.counts[self.me])
         self.many = len(self.nodes) > 1
-        self.even = bool((self.counts == self.counts[0]).all())     # every node has as many ranks
+        # every node as many ranks, in consecutive blocks: the up level's
+        # ranks (ordered by rank) are then in node order
+        self.even = self.blocked and bool((self.counts == self.counts[0]).all())
         self.fallbacks = 0      # calls that were MPI's own (what the legs cannot express)
 
     def __getattr__(self, name):
