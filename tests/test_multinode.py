@@ -78,6 +78,15 @@ def test_collectives_match_mpi(env, nodes, n):
     assert len(counts) == 1 and len(counts[0]) == n and len(set(counts[0])) == 1, out[-3000:]
 
 
+@pytest.mark.parametrize("env", envs())
+def test_user_messages_never_match_the_legs(env):
+    """The legs' point-to-point (Gather, Scatter) is on a communicator of
+    its own: a user's message in flight across a collective, or a receive
+    from any source posted before it, is the user's, as under MPI."""
+    rc, out, _ = mpiexec(env, 4, "hier_p2p.py", nodes="2,2", timeout=60)
+    assert rc == 0 and "ok" in out.split(), out[-3000:]
+
+
 EXAMPLES = os.path.join(os.path.dirname(PROGS), "..", "examples")
 
 

@@ -25,7 +25,7 @@ from ..buffers import IN_PLACE as SHM_IN_PLACE
 from ..errors import PeerFailure
 from .specs import Fallback, displacements, in_place, mpi, op_pair, packed, simple, vector
 
-TAG = 7                 # point-to-point legs run on a communicator of their own: any tag serves
+TAG = 7                 # point-to-point legs run on a communicator of their own (p2p): any tag serves
 
 
 K, M = 1 << 10, 1 << 20
@@ -128,8 +128,9 @@ class Hier:
     run hierarchically.  node: this node's shmcoll communicator; leaders:
     MPI among each node's local rank 0 (None on the others)."""
 
-    def __init__(self, mpi_comm, node_mpi, leaders, node, node_of, local_of, flat_below):
+    def __init__(self, mpi_comm, node_mpi, leaders, node, node_of, local_of, flat_below, p2p):
         self.flat_below = flat_below
+        self.p2p = p2p          # a duplicate of mpi_comm: the user's Send/Recv on this one (mpi_comm's) never match it
         self._spare = {}
         self.mpi, self.node_mpi, self.leaders, self.node = mpi_comm, node_mpi, leaders, node
         self.rank, self.size = mpi_comm.Get_rank(), mpi_comm.Get_size()
@@ -301,7 +302,7 @@ class Hier:
         self._flat("gather", k * (r if me_root else s).itemsize)
         rn, rl = int(self.node_of[root]), int(self.local_of[root])
         if self.me == rn:
-            reqs = [self.mpi.Irecv(r[k * self.starts[n]:k * (self.starts[n] + self.counts[n])],
+            reqs = [self.p2p.Irecv(r[k * self.starts[n]:k * (self.starts[n] + self.counts[n])],
                                    source=self._leader(n), tag=TAG)
                     for n in range(len(self.nodes)) if n != rn] if me_root else []
             self.node.Gather(SHM_IN_PLACE if in_place(s) else s, r[k * self.first:k * self.end] if me_root else None,
@@ -310,7 +311,7 @@ class Hier:
         elif self.local == 0:
             part = self._scratch(k * (self.end - self.first), s.dtype)
             self.node.Gather(s, part, root=0)
-            self.mpi.Send(part, dest=root, tag=TAG)
+            self.p2p.Send(part, dest=root, tag=TAG)
         else:
             self.node.Gather(s, None, root=0)
 
@@ -324,7 +325,7 @@ class Hier:
         self._flat("scatter", k * (s if me_root else r).itemsize)
         rn, rl = int(self.node_of[root]), int(self.local_of[root])
         if self.me == rn:
-            reqs = [self.mpi.Isend(s[k * self.starts[n]:k * (self.starts[n] + self.counts[n])],
+            reqs = [self.p2p.Isend(s[k * self.starts[n]:k * (self.starts[n] + self.counts[n])],
                                    dest=self._leader(n), tag=TAG)
                     for n in range(len(self.nodes)) if n != rn] if me_root else []
             self.node.Scatter(s[k * self.first:k * self.end] if me_root else None,
@@ -332,7 +333,7 @@ class Hier:
             mpi().Request.Waitall(reqs)
         elif self.local == 0:
             part = self._scratch(k * (self.end - self.first), r.dtype)
-            self.mpi.Recv(part, source=root, tag=TAG)
+            self.p2p.Recv(part, source=root, tag=TAG)
             self.node.Scatter(part, r, root=0)
         else:
             self.node.Scatter(None, r, root=0)
@@ -361,7 +362,7 @@ class Hier:
                     else:
                         buf = np.empty(int(counts[lo:hi].sum()), a.dtype)
                         stage.append((buf, lo, hi))
-                    reqs.append(self.mpi.Irecv(buf, source=self._leader(n), tag=TAG))
+                    reqs.append(self.p2p.Irecv(buf, source=self._leader(n), tag=TAG))
                 c = counts[self.first:self.end]
                 self.node.Gatherv(s, [a, (c, displs[self.first:self.end])], root=rl)
                 mpi().Request.Waitall(reqs)
@@ -375,7 +376,7 @@ class Hier:
         elif self.local == 0:
             part = np.empty(int(mine.sum()), s.dtype)
             self.node.Gatherv(s, [part, (mine, displacements(mine))], root=0)
-            self.mpi.Send(part, dest=root, tag=TAG)
+            self.p2p.Send(part, dest=root, tag=TAG)
         else:
             self.node.Gatherv(s, None, root=0)
 
@@ -397,8 +398,8 @@ class Hier:
                         continue
                     lo, hi = self.starts[n], self.starts[n] + self.counts[n]
                     buf = np.concatenate([a[displs[i]:displs[i] + counts[i]] for i in range(lo, hi)])
-                    reqs.append(self.mpi.Isend(counts[lo:hi].copy(), dest=self._leader(n), tag=TAG))
-                    reqs.append(self.mpi.Isend(buf, dest=self._leader(n), tag=TAG))
+                    reqs.append(self.p2p.Isend(counts[lo:hi].copy(), dest=self._leader(n), tag=TAG))
+                    reqs.append(self.p2p.Isend(buf, dest=self._leader(n), tag=TAG))
                 self.node.Scatterv([a, (counts[self.first:self.end], displs[self.first:self.end])],
                                    SHM_IN_PLACE if in_place(r) else r, root=rl)
                 mpi().Request.Waitall(reqs)
@@ -406,9 +407,9 @@ class Hier:
                 self.node.Scatterv(None, r, root=rl)
         elif self.local == 0:
             c = np.empty(self.end - self.first, np.int64)
-            self.mpi.Recv(c, source=root, tag=TAG)
+            self.p2p.Recv(c, source=root, tag=TAG)
             part = np.empty(int(c.sum()), r.dtype)
-            self.mpi.Recv(part, source=root, tag=TAG)
+            self.p2p.Recv(part, source=root, tag=TAG)
             self.node.Scatterv([part, (c, displacements(c))], r, root=0)
         else:
             self.node.Scatterv(None, r, root=0)
@@ -483,7 +484,7 @@ class Hier:
         """Free the node's communicator and the MPI communicators made for
         this one (collective)."""
         self.node.Free()
-        for c in (self.leaders, self.node_mpi, self.mpi):
+        for c in (self.leaders, self.node_mpi, self.p2p, self.mpi):
             if c is not None:
                 c.Free()
         self.leaders = None
