@@ -23,7 +23,7 @@ import numpy as np
 
 from ..buffers import IN_PLACE as SHM_IN_PLACE
 from ..errors import PeerFailure
-from .specs import Fallback, displacements, in_place, mpi, op_pair, packed, simple, vector
+from .specs import Fallback, displacements, in_place, mpi, op_pair, packed, reducible, simple, vector
 
 TAG = 7                 # point-to-point legs run on a communicator of their own (p2p): any tag serves
 
@@ -182,6 +182,14 @@ class Hier:
             buf = self._spare[slot] = np.empty(nbytes, np.uint8)
         return buf[:nbytes].view(dtype)
 
+    def _root(self, root):
+        """root as an int, where it names a rank of this communicator; else
+        Fallback: MPI's own call refuses it on every rank (as an index, -1
+        would name the last rank, and a rank past the end fail on some)."""
+        if isinstance(root, (int, np.integer)) and 0 <= root < self.size:
+            return int(root)
+        raise Fallback
+
     def _need_blocks(self):
         if not self.blocked:
             raise Fallback
@@ -202,6 +210,7 @@ class Hier:
 
     @_legs
     def Bcast(self, buf, root=0):
+        root = self._root(root)
         a = simple(buf, "buf", writable=self.rank != root)
         self._flat("bcast", a.nbytes)
         rn = int(self.node_of[root])
@@ -214,10 +223,12 @@ class Hier:
 
     @_legs
     def Reduce(self, sendbuf, recvbuf=None, op=None, root=0):
+        root = self._root(root)
         m_op, s_op = op_pair(mpi().SUM if op is None else op)
         me_root = self.rank == root
         r = simple(recvbuf, "recvbuf", True) if me_root else None
         s = simple(sendbuf, "sendbuf")
+        reducible(s_op, (r if in_place(s) else s).dtype)
         self._flat("reduce", (r if in_place(s) else s).nbytes)
         rn, rl = int(self.node_of[root]), int(self.local_of[root])
         if self.local == 0:
@@ -239,6 +250,7 @@ class Hier:
     def Allreduce(self, sendbuf, recvbuf, op=None):
         m_op, s_op = op_pair(mpi().SUM if op is None else op)
         r, s = simple(recvbuf, "recvbuf", True), simple(sendbuf, "sendbuf")
+        reducible(s_op, r.dtype)
         self._flat("allreduce", r.nbytes)
         if not self.many:
             return self.node.Allreduce(SHM_IN_PLACE if in_place(s) else s, r, op=s_op)
@@ -295,6 +307,7 @@ class Hier:
     @_legs
     def Gather(self, sendbuf, recvbuf=None, root=0):
         self._need_blocks()
+        root = self._root(root)
         me_root = self.rank == root
         s = simple(sendbuf, "sendbuf")
         r = simple(recvbuf, "recvbuf", True, self.size) if me_root else None
@@ -318,6 +331,7 @@ class Hier:
     @_legs
     def Scatter(self, sendbuf, recvbuf, root=0):
         self._need_blocks()
+        root = self._root(root)
         me_root = self.rank == root
         r = simple(recvbuf, "recvbuf", True)
         s = simple(sendbuf, "sendbuf", False, self.size) if me_root else None
@@ -341,6 +355,7 @@ class Hier:
     @_legs
     def Gatherv(self, sendbuf, recvbuf=None, root=0):
         self._need_blocks()
+        root = self._root(root)
         me_root = self.rank == root
         s = simple(sendbuf, "sendbuf")
         rn, rl = int(self.node_of[root]), int(self.local_of[root])
@@ -383,6 +398,7 @@ class Hier:
     @_legs
     def Scatterv(self, sendbuf, recvbuf, root=0):
         self._need_blocks()
+        root = self._root(root)
         me_root = self.rank == root
         r = simple(recvbuf, "recvbuf", True)
         rn, rl = int(self.node_of[root]), int(self.local_of[root])
@@ -458,6 +474,7 @@ class Hier:
         node, node Scatter (Scatterv where the counts differ)."""
         self._need_blocks()
         m_op, s_op = op_pair(mpi().SUM if op is None else op)
+        reducible(s_op, s.dtype)
         offs = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
         mine = counts[self.first:self.end]
         even = bool((mine == mine[0]).all())
