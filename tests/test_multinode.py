@@ -90,7 +90,8 @@ def test_user_messages_never_match_the_legs(env):
 @pytest.mark.parametrize("env", envs())
 def test_what_mpi_refuses_is_refused_on_every_rank(env):
     """A dtype the MPI legs cannot carry (a struct, void or unicode array),
-    a root that names no rank, an op the dtype has not: the call is MPI's
+    a root that names no rank, an op the dtype has not, send and receive
+    buffers that disagree: the call is MPI's
     own, which raises MPI's exception on every rank and leaves the
     communicator usable (the legs raised on some ranks only, or from inside
     a node leg, and hung or ended the job); MPI's pair types and WCHAR in a

@@ -190,6 +190,17 @@ class Hier:
             return int(root)
         raise Fallback
 
+    @staticmethod
+    def _alike(s, r, n, rest=0, folded=False):
+        """Fallback unless sendbuf s (unless IN_PLACE) holds n items' bytes
+        of recvbuf r's dtype (its dtype too where folded: a reduction) and r
+        splits into whole blocks (rest 0): what mpi4py checks on every rank
+        alike.  Inside a node leg the mismatch would raise on some ranks, or
+        leave the node's communicator unusable; MPI's own call raises on
+        every rank (or carries it) and goes on."""
+        if rest or not in_place(s) and (s.nbytes != n * r.itemsize or folded and s.dtype != r.dtype):
+            raise Fallback
+
     def _need_blocks(self):
         if not self.blocked:
             raise Fallback
@@ -251,6 +262,7 @@ class Hier:
         m_op, s_op = op_pair(mpi().SUM if op is None else op)
         r, s = simple(recvbuf, "recvbuf", True), simple(sendbuf, "sendbuf")
         reducible(s_op, r.dtype)
+        self._alike(s, r, r.size, folded=True)
         self._flat("allreduce", r.nbytes)
         if not self.many:
             return self.node.Allreduce(SHM_IN_PLACE if in_place(s) else s, r, op=s_op)
@@ -270,6 +282,7 @@ class Hier:
         k = r.size // self.size
         self._flat("allgather", k * r.itemsize)
         s = simple(sendbuf, "sendbuf")
+        self._alike(s, r, k, r.size % self.size)
         self.node.Allgather(SHM_IN_PLACE if in_place(s) else s, r[k * self.first:k * self.end])
         if not self.many:
             return
@@ -437,6 +450,7 @@ class Hier:
         self._need_blocks()
         r = simple(recvbuf, "recvbuf", True, self.size)
         s = simple(sendbuf, "sendbuf", False, self.size)
+        self._alike(s, r, r.size, r.size % self.size)
         s = r.copy() if in_place(s) else s
         k = r.size // self.size
         self._flat("alltoall", k * r.itemsize)
@@ -454,6 +468,7 @@ class Hier:
         r = simple(recvbuf, "recvbuf", True, self.size if in_place(sendbuf) else 0)
         s = simple(sendbuf, "sendbuf", False, self.size)
         k = r.size // self.size if in_place(s) else r.size
+        self._alike(s, r, k * self.size, folded=True)
         self._flat("reduce_scatter", k * r.itemsize)
         self._reduce_scatter(r.copy() if in_place(s) else s, r[:k], np.full(self.size, k, np.int64), op)
 

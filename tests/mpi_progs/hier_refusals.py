@@ -1,6 +1,6 @@
 """Run under mpiexec with SHMCOLL_VIRTUAL_NODES=2,2: what MPI's own call
 refuses on every rank (a dtype MPI cannot carry, a root that is no rank, an
-op the dtype has not) the hierarchical call refuses on every rank with
+op the dtype has not, send and receive buffers that do not agree) the hierarchical call refuses on every rank with
 MPI's exception, and the communicator goes on; MPI's pair types and WCHAR
 in a spec give MPI's result.  Rank 0 prints "ok" at the end."""
 import numpy as np
@@ -39,6 +39,11 @@ cases = {
     "MAX of complex": lambda c: c.Allreduce(np.ones(4, complex), np.zeros(4, complex), op=MPI.MAX),
     "LAND of floats": lambda c: c.Reduce(np.ones(4), np.zeros(4), op=MPI.LAND, root=3),
     "BOR of floats": lambda c: c.Reduce_scatter_block(np.ones(4 * p), np.zeros(4), op=MPI.BOR),
+    "Allreduce counts": lambda c: c.Allreduce(np.ones(10), np.zeros(5)),
+    "Allreduce dtypes": lambda c: c.Allreduce(np.ones(10), np.zeros(10, np.float32)),
+    "Allgather recvbuf short": lambda c: c.Allgather(np.ones(10), np.zeros(10 * p - 1)),
+    "Alltoall blocks": lambda c: c.Alltoall(np.ones(10 * p + 1), np.zeros(10 * p + 1)),
+    "Reduce_scatter_block counts": lambda c: c.Reduce_scatter_block(np.ones(3 * p), np.zeros(4)),
 }
 for name, call in cases.items():
     mpi_exc, hier_exc = refused(call)
