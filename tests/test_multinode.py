@@ -87,6 +87,28 @@ def test_nodes_that_interleave_the_ranks(env):
     assert rc == 0 and "ok " in out, out[-3000:]
 
 
+@pytest.mark.parametrize("env", envs())
+def test_user_messages_never_match_the_legs(env):
+    """The legs' point-to-point (Gather, Scatter) is on a communicator of
+    its own: a user's message in flight across a collective, or a receive
+    from any source posted before it, is the user's, as under MPI."""
+    rc, out, _ = mpiexec(env, 4, "hier_p2p.py", nodes="2,2", timeout=60)
+    assert rc == 0 and "ok" in out.split(), out[-3000:]
+
+
+@pytest.mark.parametrize("env", envs())
+def test_what_mpi_refuses_is_refused_on_every_rank(env):
+    """A dtype the MPI legs cannot carry (a struct, void or unicode array),
+    a root that names no rank, an op the dtype has not, send and receive
+    buffers that disagree: the call is MPI's
+    own, which raises MPI's exception on every rank and leaves the
+    communicator usable (the legs raised on some ranks only, or from inside
+    a node leg, and hung or ended the job); MPI's pair types and WCHAR in a
+    spec give MPI's result."""
+    rc, out, _ = mpiexec(env, 4, "hier_refusals.py", nodes="2,2", timeout=90)
+    assert rc == 0 and "ok" in out.split(), out[-3000:]
+
+
 EXAMPLES = os.path.join(os.path.dirname(PROGS), "..", "examples")
 
 

@@ -27,14 +27,15 @@ def from_mpi(comm=None, *, options=None, abort_on_error=True, flat_below=None):
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
         raise TypeError(f"shmcoll.from_mpi(): an mpi4py intracommunicator, not {comm!r}")
     node_mpi, crowded = node_split(comm)
-    own = comm.Dup()                # our legs' messages never match the user's
+    own = comm.Dup()                # MPI's own calls, and the user's through this communicator
+    p2p = own.Dup()                 # the legs' point-to-point: never matched by the user's messages
     local = node_mpi.Get_rank()
     leaders = own.Split(0 if local == 0 else MPI.UNDEFINED, own.Get_rank())
     up = own.Split(local, own.Get_rank())       # each node's local rank l, over the nodes: HAN's "up" level
     index = node_mpi.bcast(leaders.Get_rank() if local == 0 else None, root=0)
     where = np.array(own.allgather((index, local)), np.int64).reshape(-1, 2)
     node = node_comm(node_mpi, options, crowded)
-    hier = Hier(own, node_mpi, leaders if local == 0 else None, up, node, where[:, 0], where[:, 1], flat)
+    hier = Hier(own, node_mpi, leaders if local == 0 else None, up, node, where[:, 0], where[:, 1], flat, p2p)
     if abort_on_error and hier.size > 1:
         _abort_on_error(hier)
     return hier

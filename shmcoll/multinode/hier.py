@@ -23,9 +23,9 @@ import numpy as np
 
 from ..buffers import IN_PLACE as SHM_IN_PLACE
 from ..errors import PeerFailure
-from .specs import Fallback, displacements, in_place, mpi, op_pair, packed, simple, vector
+from .specs import Fallback, displacements, in_place, mpi, op_pair, packed, reducible, simple, vector
 
-TAG = 7                 # point-to-point legs run on a communicator of their own: any tag serves
+TAG = 7                 # point-to-point legs run on a communicator of their own (p2p): any tag serves
 
 
 K, M = 1 << 10, 1 << 20
@@ -95,10 +95,11 @@ class Hier:
     run hierarchically.  node: this node's shmcoll communicator; leaders:
     MPI among each node's local rank 0 (None on the others)."""
 
-    def __init__(self, mpi_comm, node_mpi, leaders, up, node, node_of, local_of, flat_below):
+    def __init__(self, mpi_comm, node_mpi, leaders, up, node, node_of, local_of, flat_below, p2p):
         self.up = up
         self.flat_below = flat_below
         self._below = {k: float("inf") if v is None else v for k, v in flat_below.items()}
+        self.p2p = p2p          # a duplicate of mpi_comm: the user's Send/Recv on this one (mpi_comm's) never match it
         self._spare = {}
         self.mpi, self.node_mpi, self.leaders, self.node = mpi_comm, node_mpi, leaders, node
         self.rank, self.size = mpi_comm.Get_rank(), mpi_comm.Get_size()
@@ -169,6 +170,25 @@ class Hier:
             self.leaders.Sendrecv(r[starts[out]:starts[out] + sizes[out]], right, TAG,
                                   r[starts[into]:starts[into] + sizes[into]], left, TAG)
 
+    def _root(self, root):
+        """root as an int, where it names a rank of this communicator; else
+        Fallback: MPI's own call refuses it on every rank (as an index, -1
+        would name the last rank, and a rank past the end fail on some)."""
+        if isinstance(root, (int, np.integer)) and 0 <= root < self.size:
+            return int(root)
+        raise Fallback
+
+    @staticmethod
+    def _alike(s, r, n, rest=0, folded=False):
+        """Fallback unless sendbuf s (unless IN_PLACE) holds n items' bytes
+        of recvbuf r's dtype (its dtype too where folded: a reduction) and r
+        splits into whole blocks (rest 0): what mpi4py checks on every rank
+        alike.  Inside a node leg the mismatch would raise on some ranks, or
+        leave the node's communicator unusable; MPI's own call raises on
+        every rank (or carries it) and goes on."""
+        if rest or not in_place(s) and (s.nbytes != n * r.itemsize or folded and s.dtype != r.dtype):
+            raise Fallback
+
     def _need_blocks(self):
         if not self.blocked:
             raise Fallback
@@ -192,14 +212,16 @@ class Hier:
         return self._Bcast(buf, root)
 
     def Reduce(self, sendbuf, recvbuf=None, op=None, root=0):
+        op = mpi().SUM if op is None else op
         x = recvbuf if in_place(sendbuf) else sendbuf
         if type(x) is np.ndarray and x.nbytes < self._below["reduce"]:
-            return self.mpi.Reduce(sendbuf, recvbuf, mpi().SUM if op is None else op, root)
+            return self.mpi.Reduce(sendbuf, recvbuf, op, root)
         return self._Reduce(sendbuf, recvbuf, op, root)
 
     def Allreduce(self, sendbuf, recvbuf, op=None):
+        op = mpi().SUM if op is None else op
         if type(recvbuf) is np.ndarray and recvbuf.nbytes < self._below["allreduce"]:
-            return self.mpi.Allreduce(sendbuf, recvbuf, mpi().SUM if op is None else op)
+            return self.mpi.Allreduce(sendbuf, recvbuf, op)
         return self._Allreduce(sendbuf, recvbuf, op)
 
     def Allgather(self, sendbuf, recvbuf):
@@ -225,9 +247,10 @@ class Hier:
         return self._Scatter(sendbuf, recvbuf, root)
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=None):
+        op = mpi().SUM if op is None else op
         if type(recvbuf) is np.ndarray and \
                 recvbuf.nbytes < self._below["reduce_scatter"] * (self.size if in_place(sendbuf) else 1):
-            return self.mpi.Reduce_scatter_block(sendbuf, recvbuf, mpi().SUM if op is None else op)
+            return self.mpi.Reduce_scatter_block(sendbuf, recvbuf, op)
         return self._Reduce_scatter_block(sendbuf, recvbuf, op)
 
 
@@ -242,6 +265,7 @@ class Hier:
 
     @_legs
     def _Bcast(self, buf, root=0):
+        root = self._root(root)
         a = simple(buf, "buf", writable=self.rank != root)
         self._flat("bcast", a.nbytes)
         rn = int(self.node_of[root])
@@ -265,10 +289,12 @@ class Hier:
 
     @_legs
     def _Reduce(self, sendbuf, recvbuf=None, op=None, root=0):
+        root = self._root(root)
         m_op, s_op = op_pair(mpi().SUM if op is None else op)
         me_root = self.rank == root
         r = simple(recvbuf, "recvbuf", True) if me_root else None
         s = simple(sendbuf, "sendbuf")
+        reducible(s_op, (r if in_place(s) else s).dtype)
         self._flat("reduce", (r if in_place(s) else s).nbytes)
         rn, rl = int(self.node_of[root]), int(self.local_of[root])
         if self.local == 0:
@@ -290,6 +316,8 @@ class Hier:
     def _Allreduce(self, sendbuf, recvbuf, op=None):
         m_op, s_op = op_pair(mpi().SUM if op is None else op)
         r, s = simple(recvbuf, "recvbuf", True), simple(sendbuf, "sendbuf")
+        reducible(s_op, r.dtype)
+        self._alike(s, r, r.size, folded=True)
         self._flat("allreduce", r.nbytes)
         if not self.many:
             return self.node.Allreduce(SHM_IN_PLACE if in_place(s) else s, r, op=s_op)
@@ -321,6 +349,7 @@ class Hier:
         k = r.size // self.size
         self._flat("allgather", k * r.itemsize)
         s = simple(sendbuf, "sendbuf")
+        self._alike(s, r, k, r.size % self.size)
         self.node.Allgather(SHM_IN_PLACE if in_place(s) else s, r[k * self.first:k * self.end])
         if not self.many:
             return
@@ -360,6 +389,7 @@ class Hier:
     @_legs
     def _Gather(self, sendbuf, recvbuf=None, root=0):
         self._need_blocks()
+        root = self._root(root)
         me_root = self.rank == root
         s = simple(sendbuf, "sendbuf")
         r = simple(recvbuf, "recvbuf", True, self.size) if me_root else None
@@ -367,7 +397,7 @@ class Hier:
         self._flat("gather", k * (r if me_root else s).itemsize)
         rn, rl = int(self.node_of[root]), int(self.local_of[root])
         if self.me == rn:
-            reqs = [self.mpi.Irecv(r[k * self.starts[n]:k * (self.starts[n] + self.counts[n])],
+            reqs = [self.p2p.Irecv(r[k * self.starts[n]:k * (self.starts[n] + self.counts[n])],
                                    source=self._leader(n), tag=TAG)
                     for n in range(len(self.nodes)) if n != rn] if me_root else []
             self.node.Gather(SHM_IN_PLACE if in_place(s) else s, r[k * self.first:k * self.end] if me_root else None,
@@ -376,13 +406,14 @@ class Hier:
         elif self.local == 0:
             part = self._scratch(k * (self.end - self.first), s.dtype)
             self.node.Gather(s, part, root=0)
-            self.mpi.Send(part, dest=root, tag=TAG)
+            self.p2p.Send(part, dest=root, tag=TAG)
         else:
             self.node.Gather(s, None, root=0)
 
     @_legs
     def _Scatter(self, sendbuf, recvbuf, root=0):
         self._need_blocks()
+        root = self._root(root)
         me_root = self.rank == root
         r = simple(recvbuf, "recvbuf", True)
         s = simple(sendbuf, "sendbuf", False, self.size) if me_root else None
@@ -390,7 +421,7 @@ class Hier:
         self._flat("scatter", k * (s if me_root else r).itemsize)
         rn, rl = int(self.node_of[root]), int(self.local_of[root])
         if self.me == rn:
-            reqs = [self.mpi.Isend(s[k * self.starts[n]:k * (self.starts[n] + self.counts[n])],
+            reqs = [self.p2p.Isend(s[k * self.starts[n]:k * (self.starts[n] + self.counts[n])],
                                    dest=self._leader(n), tag=TAG)
                     for n in range(len(self.nodes)) if n != rn] if me_root else []
             self.node.Scatter(s[k * self.first:k * self.end] if me_root else None,
@@ -398,7 +429,7 @@ class Hier:
             mpi().Request.Waitall(reqs)
         elif self.local == 0:
             part = self._scratch(k * (self.end - self.first), r.dtype)
-            self.mpi.Recv(part, source=root, tag=TAG)
+            self.p2p.Recv(part, source=root, tag=TAG)
             self.node.Scatter(part, r, root=0)
         else:
             self.node.Scatter(None, r, root=0)
@@ -406,6 +437,7 @@ class Hier:
     @_legs
     def Gatherv(self, sendbuf, recvbuf=None, root=0):
         self._need_blocks()
+        root = self._root(root)
         me_root = self.rank == root
         s = simple(sendbuf, "sendbuf")
         rn, rl = int(self.node_of[root]), int(self.local_of[root])
@@ -427,7 +459,7 @@ class Hier:
                     else:
                         buf = np.empty(int(counts[lo:hi].sum()), a.dtype)
                         stage.append((buf, lo, hi))
-                    reqs.append(self.mpi.Irecv(buf, source=self._leader(n), tag=TAG))
+                    reqs.append(self.p2p.Irecv(buf, source=self._leader(n), tag=TAG))
                 c = counts[self.first:self.end]
                 self.node.Gatherv(s, [a, (c, displs[self.first:self.end])], root=rl)
                 mpi().Request.Waitall(reqs)
@@ -441,13 +473,14 @@ class Hier:
         elif self.local == 0:
             part = np.empty(int(mine.sum()), s.dtype)
             self.node.Gatherv(s, [part, (mine, displacements(mine))], root=0)
-            self.mpi.Send(part, dest=root, tag=TAG)
+            self.p2p.Send(part, dest=root, tag=TAG)
         else:
             self.node.Gatherv(s, None, root=0)
 
     @_legs
     def Scatterv(self, sendbuf, recvbuf, root=0):
         self._need_blocks()
+        root = self._root(root)
         me_root = self.rank == root
         r = simple(recvbuf, "recvbuf", True)
         rn, rl = int(self.node_of[root]), int(self.local_of[root])
@@ -463,8 +496,8 @@ class Hier:
                         continue
                     lo, hi = self.starts[n], self.starts[n] + self.counts[n]
                     buf = np.concatenate([a[displs[i]:displs[i] + counts[i]] for i in range(lo, hi)])
-                    reqs.append(self.mpi.Isend(counts[lo:hi].copy(), dest=self._leader(n), tag=TAG))
-                    reqs.append(self.mpi.Isend(buf, dest=self._leader(n), tag=TAG))
+                    reqs.append(self.p2p.Isend(counts[lo:hi].copy(), dest=self._leader(n), tag=TAG))
+                    reqs.append(self.p2p.Isend(buf, dest=self._leader(n), tag=TAG))
                 self.node.Scatterv([a, (counts[self.first:self.end], displs[self.first:self.end])],
                                    SHM_IN_PLACE if in_place(r) else r, root=rl)
                 mpi().Request.Waitall(reqs)
@@ -472,9 +505,9 @@ class Hier:
                 self.node.Scatterv(None, r, root=rl)
         elif self.local == 0:
             c = np.empty(self.end - self.first, np.int64)
-            self.mpi.Recv(c, source=root, tag=TAG)
+            self.p2p.Recv(c, source=root, tag=TAG)
             part = np.empty(int(c.sum()), r.dtype)
-            self.mpi.Recv(part, source=root, tag=TAG)
+            self.p2p.Recv(part, source=root, tag=TAG)
             self.node.Scatterv([part, (c, displacements(c))], r, root=0)
         else:
             self.node.Scatterv(None, r, root=0)
@@ -487,6 +520,7 @@ class Hier:
         self._need_blocks()
         r = simple(recvbuf, "recvbuf", True, self.size)
         s = simple(sendbuf, "sendbuf", False, self.size)
+        self._alike(s, r, r.size, r.size % self.size)
         s = r.copy() if in_place(s) else s
         k = r.size // self.size
         self._flat("alltoall", k * r.itemsize)
@@ -504,6 +538,7 @@ class Hier:
         r = simple(recvbuf, "recvbuf", True, self.size if in_place(sendbuf) else 0)
         s = simple(sendbuf, "sendbuf", False, self.size)
         k = r.size // self.size if in_place(s) else r.size
+        self._alike(s, r, k * self.size, folded=True)
         self._flat("reduce_scatter", k * r.itemsize)
         self._reduce_scatter(r.copy() if in_place(s) else s, r[:k], np.full(self.size, k, np.int64), op)
 
@@ -527,6 +562,7 @@ class Hier:
         by node, node Scatter (Scatterv where the counts differ)."""
         self._need_blocks()
         m_op, s_op = op_pair(mpi().SUM if op is None else op)
+        reducible(s_op, s.dtype)
         k = int(counts[0])
         if self.many and self.even and (counts == k).all():
             # HAN's: node Reduce_scatter_block (local rank l: blocks l N ..
@@ -543,7 +579,7 @@ class Hier:
             else:
                 t = self._scratch(k, s.dtype, 1)
                 self.up.Reduce_scatter_block(u, t, op=m_op)
-                self.mpi.Sendrecv(t, held, TAG, r, source, TAG)
+                self.p2p.Sendrecv(t, held, TAG, r, source, TAG)
             return
         offs = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
         mine = counts[self.first:self.end]
@@ -575,7 +611,7 @@ class Hier:
         """Free the node's communicator and the MPI communicators made for
         this one (collective)."""
         self.node.Free()
-        for c in (self.leaders, self.up, self.node_mpi, self.mpi):
+        for c in (self.leaders, self.up, self.node_mpi, self.p2p, self.mpi):
             if c is not None:
                 c.Free()
         self.leaders = None

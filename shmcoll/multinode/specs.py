@@ -35,9 +35,12 @@ def _dtype(datatype):
         raise Fallback
     from mpi4py.util.dtlib import to_numpy_dtype
     try:
-        return to_numpy_dtype(datatype)
+        dt = to_numpy_dtype(datatype)
     except (ValueError, KeyError, TypeError):
         raise Fallback from None
+    if dt.fields is not None or dt.itemsize != datatype.Get_size():
+        raise Fallback      # a pair (MPI.DOUBLE_INT: padded, and no plain array's), MPI.WCHAR (numpy's '<U0')
+    return dt
 
 
 def _translated(spec):
@@ -49,11 +52,33 @@ def _translated(spec):
     return [_dtype(x) if isinstance(x, MPI.Datatype) else x for x in spec]
 
 
+_CARRIED = {}
+
+
+def carried(a):
+    """a, where the MPI legs can carry its dtype (mpi4py maps an array's
+    to an MPI datatype by its buffer format); else Fallback.  The node legs
+    take what they cannot (a struct, numpy's void or unicode, datetime64),
+    so only the leaders would refuse it, in an MPI leg, while their node's
+    ranks wait: MPI's own call refuses it (or carries it) on every rank."""
+    ok = _CARRIED.get(a.dtype)
+    if ok is None:
+        MPI = mpi()
+        try:
+            ok = MPI.Datatype.fromcode(memoryview(np.empty(0, a.dtype)).format) != MPI.DATATYPE_NULL
+        except (ValueError, TypeError, KeyError, BufferError, NotImplementedError):
+            ok = False
+        _CARRIED[a.dtype] = ok
+    if not ok:
+        raise Fallback
+    return a
+
+
 def _array(x, what, writable):
     """Any buffer shmcoll takes (the buffer protocol, DLPack, Fortran
     order) as a flat numpy array over the same memory."""
     b = buffers.checked(x, what, writable)[0]
-    return (b if isinstance(b, np.ndarray) else np.asarray(b)).reshape(-1)
+    return carried((b if isinstance(b, np.ndarray) else np.asarray(b)).reshape(-1))
 
 
 def simple(spec, what, writable=False, blocks=0):
@@ -69,7 +94,7 @@ def vector(spec, what, size, writable=False):
     """A v-spec ([buf, counts, displs, type], [buf, count], ...) as (the
     whole buffer's items, counts, displacements) in items."""
     raw, dt, counts, displs = spec_reader.vector(_translated(spec), what, size, writable)
-    return raw.view(dt), np.array(counts, np.int64), np.array(displs, np.int64)
+    return carried(raw.view(dt)), np.array(counts, np.int64), np.array(displs, np.int64)
 
 
 def displacements(counts):
@@ -93,3 +118,25 @@ def op_pair(op):
         if op is s or (isinstance(op, MPI.Op) and op == m):
             return m, s
     raise Fallback
+
+
+_REDUCIBLE = {}
+
+
+def reducible(s_op, dtype):
+    """Fallback unless the node legs fold dtype with shmcoll's op s_op.
+    Their refusal (a TypeError: MAX of complex, LAND of floats) would come
+    from inside a node leg, which leaves the node's communicator unusable,
+    so the next call ends the job; MPI's own call refuses it on every rank
+    (or folds it) and the communicator goes on."""
+    key = (s_op.code, dtype)
+    ok = _REDUCIBLE.get(key)
+    if ok is None:
+        try:
+            shm_ops.kernel(s_op, dtype)
+            ok = True
+        except TypeError:
+            ok = False
+        _REDUCIBLE[key] = ok
+    if not ok:
+        raise Fallback
