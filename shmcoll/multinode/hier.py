@@ -99,6 +99,7 @@ class Hier:
         self.up = up
         self.flat_below = flat_below
         self._below = {k: float("inf") if v is None else v for k, v in flat_below.items()}
+        self._ip, self._sum = mpi().IN_PLACE, mpi().SUM       # looked up once: the checks below are per call
         self.p2p = p2p          # a duplicate of mpi_comm: the user's Send/Recv on this one (mpi_comm's) never match it
         self._spare = {}
         self.mpi, self.node_mpi, self.leaders, self.node = mpi_comm, node_mpi, leaders, node
@@ -212,14 +213,14 @@ class Hier:
         return self._Bcast(buf, root)
 
     def Reduce(self, sendbuf, recvbuf=None, op=None, root=0):
-        op = mpi().SUM if op is None else op
-        x = recvbuf if in_place(sendbuf) else sendbuf
+        op = self._sum if op is None else op
+        x = recvbuf if sendbuf is self._ip else sendbuf
         if type(x) is np.ndarray and x.nbytes < self._below["reduce"]:
             return self.mpi.Reduce(sendbuf, recvbuf, op, root)
         return self._Reduce(sendbuf, recvbuf, op, root)
 
     def Allreduce(self, sendbuf, recvbuf, op=None):
-        op = mpi().SUM if op is None else op
+        op = self._sum if op is None else op
         if type(recvbuf) is np.ndarray and recvbuf.nbytes < self._below["allreduce"]:
             return self.mpi.Allreduce(sendbuf, recvbuf, op)
         return self._Allreduce(sendbuf, recvbuf, op)
@@ -235,21 +236,21 @@ class Hier:
         return self._Alltoall(sendbuf, recvbuf)
 
     def Gather(self, sendbuf, recvbuf=None, root=0):
-        x = recvbuf if self.rank == root and (sendbuf is None or in_place(sendbuf)) else sendbuf
+        x = recvbuf if self.rank == root and (sendbuf is None or sendbuf is self._ip) else sendbuf
         if type(x) is np.ndarray and x.nbytes < self._below["gather"] * (self.size if x is recvbuf else 1):
             return self.mpi.Gather(sendbuf, recvbuf, root)
         return self._Gather(sendbuf, recvbuf, root)
 
     def Scatter(self, sendbuf, recvbuf, root=0):
-        x = sendbuf if self.rank == root and (recvbuf is None or in_place(recvbuf)) else recvbuf
+        x = sendbuf if self.rank == root and (recvbuf is None or recvbuf is self._ip) else recvbuf
         if type(x) is np.ndarray and x.nbytes < self._below["scatter"] * (self.size if x is sendbuf else 1):
             return self.mpi.Scatter(sendbuf, recvbuf, root)
         return self._Scatter(sendbuf, recvbuf, root)
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=None):
-        op = mpi().SUM if op is None else op
+        op = self._sum if op is None else op
         if type(recvbuf) is np.ndarray and \
-                recvbuf.nbytes < self._below["reduce_scatter"] * (self.size if in_place(sendbuf) else 1):
+                recvbuf.nbytes < self._below["reduce_scatter"] * (self.size if sendbuf is self._ip else 1):
             return self.mpi.Reduce_scatter_block(sendbuf, recvbuf, op)
         return self._Reduce_scatter_block(sendbuf, recvbuf, op)
 
