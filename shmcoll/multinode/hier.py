@@ -31,15 +31,15 @@ TAG = 7                 # point-to-point legs run on a communicator of their own
 K, M = 1 << 10, 1 << 20
 # Below these sizes (bytes of the whole buffer for Bcast and the reductions,
 # of one rank's block for the others) the MPI library's own call on the
-# whole communicator beat the legs (4 ranks as 2 virtual nodes of 2 on 2
+# whole communicator beat the legs (4 and 8 ranks as 2 virtual nodes on 2
 # vCPUs, bench/README.md "Issue 47"): the legs' fixed costs (three calls,
 # one of them MPI's own) outweigh what the node legs save.  None: always
 # MPI's own (the legs never won).  from_mpi(flat_below=) overrides.
 FLAT_BELOW = {
     "MPICH": {"barrier": 0, "bcast": 64 * K, "reduce": 16 * K, "allreduce": 16 * K, "allgather": 16 * K,
-              "gather": 16 * K, "scatter": 16 * M, "alltoall": 256 * K, "reduce_scatter": None},
-    "Open MPI": {"barrier": None, "bcast": 64 * K, "reduce": M, "allreduce": 16 * K, "allgather": 16 * K,
-                 "gather": 4 * M, "scatter": 16 * K, "alltoall": 256 * K, "reduce_scatter": 64 * K},
+              "gather": 16 * K, "scatter": 16 * M, "alltoall": 4 * M, "reduce_scatter": None},
+    "Open MPI": {"barrier": None, "bcast": 256 * K, "reduce": M, "allreduce": 16 * K, "allgather": 64 * K,
+                 "gather": 4 * M, "scatter": 256 * K, "alltoall": 256 * K, "reduce_scatter": 256 * K},
 }
 
 
