@@ -111,10 +111,9 @@ def _beta(value):
     m = re.fullmatch(_NUM + r"\s*(|k|K|M|G|T|Ki|Mi|Gi|Ti)(B|b)/s", value)
     if m:
         return (8 if m[3] == "b" else 1) / (float(m[1]) * _PREFIX[m[2]])
-    m = re.fullmatch(_NUM + r"\s*(?:(s|ms|us|µs|μs|ns)/B)?", value)
-    if not m:
-        raise ValueError(value)
-    return float(m[1]) * _TIME[m[2] or "s"]
+    if value.endswith("/B") and value[:-2].rstrip()[-1:].isalpha():
+        return _time(value[:-2].rstrip())           # a time per byte: 0.08ns/B
+    return _time(value)                             # a bare number: seconds per byte
 
 
 def _bytes(value):
