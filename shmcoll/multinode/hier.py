@@ -214,7 +214,7 @@ class Hier:
 
     def Reduce(self, sendbuf, recvbuf=None, op=None, root=0):
         op = self._sum if op is None else op
-        x = recvbuf if sendbuf is self._ip else sendbuf
+        x = recvbuf if sendbuf is self._ip or sendbuf is None else sendbuf
         if type(x) is np.ndarray and x.nbytes < self._below["reduce"]:
             return self.mpi.Reduce(sendbuf, recvbuf, op, root)
         return self._Reduce(sendbuf, recvbuf, op, root)
@@ -250,7 +250,7 @@ class Hier:
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=None):
         op = self._sum if op is None else op
         if type(recvbuf) is np.ndarray and \
-                recvbuf.nbytes < self._below["reduce_scatter"] * (self.size if sendbuf is self._ip else 1):
+                recvbuf.nbytes < self._below["reduce_scatter"] * (self.size if sendbuf is self._ip or sendbuf is None else 1):
             return self.mpi.Reduce_scatter_block(sendbuf, recvbuf, op)
         return self._Reduce_scatter_block(sendbuf, recvbuf, op)
 

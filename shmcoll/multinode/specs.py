@@ -26,7 +26,8 @@ def mpi():
 
 
 def in_place(x):
-    return x is SHM_IN_PLACE or x is mpi().IN_PLACE
+    """IN_PLACE as mpi4py reads a collective's buffer: None too."""
+    return x is None or x is SHM_IN_PLACE or x is mpi().IN_PLACE
 
 
 def _dtype(datatype):

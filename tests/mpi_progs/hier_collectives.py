@@ -128,6 +128,14 @@ v = np.zeros(10, np.int32)
 v[2:6] = me + 1
 h.Bcast([v, 4, 2, MPI.INT], root=p - 1)
 same(v[2:6], np.full(4, p, np.int32), "Bcast [buf, count, displ, MPI.INT]")
+got, ref = np.zeros(3 * p), np.zeros(3 * p)     # None as sendbuf: mpi4py's IN_PLACE
+got[3 * me:3 * me + 3] = ref[3 * me:3 * me + 3] = me + 1
+h.Allgather(None, got)
+w.Allgather(None, ref)
+same(got, ref, "Allgather(None, recvbuf)")
+h.Allreduce(None, got)
+w.Allreduce(None, ref)
+same(got, ref, "Allreduce(None, recvbuf)")
 pair = MPI.INT.Create_contiguous(2).Commit()
 x = np.arange(2 * p, dtype=np.int32) + me
 got, ref = np.zeros(2 * p, np.int32), np.zeros(2 * p, np.int32)
