@@ -82,8 +82,23 @@ def found(env=os.environ):
         jobid = env.get(job, "") if job else ""
         if name.startswith("srun"):
             jobid += "." + env.get("SLURM_STEP_ID", "")
-        return Found(name, r, s, lr, ls, jobid)
+        return _virtual(Found(name, r, s, lr, ls, jobid), env)
     return None
+
+
+def _virtual(f, env):
+    """f on the virtual node that SHMCOLL_VIRTUAL_NODES puts its rank on
+    (consecutive ranks in groups of the given sizes, in place of the
+    hostname: docs/multinode.md), where it is set."""
+    from .multinode.layout import virtual_nodes
+    sizes = virtual_nodes(f.size, env)
+    if sizes is None:
+        return f
+    start = node = 0
+    while start + sizes[node] <= f.rank:
+        start += sizes[node]
+        node += 1
+    return Found(f.launcher, f.rank, f.size, f.rank - start, sizes[node], f"{f.job}:node{node}")
 
 
 def join(f, options=None, timeout=None):

@@ -109,6 +109,17 @@ def test_what_mpi_refuses_is_refused_on_every_rank(env):
     assert rc == 0 and "ok" in out.split(), out[-3000:]
 
 
+@pytest.mark.parametrize("env", envs())
+def test_init_gives_the_virtual_node(env):
+    """shmcoll.init() under mpiexec takes SHMCOLL_VIRTUAL_NODES as from_mpi
+    does: 3+1 gives a communicator of 3 and one of 1, and says the job
+    spans nodes."""
+    rc, out, _ = mpiexec(env, 4, "init_virtual.py", nodes="3,1")
+    assert rc == 0, out[-3000:]
+    line = [x for x in out.splitlines() if x.startswith("init ")]
+    assert line and eval(line[0][5:]) == [(3, 0, 6, True), (3, 1, 6, True), (3, 2, 6, True), (1, 0, 4, True)], out
+
+
 EXAMPLES = os.path.join(os.path.dirname(PROGS), "..", "examples")
 
 
