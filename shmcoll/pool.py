@@ -2,8 +2,8 @@
 
 The interface is concurrent.futures.Executor's (submit, map, shutdown, a
 context manager) with multiprocessing.Pool's common calls beside it
-(imap, imap_unordered, starmap, apply, apply_async, close, join,
-terminate).
+(imap, imap_unordered, starmap, apply, apply_async, map_async,
+starmap_async, close, join, terminate).
 
 Tasks and results travel through memory the owner maps shared and
 anonymous before it forks the workers: per worker one ring each way
