@@ -2,8 +2,8 @@
 
 The interface is concurrent.futures.Executor's (submit, map, shutdown, a
 context manager) with multiprocessing.Pool's common calls beside it
-(imap, imap_unordered, starmap, apply, apply_async, close, join,
-terminate).
+(imap, imap_unordered, starmap, apply, apply_async, map_async,
+starmap_async, close, join, terminate).
 
 Tasks and results travel through memory the owner maps shared and
 anonymous before it forks the workers: per worker one ring each way
@@ -26,6 +26,7 @@ import selectors
 import signal
 import threading
 import traceback
+import weakref
 from collections import deque
 from time import monotonic as _now
 
@@ -46,6 +47,70 @@ EARLY = 3               # a pool whose workers die this many times its size in a
 
 class TimeoutError(multiprocessing.TimeoutError, TimeoutError):    # noqa: A001
     """A wait ran out: both multiprocessing's and the builtin's."""
+
+
+class _Closed(RuntimeError, ValueError):
+    """map on a pool closed or shut down: both Executor.map's error and
+    multiprocessing.Pool.map's."""
+
+
+# What a call on a closed pool raises: its own interface's error.
+_SHUT = (RuntimeError, "cannot schedule new futures after shutdown")     # the Executor's (submit)
+_NOT_RUNNING = (ValueError, "Pool not running")                          # multiprocessing.Pool's
+_EITHER = (_Closed, "Pool not running: cannot schedule new futures after shutdown")     # map: both's
+
+_MAIN = threading.main_thread()
+
+
+class _Held:
+    """`with _held:` Ctrl-C waits until the block ends.  SIGINT's Python
+    handler runs in the main thread between bytecodes; raised in a block
+    that moves a message or changes the pool's books, its KeyboardInterrupt
+    would leave half a message in a ring (the next reader misreads it), or
+    a result read and never delivered.  So the handler is swapped for one
+    that notes the signal, and the real one runs when the block ends."""
+
+    def __init__(self):
+        self.depth, self.real, self.got = 0, None, None
+
+    def _note(self, *got):
+        self.got = got
+
+    def __enter__(self):
+        if threading.current_thread() is not _MAIN:
+            return
+        if self.depth == 0:
+            real = signal.getsignal(signal.SIGINT)
+            if callable(real):
+                signal.signal(signal.SIGINT, self._note)
+                self.real = real
+        self.depth += 1
+
+    def __exit__(self, *exc):
+        if threading.current_thread() is not _MAIN:
+            return
+        self.depth -= 1
+        if self.depth == 0 and self.real is not None:
+            real, self.real = self.real, None
+            signal.signal(signal.SIGINT, real)
+            got, self.got = self.got, None
+            if got is not None:
+                real(*got)
+
+
+_held = _Held()
+_live = weakref.WeakSet()      # the pools not yet stopped
+
+
+def _at_exit():
+    """At exit, as ProcessPoolExecutor: the tasks submitted still run, then
+    the workers stop (before daemon threads, the manager, are frozen)."""
+    for core in list(_live):
+        core.shutdown(wait=True)
+
+
+threading._register_atexit(_at_exit)
+os.register_at_fork(after_in_child=_live.clear)     # a forked child has none of the pools' threads
 
 
 def _call(fn, args, kwargs):
@@ -145,13 +210,12 @@ class _Worker:
         self.feeding = 0                # messages the feeder still writes
 
 
-class Pool(cf.Executor):
-    """n warm worker processes, pinned like `shmcoll run`'s ranks (bind:
-    core, socket, numa or none), each running initializer(*initargs) once
-    when it starts."""
+class _Core:
+    """A pool's workers, books and threads.  Its threads and futures refer
+    to it, not to the Pool the user holds, so that one can be collected
+    (and then stop the workers)."""
 
-    def __init__(self, n=None, *, bind="core", map="compact", topology=None, initializer=None, initargs=()):
-        n = len(os.sched_getaffinity(0)) if n is None else _check_nprocs(n)
+    def __init__(self, n, bind, map, topology, initializer, initargs):
         self._n = n
         self._slots = _topology(topology).placement(n, bind, map)
         self._bind, self._map, self._topology = bind, map, topology
@@ -164,6 +228,7 @@ class Pool(cf.Executor):
         # reads may wait on another future, and then reads on
         self._reading = threading.RLock()
         self._drivers = []                   # futures whose result() reads results (_drive)
+        self._later = deque()                # futures whose done-callbacks wait for _callbacks
         self._poked = threading.Event()      # a worker died: the manager's wake-up while others read
         self._pending = deque()          # tasks no worker holds yet
         self._tasks = {}                 # id -> _Task, until its future is done
@@ -189,6 +254,7 @@ class Pool(cf.Executor):
         self._watcher.start()
         self._feeder = threading.Thread(target=self._feeding, name="shmcoll-pool-feed", daemon=True)
         self._feeder.start()
+        _live.add(self)
 
     # -- workers -------------------------------------------------------------
     def _spawn(self, i):
@@ -224,8 +290,9 @@ class Pool(cf.Executor):
             for key, _ in self._sel.select():
                 w = key.data
                 if w is None:
-                    if b"q" in os.read(self._wake_r, 4096):
+                    if b"q" in os.read(self._wake_r, 4096):     # the manager stopped every worker
                         os.close(self._wake_r)
+                        self._sel.close()
                         return
                     continue
                 self._sel.unregister(key.fd)
@@ -257,17 +324,23 @@ class Pool(cf.Executor):
             with self._lock:
                 self._closed = self._stopping = self._killing = True
                 for task in self._tasks.values():
-                    task.future.done() or task.future.set_exception(
-                        RuntimeError(f"shmcoll.Pool's manager failed: {e!r}"))
+                    task.future.done() or self._settle(task.future, RuntimeError(f"shmcoll.Pool's manager failed: {e!r}"))
                 self._tasks.clear()
                 self._pending.clear()
                 for w in self._workers:
                     if w is not None and w.dead is None:
                         os.kill(w.pid, signal.SIGKILL)
+            self._callbacks()
         self._stop_workers()
+        # nobody need join the threads (shutdown(wait=False), a pool collected): they end here
         with self._lock:
             self._done = True
             self._feeder_wake.notify_all()
+            # not EOF: a process forked after the pool was made (another pool's worker) holds the write end too
+            os.write(self._wake_w, b"q")
+            os.close(self._wake_w)
+            self._retire()
+        _live.discard(self)
 
     def _loop(self):
         """Read results, replace the dead, dispatch; until stopped and idle."""
@@ -285,8 +358,10 @@ class Pool(cf.Executor):
                 busy = self._progress()
             with self._lock:
                 self._dispatch()
-                if self._stopping and not self._tasks:
-                    break
+                stop = self._stopping and not self._tasks
+            self._callbacks()
+            if stop:
+                break
             if busy:
                 continue
             if self._drivers:       # a thread in result() reads: wake only for a death, or to look again
@@ -325,48 +400,78 @@ class Pool(cf.Executor):
         while not future.done():
             seen = lib.sc_bell_seen(bell)
             if not self._reading.acquire(False):
-                self._reading.acquire()     # the manager is reading: what it reads may be ours
-                self._reading.release()
+                with self._reading:         # the manager is reading: what it reads may be ours
+                    pass
                 continue
             try:
-                if self._collect_all():
-                    continue
+                got = self._collect_all()
             finally:
                 self._reading.release()
+            self._callbacks()
+            if got:
+                continue
             left = 2e-3 if end is None else min(2e-3, end - _now())
             if left <= 0 or future.done():
                 return
             lib.sc_bell_wait(bell, seen, chan.SPIN_NS, int(left * 1e9))
 
     def _collect(self, w):
-        """Read the results worker w has written; whether there were any."""
+        """Read the results worker w has written; whether there were any.
+        Their futures' done-callbacks wait for _callbacks."""
         ring, got = self._mem.results[w.index], False
-        while (ready := lib.sc_chan_ready(ring)) >= chan.HEAD.size or (ready and w.dead is None):
-            msg = chan.receive(ring, lambda: w.dead is None)
-            if msg is None:
-                break
-            got = True
-            kind, tid, value = msg
-            with self._lock:
-                if kind == chan.SHRINK:
-                    self._asked(w.index, value[0])
-                    continue
-                task = self._tasks.pop(tid, None)
-                if w.queued and w.queued[0] == tid:
-                    w.queued.popleft()
-                if task is not None and task.member is not None:
-                    self._member_over(w.index, dead=False)
-                if self._pending:
-                    self._dispatch()
-            if task is None:
-                continue
-            if kind == chan.RESULT:
-                task.future.set_result(value)
-            else:
-                exc, tb = value
-                exc.__cause__ = RemoteTraceback(f'\n"""\n{tb}"""')
-                task.future.set_exception(exc)
+
+        def ready():
+            n = lib.sc_chan_ready(ring)
+            return n >= chan.HEAD.size or (n and w.dead is None)
+        if not ready():
+            return False
+        with _held:
+            while ready():
+                msg = chan.receive(ring, lambda: w.dead is None)
+                if msg is None:
+                    break
+                got = True
+                self._book(w, *msg)
         return got
+
+    def _book(self, w, kind, tid, value):
+        """A message from worker w: its task's future is done."""
+        with self._lock:
+            if kind == chan.SHRINK:
+                self._asked(w.index, value[0])
+                return
+            task = self._tasks.pop(tid, None)
+            if w.queued and w.queued[0] == tid:
+                w.queued.popleft()
+            if task is not None and task.member is not None:
+                self._member_over(w.index, dead=False, gen=task.member[0])
+            if self._pending:
+                self._dispatch()
+        if task is None:
+            return
+        if kind == chan.RESULT:
+            self._settle(task.future, value=value)
+        else:
+            exc, tb = value
+            exc.__cause__ = RemoteTraceback(f'\n"""\n{tb}"""')
+            self._settle(task.future, exc)
+
+    def _settle(self, future, exc=None, value=None):
+        """Finish future, its done-callbacks held back until _callbacks: the
+        caller may hold the pool's lock or Ctrl-C, and a callback may call
+        the pool (submit, wait, shut it down)."""
+        future._late = True
+        if exc is None:
+            future.set_result(value)
+        else:
+            future.set_exception(exc)
+
+    def _callbacks(self):
+        """Run the done-callbacks _settle held back (no lock held)."""
+        while self._later:
+            f = self._later.popleft()
+            f._late = False
+            cf.Future._invoke_callbacks(f)
 
     def _replace(self, w):
         """w ended: its running task fails, the ones behind it go back to
@@ -379,7 +484,7 @@ class Pool(cf.Executor):
                                f"(the last: {WorkerDied(w.index, w.pid, w.dead).why}); the pool is broken, "
                                f"see their stderr (does the initializer raise?)")
             for task in self._tasks.values():
-                task.future.done() or task.future.set_exception(why)
+                task.future.done() or self._settle(task.future, why)
             self._tasks.clear()
             self._pending.clear()
         for tid in reversed(w.queued):
@@ -388,7 +493,7 @@ class Pool(cf.Executor):
                 continue
             if tid == running:
                 del self._tasks[tid]
-                task.future.set_exception(WorkerDied(w.index, w.pid, w.dead))
+                self._settle(task.future, WorkerDied(w.index, w.pid, w.dead))
             else:
                 task.worker = None
                 self._pending.appendleft(tid)
@@ -460,12 +565,14 @@ class Pool(cf.Executor):
                 return
             lib.sc_bell_wait(self._mem.bell, seen, chan.SPIN_NS, chan.SLICE_NS)
 
-    # -- the Executor interface ----------------------------------------------
-    def submit(self, fn, /, *args, **kwargs):
-        """Run fn(*args, **kwargs) on a worker; a Future of its result."""
-        return self._submit(None, fn, args, kwargs)
+    # -- what Pool's calls do ------------------------------------------------
+    def _check(self, refuse):
+        if self._closed:
+            raise refuse[0](refuse[1])
 
-    def _submit(self, target, fn, args, kwargs, member=None):
+    def _submit(self, target, fn, args, kwargs, refuse=_SHUT, member=None):
+        """A Future of fn(*args, **kwargs) on a worker (target: that one);
+        refuse: what a closed pool raises (the calling interface's error)."""
         future = _Future(self)
         future._tid = tid = next(self._ids)
         parts = None
@@ -473,95 +580,23 @@ class Pool(cf.Executor):
             parts = chan.message(chan.TASK, tid, (fn, args, kwargs))
         except BaseException as e:
             future.set_exception(e)
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("cannot schedule new futures after shutdown")
+        with _held, self._lock:
+            self._check(refuse)
             if parts is not None:
                 self._tasks[tid] = _Task(future, parts, target, member)
                 self._pending.append(tid)
                 self._dispatch()
         return future
 
-    def map(self, fn, *iterables, timeout=None, chunksize=None):
-        """[fn(*args) for args in zip(*iterables)], run in chunks; a list
-        (multiprocessing.Pool.map's result; iterating it is
-        Executor.map's).  chunksize None: about four chunks a worker, as
-        multiprocessing.Pool.map; a trailing int (or None) is its chunksize."""
-        if len(iterables) > 1 and (iterables[-1] is None or isinstance(iterables[-1], int)) and chunksize is None:
-            *iterables, chunksize = iterables
-        if not iterables:
-            raise TypeError("map() needs at least one iterable")
-        if len(iterables) == 1:
-            return self._gather(self._chunks(_mapped, fn, [_sliceable(iterables[0])], chunksize), timeout)
-        # zip first: an endless iterable beside a finite one ends with it, as in Executor.map
-        return self._gather(self._chunks(_starmapped, fn, [list(zip(*iterables))], chunksize), timeout)
-
-    def starmap(self, fn, iterable, chunksize=None):
-        """multiprocessing.Pool.starmap: [fn(*args) for args in iterable]."""
-        return self._gather(self._chunks(_starmapped, fn, [_sliceable(iterable)], chunksize), None)
-
-    def imap(self, fn, iterable, chunksize=1):
-        """multiprocessing.Pool.imap: fn over iterable, results in order as
-        they come (the iterable is read whole at once)."""
-        return self._each(self._chunks(_mapped, fn, [_sliceable(iterable)], chunksize), ordered=True)
-
-    def imap_unordered(self, fn, iterable, chunksize=1):
-        """multiprocessing.Pool.imap_unordered: results as each chunk ends."""
-        return self._each(self._chunks(_mapped, fn, [_sliceable(iterable)], chunksize), ordered=False)
-
-    def _chunks(self, runner, fn, columns, chunksize):
-        """Submit runner(fn, *column slices) per chunk: their futures."""
-        n = len(columns[0])
-        if chunksize is None:
-            chunksize = max(1, -(-n // (4 * self._n)))
-        elif isinstance(chunksize, bool) or not isinstance(chunksize, int) or chunksize < 1:
-            raise ValueError(f"chunksize must be an int >= 1, not {chunksize!r}")
-        return [self.submit(runner, fn, *(c[i:i + chunksize] for c in columns)) for i in range(0, n, chunksize)]
-
-    @staticmethod
-    def _gather(fs, timeout):
-        end = None if timeout is None else _now() + timeout
-        out = []
-        try:
-            for f in fs:
-                try:
-                    out += f.result(None if end is None else max(0.0, end - _now()))
-                except cf.TimeoutError:
-                    if f.done():
-                        raise           # the task's own TimeoutError (cf.TimeoutError is the builtin since 3.11)
-                    raise TimeoutError(f"results not ready after {timeout} s") from None
-        finally:
-            for f in fs:
-                f.cancel()
-        return out
-
-    @staticmethod
-    def _each(fs, ordered):
-        try:
-            for f in (fs if ordered else cf.as_completed(fs)):
-                yield from f.result()
-        finally:
-            for f in fs:
-                f.cancel()
-
-    def run(self, fn, *args, timeout=None, on_failure="rebuild"):
-        """fn(comm, *args) on every worker at once, comm a communicator
-        among them (rank i: worker i); their results in rank order.  The
-        communicator stays between runs, warm.  A run that fails (a worker
-        raised, died or timed out) raises the cause here, every worker's
-        part ends, and the next run gets a new communicator (with the
-        replacement of a dead worker).  on_failure="shrink": a member's
-        death is not the run's end; the survivors see PeerDied in their
-        calls, comm.Shrink() gives them a communicator of the survivors,
-        and a dead member's entry in the results is its WorkerDied.  A
-        worker joins when it has finished the tasks it already holds."""
+    def run(self, fn, args, timeout, on_failure):
+        """Pool.run."""
         if on_failure not in ("rebuild", "shrink"):
             raise ValueError(f"on_failure must be 'rebuild' or 'shrink', not {on_failure!r}")
         with self._run_lock:
             group, owner = self._group(), os.getpid()
-            fs = [self._submit(i, spmd.member, (*group.place(i, owner), on_failure == "shrink", fn, args), {},
-                               member=(group.gen, i))
-                  for i in range(self._n)]
+            group.fs = fs = [self._submit(i, spmd.member, (*group.place(i, owner), on_failure == "shrink", fn, args),
+                                          {}, member=(group.gen, i))
+                             for i in range(self._n)]
             end = None if timeout is None else _now() + timeout
             try:
                 for f in fs:
@@ -569,11 +604,14 @@ class Pool(cf.Executor):
             except cf.TimeoutError:
                 self._abort(3)
                 _, stuck = cf.wait(fs, GRACE_S)     # the abort ends every member's wait in shmcoll
-                self._kill({self._tasks[f._tid].worker for f in stuck if f._tid in self._tasks} - {None})
-                cf.wait(fs)
+                killed = self._kill_running(stuck)
+                cf.wait(killed)
+                queued = len(stuck) - len(killed)
                 raise TimeoutError(f"pool.run: not done after {timeout} s; its communicator was aborted"
-                                   + (f", and {len(stuck)} members still running {GRACE_S} s later were killed"
-                                      if stuck else "")) from None
+                                   + (f", and {len(killed)} members still running {GRACE_S} s later were killed"
+                                      if killed else "")
+                                   + (f"; {queued} members queued behind other tasks fail when they start"
+                                      if queued else "")) from None
             errors = [(i, f.exception()) for i, f in enumerate(fs) if f.exception() is not None]
             if on_failure == "shrink":
                 died = [(i, e) for i, e in errors if isinstance(e, WorkerDied)]
@@ -591,16 +629,26 @@ class Pool(cf.Executor):
             if self._grp is not None:
                 lib.sc_set_abort(self._grp.job.device.c, -1, code)     # the owner's: counts at once, for every call
 
-    def _kill(self, workers):
+    def _kill_running(self, fs):
+        """Kill the workers running these futures' tasks, but not one whose
+        task of fs is still queued behind another's (that one is not this
+        run's to kill); the futures of those killed."""
+        killed = []
         with self._lock:
-            for w in workers:
-                if w.dead is None:
+            for f in fs:
+                task = self._tasks.get(f._tid)
+                w = task and task.worker
+                if (w is not None and w.dead is None
+                        and chan.STARTED.unpack_from(self._mem.map, self._mem.state(w.index))[0] == f._tid):
                     os.kill(w.pid, signal.SIGKILL)
+                    killed.append(f)
+        return killed
 
     def _group(self):
         """The group of run's communicator, made anew (every worker in it)
         after a failed or shrunk run, or a worker's death."""
         with self._lock:
+            self._check(_SHUT)
             if self._grp is None or self._broken:
                 self._retire()
                 self._gen += 1
@@ -609,16 +657,23 @@ class Pool(cf.Executor):
             return self._grp
 
     def _retire(self):
-        """Close the groups' jobs that no run uses any more (lock held)."""
+        """Close the jobs of the groups no run uses any more, but not one
+        that a member of a timed-out run, still queued behind another task,
+        may yet attach to (lock held)."""
+        keep = []
         for g in self._old + ([self._grp] if self._grp is not None else []):
-            g.job.close()
-        self._old, self._grp = [], None
+            if all(f.done() for f in g.fs):
+                g.job.close()
+            else:
+                keep.append(g)
+        self._old, self._grp = keep, None
 
-    def _member_over(self, worker, dead):
+    def _member_over(self, worker, dead, gen=None):
         """A worker's part of the current run ended (or it died): a Shrink
-        its peers wait on may now go ahead (lock held)."""
+        its peers wait on may now go ahead (lock held).  gen: the run's, when
+        a part ended; one of an earlier, timed-out run is not this run's."""
         g = self._grp
-        rank = None if g is None else g.rank_of(worker)
+        rank = None if g is None or gen not in (None, g.origin) else g.rank_of(worker)
         if rank is None:
             return
         if dead:
@@ -643,7 +698,8 @@ class Pool(cf.Executor):
         self._gen += 1
         job = Job(len(workers), self._bind, self._map, self._topology, slots=[self._slots[w] for w in workers])
         self._old.append(g)
-        self._grp = new = spmd.Group(self._gen, job, workers)
+        self._grp = new = spmd.Group(self._gen, job, workers, origin=g.origin)
+        new.fs = g.fs
         self._broken = True             # the next run starts from every worker again
         for rank, w in enumerate(workers):
             target = self._workers[w]
@@ -651,59 +707,40 @@ class Pool(cf.Executor):
                 chan.put(self._mem.tasks[w], chan.message(chan.GROUP, -1, new.place(rank, os.getpid())),
                          lambda: target.dead is None)
 
-    def apply(self, fn, args=(), kwds={}):
-        return self.submit(fn, *args, **kwds).result()
-
-    def apply_async(self, fn, args=(), kwds={}, callback=None, error_callback=None):
-        return AsyncResult(self.submit(fn, *args, **kwds), callback, error_callback)
-
-    def shutdown(self, wait=True, *, cancel_futures=False):
-        """No new tasks; the workers stop once the submitted ones are done
-        (cancel_futures: the ones not started are cancelled)."""
-        with self._lock:
+    def shutdown(self, wait=True, cancel_futures=False):
+        with _held, self._lock:
             self._closed = True
             if cancel_futures:
                 for tid in self._pending:
                     task = self._tasks.pop(tid, None)
                     if task is not None:
+                        task.future._late = True
                         task.future.cancel()
                 self._pending.clear()
             self._stopping = True
             self._feeder_wake.notify_all()
+        self._callbacks()
         lib.sc_bell_ring(self._mem.bell)
         if wait:
             self._join()
 
     def _join(self):
-        """Wait for the manager, then end the other threads."""
-        self._manager.join()
-        self._feeder.join()
-        with self._lock:
-            if self._wake_w >= 0:
-                # not EOF: a process forked after the pool was made (another pool's
-                # worker) holds the write end too
-                os.write(self._wake_w, b"q")
-                os.close(self._wake_w)
-                self._wake_w = -1
-        self._watcher.join()
-        self._sel.close()
-        with self._lock:
-            self._retire()
+        """Wait for the threads; the manager ends once it stopped the workers."""
+        if threading.current_thread() is self._manager:
+            raise RuntimeError("shmcoll.Pool: a done-callback run by the pool's own thread cannot wait for the pool "
+                               "to stop (it stops once the callback returns); call shutdown(wait=False) there")
+        for t in (self._manager, self._feeder, self._watcher):
+            t.join()
 
     def close(self):
-        """multiprocessing.Pool.close: no new tasks."""
         with self._lock:
             self._closed = True
 
-    def join(self):
-        """multiprocessing.Pool.join: wait for the tasks, then the workers."""
-        self.shutdown(wait=True)
-
     def terminate(self):
-        """Kill the workers now; tasks not done are cancelled or fail."""
-        with self._lock:
+        with _held, self._lock:
             self._closed = self._stopping = self._killing = True
             for task in self._tasks.values():
+                task.future._late = True
                 task.future.cancel() or task.future.done() or task.future.set_exception(
                     RuntimeError("the pool was terminated"))
             self._tasks.clear()
@@ -712,15 +749,159 @@ class Pool(cf.Executor):
             for w in self._workers:
                 if w is not None and w.dead is None:
                     os.kill(w.pid, signal.SIGKILL)
+        self._callbacks()
         lib.sc_bell_ring(self._mem.bell)
         self._join()
+
+
+class Pool(cf.Executor):
+    """n warm worker processes, pinned like `shmcoll run`'s ranks (bind:
+    core, socket, numa or none), each running initializer(*initargs) once
+    when it starts.  A pool dropped without shutdown shuts down as
+    ProcessPoolExecutor's does: its workers stop once the submitted tasks
+    are done (and at exit, the program waits for those)."""
+
+    def __init__(self, n=None, *, bind="core", map="compact", topology=None, initializer=None, initargs=()):
+        n = len(os.sched_getaffinity(0)) if n is None else _check_nprocs(n)
+        self._n, self._core = n, _Core(n, bind, map, topology, initializer, tuple(initargs))
+        weakref.finalize(self, self._core.shutdown, False).atexit = False     # at exit: _at_exit
+
+    def submit(self, fn, /, *args, **kwargs):
+        """Run fn(*args, **kwargs) on a worker; a Future of its result."""
+        return self._core._submit(None, fn, args, kwargs)
+
+    def map(self, fn, *iterables, timeout=None, chunksize=None):
+        """[fn(*args) for args in zip(*iterables)], run in chunks; a list
+        (multiprocessing.Pool.map's result; iterating it is
+        Executor.map's).  chunksize None: about four chunks a worker, as
+        multiprocessing.Pool.map; a trailing int (or None) is its chunksize."""
+        if len(iterables) > 1 and (iterables[-1] is None or isinstance(iterables[-1], int)) and chunksize is None:
+            *iterables, chunksize = iterables
+        if not iterables:
+            raise TypeError("map() needs at least one iterable")
+        if len(iterables) == 1:
+            return _gather(self._chunks(_mapped, fn, [_sliceable(iterables[0])], chunksize, _EITHER), timeout)
+        # zip first: an endless iterable beside a finite one ends with it, as in Executor.map
+        return _gather(self._chunks(_starmapped, fn, [list(zip(*iterables))], chunksize, _EITHER), timeout)
+
+    def starmap(self, fn, iterable, chunksize=None):
+        """multiprocessing.Pool.starmap: [fn(*args) for args in iterable]."""
+        return _gather(self._chunks(_starmapped, fn, [_sliceable(iterable)], chunksize, _NOT_RUNNING), None)
+
+    def map_async(self, fn, iterable, chunksize=None, callback=None, error_callback=None):
+        """multiprocessing.Pool.map_async: an AsyncResult of map's list."""
+        fs = self._chunks(_mapped, fn, [_sliceable(iterable)], chunksize, _NOT_RUNNING)
+        return AsyncResult(_whole(fs), callback, error_callback)
+
+    def starmap_async(self, fn, iterable, chunksize=None, callback=None, error_callback=None):
+        """multiprocessing.Pool.starmap_async: an AsyncResult of starmap's list."""
+        fs = self._chunks(_starmapped, fn, [_sliceable(iterable)], chunksize, _NOT_RUNNING)
+        return AsyncResult(_whole(fs), callback, error_callback)
+
+    def imap(self, fn, iterable, chunksize=1):
+        """multiprocessing.Pool.imap: fn over iterable, results in order as
+        they come (the iterable is read whole at once)."""
+        return IMapIterator(self._chunks(_mapped, fn, [_sliceable(iterable)], chunksize, _NOT_RUNNING), True)
+
+    def imap_unordered(self, fn, iterable, chunksize=1):
+        """multiprocessing.Pool.imap_unordered: results as each chunk ends."""
+        return IMapIterator(self._chunks(_mapped, fn, [_sliceable(iterable)], chunksize, _NOT_RUNNING), False)
+
+    def _chunks(self, runner, fn, columns, chunksize, refuse):
+        """Submit runner(fn, *column slices) per chunk: their futures."""
+        self._core._check(refuse)
+        n = len(columns[0])
+        if chunksize is None:
+            chunksize = max(1, -(-n // (4 * self._n)))
+        elif isinstance(chunksize, bool) or not isinstance(chunksize, int) or chunksize < 1:
+            raise ValueError(f"chunksize must be an int >= 1, not {chunksize!r}")
+        return [self._core._submit(None, runner, (fn, *(c[i:i + chunksize] for c in columns)), {}, refuse)
+                for i in range(0, n, chunksize)]
+
+    def run(self, fn, *args, timeout=None, on_failure="rebuild"):
+        """fn(comm, *args) on every worker at once, comm a communicator
+        among them (rank i: worker i); their results in rank order.  The
+        communicator stays between runs, warm.  A run that fails (a worker
+        raised, died or timed out) raises the cause here, every worker's
+        part ends, and the next run gets a new communicator (with the
+        replacement of a dead worker).  on_failure="shrink": a member's
+        death is not the run's end; the survivors see PeerDied in their
+        calls, comm.Shrink() gives them a communicator of the survivors,
+        and a dead member's entry in the results is its WorkerDied.  A
+        worker joins when it has finished the tasks it already holds."""
+        return self._core.run(fn, args, timeout, on_failure)
+
+    def apply(self, fn, args=(), kwds={}):
+        return self._core._submit(None, fn, tuple(args), dict(kwds), _NOT_RUNNING).result()
+
+    def apply_async(self, fn, args=(), kwds={}, callback=None, error_callback=None):
+        return AsyncResult(self._core._submit(None, fn, tuple(args), dict(kwds), _NOT_RUNNING), callback,
+                           error_callback)
+
+    def shutdown(self, wait=True, *, cancel_futures=False):
+        """No new tasks; the workers stop once the submitted ones are done
+        (cancel_futures: the ones not started are cancelled)."""
+        self._core.shutdown(wait, cancel_futures)
+
+    def close(self):
+        """multiprocessing.Pool.close: no new tasks."""
+        self._core.close()
+
+    def join(self):
+        """multiprocessing.Pool.join: wait for the tasks, then the workers."""
+        self._core.shutdown(True)
+
+    def terminate(self):
+        """Kill the workers now; tasks not done are cancelled or fail."""
+        self._core.terminate()
 
     def __exit__(self, *exc):
         self.shutdown(wait=True)
         return False
 
     def __repr__(self):
-        return f"<shmcoll.Pool {self._n} workers{' (shut down)' if self._closed else ''}>"
+        return f"<shmcoll.Pool {self._n} workers{' (shut down)' if self._core._closed else ''}>"
+
+
+def _gather(fs, timeout):
+    end = None if timeout is None else _now() + timeout
+    out = []
+    try:
+        for f in fs:
+            try:
+                out += f.result(None if end is None else max(0.0, end - _now()))
+            except cf.TimeoutError:
+                if f.done():
+                    raise           # the task's own TimeoutError (cf.TimeoutError is the builtin since 3.11)
+                raise TimeoutError(f"results not ready after {timeout} s") from None
+    finally:
+        for f in fs:
+            f.cancel()
+    return out
+
+
+def _whole(fs):
+    """A future of the chunks' results joined, done once every chunk is
+    (multiprocessing's MapResult): their list, or the first error to come."""
+    whole, lock, left, errors = cf.Future(), threading.Lock(), [len(fs)], []
+    whole.set_running_or_notify_cancel()
+
+    def one(f):
+        with lock:
+            if f.cancelled() or f.exception() is not None:
+                errors.append(cf.CancelledError() if f.cancelled() else f.exception())
+            left[0] -= 1
+            if left[0]:
+                return
+        if errors:
+            whole.set_exception(errors[0])
+        else:
+            whole.set_result([x for f in fs for x in f.result()])
+    if not fs:
+        whole.set_result([])
+    for f in fs:
+        f.add_done_callback(one)
+    return whole
 
 
 class _Future(cf.Future):
@@ -729,7 +910,7 @@ class _Future(cf.Future):
 
     def __init__(self, pool):
         super().__init__()
-        self._pool = pool
+        self._pool, self._late = pool, False
 
     def result(self, timeout=None):
         end = None if timeout is None else _now() + timeout
@@ -740,6 +921,12 @@ class _Future(cf.Future):
         end = None if timeout is None else _now() + timeout
         self._pool._drive(self, timeout)
         return super().exception(None if end is None else max(0.0, end - _now()))
+
+    def _invoke_callbacks(self):
+        if self._late:      # finished by _Core._settle: they run from _Core._callbacks
+            self._pool._later.append(self)
+        else:
+            super()._invoke_callbacks()
 
 
 class AsyncResult:
@@ -775,3 +962,45 @@ class AsyncResult:
             if self._future.done():
                 raise               # the task's own TimeoutError
             raise TimeoutError(f"result not ready after {timeout} s") from None
+
+
+class IMapIterator:
+    """multiprocessing.pool.IMapIterator over the chunks' futures:
+    next(timeout) raises multiprocessing's TimeoutError when no result
+    came in time; a chunk that raised raises at its place, and the
+    iteration goes on after it, as multiprocessing's does."""
+
+    def __init__(self, fs, ordered):
+        self._fs, self._ordered, self._i, self._items = fs, ordered, 0, deque()
+        if not ordered:
+            self._came, self._ready = deque(), threading.Semaphore(0)
+            for f in fs:
+                f.add_done_callback(self._arrived)
+
+    def _arrived(self, f):
+        self._came.append(f)
+        self._ready.release()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self.next()
+
+    def next(self, timeout=None):
+        while not self._items:
+            if self._i == len(self._fs):
+                raise StopIteration
+            if self._ordered:
+                f = self._fs[self._i]
+                try:
+                    f.exception(timeout)
+                except cf.TimeoutError:
+                    raise TimeoutError(f"no result after {timeout} s") from None
+            else:
+                if not self._ready.acquire(timeout=timeout):
+                    raise TimeoutError(f"no result after {timeout} s")
+                f = self._came.popleft()
+            self._i += 1
+            self._items.extend(f.result())
+        return self._items.popleft()

@@ -23,10 +23,12 @@ from .segment import Segment
 class Group:
     """A run's communicator as the owner sees it: its job, generation and
     the workers that are its ranks; who asked to shrink, whose part is
-    over (ended or died)."""
+    over (ended or died); the generation its run began with (origin: a
+    shrunk group's is its parent's) and that run's futures (fs)."""
 
-    def __init__(self, gen, job, workers):
+    def __init__(self, gen, job, workers, origin=None):
         self.gen, self.job, self.workers = gen, job, list(workers)
+        self.origin, self.fs = gen if origin is None else origin, ()
         self.asked, self.over = set(), set()
 
     def rank_of(self, worker):

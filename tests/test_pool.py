@@ -225,7 +225,7 @@ def test_a_dead_worker_fails_its_task_only(how):
             assert e.signal == (signal.SIGKILL if how == "kill" else signal.SIGSEGV)
         assert [f.result(60) for f in fs + more] == [i * i for i in range(40)]
         after = set(p.map(pid, range(16), 1))
-        assert len(p._workers) == 2 and e.pid not in after
+        assert len(p._core._workers) == 2 and e.pid not in after
         assert alive([e.pid]) == []
 
 
@@ -532,3 +532,266 @@ def test_workers_are_watched_with_sigchld_ignored():
             assert p.map(square, range(20), 1) == [x * x for x in range(20)]
     finally:
         signal.signal(signal.SIGCHLD, old)
+
+
+class _Interrupting:
+    """chan's lib, but the main thread gets SIGINT right after the first
+    piece of the next message it moves (name: the call that moves it)."""
+
+    def __init__(self, name):
+        self.real, self.name, self.armed = chan.lib, name, True
+
+    def __getattr__(self, attr):
+        call = getattr(self.real, attr)
+        if attr != self.name:
+            return call
+
+        def moved(*args):
+            n = call(*args)
+            if self.armed and threading.current_thread() is threading.main_thread():
+                self.armed = False
+                os.kill(os.getpid(), signal.SIGINT)
+            return n
+        return moved
+
+
+@pytest.mark.parametrize("where", ["result", "submit"])
+def test_ctrl_c_mid_message_leaves_the_pool_working(pool, monkeypatch, where):
+    """Ctrl-C lands once the message is whole: the ring is not cut (a cut
+    one garbles the tasks after it, or kills the worker that reads it)."""
+    pids = set(pool.map(pid, range(8), 1))
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    a = np.arange(1000.0)
+    try:
+        if where == "result":
+            f = pool.submit(twice, a)
+            monkeypatch.setattr(chan, "lib", _Interrupting("sc_chan_get"))
+            with pool._core._reading:           # this thread reads the result, not the manager
+                with pytest.raises(KeyboardInterrupt):
+                    f.result(30)
+            np.testing.assert_array_equal(f.result(30), a * 2)      # delivered, not lost
+        else:
+            monkeypatch.setattr(chan, "lib", _Interrupting("sc_chan_put"))
+            with pytest.raises(KeyboardInterrupt):
+                pool.submit(twice, a)           # a message of two parts: header and pickle, then the array
+        assert not chan.lib.armed
+    finally:
+        monkeypatch.undo()
+        signal.signal(signal.SIGINT, old)
+    fs = [pool.submit(twice, a + i) for i in range(6)]
+    for i, f in enumerate(fs):
+        np.testing.assert_array_equal(f.result(30), (a + i) * 2)
+    assert pool.map(square, range(50), 1) == [x * x for x in range(50)]
+    assert set(pool.map(pid, range(8), 1)) == pids
+
+
+def _shm():
+    return set(os.listdir("/dev/shm"))
+
+
+@pytest.mark.timeout(90)
+def test_tasks_pending_at_exit_complete(tmp_path):
+    """As ProcessPoolExecutor: a program that ends without shutdown waits
+    for the tasks it submitted; no worker and nothing in /dev/shm stays."""
+    import subprocess
+    import sys
+    code = f"""
+import os, time, shmcoll
+def slow(i):
+    time.sleep(0.3)
+    open(os.path.join({str(tmp_path)!r}, f"t{{i}}"), "w").close()
+def wid(_=None):
+    return os.getpid()
+p = shmcoll.Pool(2)
+p.run(wid)
+print(*set(p.map(wid, range(8), 1)), flush=True)
+fs = [p.submit(slow, i) for i in range(6)]
+"""
+    before = _shm()
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(shmcoll.__file__))))
+    assert run.returncode == 0, run.stderr
+    assert sorted(os.listdir(tmp_path)) == [f"t{i}" for i in range(6)]
+    assert alive([int(x) for x in run.stdout.split()]) == []
+    assert _shm() <= before
+
+
+def _threads_end(core, timeout=30):
+    for t in (core._manager, core._feeder, core._watcher):
+        t.join(timeout)
+        assert not t.is_alive(), t
+
+
+@pytest.mark.timeout(60)
+def test_a_dropped_pool_is_collected_and_its_workers_stop():
+    import gc
+    import weakref
+    p = shmcoll.Pool(2)
+    pids = set(p.map(pid, range(8), 1))
+    f = p.submit(square, 7)
+    core, ref = p._core, weakref.ref(p)
+    del p
+    gc.collect()
+    assert ref() is None
+    assert f.result(30) == 49           # the tasks submitted still run
+    _threads_end(core)
+    assert alive(pids) == []
+    ref = weakref.ref(core)
+    del core, f
+    gc.collect()
+    assert ref() is None                # nothing of it left running
+
+
+@pytest.mark.timeout(60)
+def test_shutdown_without_wait_ends_every_thread_once_the_work_is_done():
+    p = shmcoll.Pool(2)
+    pids = set(p.map(pid, range(8), 1))
+    f = p.submit(square, 3)
+    p.shutdown(wait=False)
+    assert f.result(30) == 9
+    _threads_end(p._core)
+    assert alive(pids) == []
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("drive", [True, False])
+def test_a_done_callback_may_shut_the_pool_down(drive):
+    """From the thread that read the result (result() here) it waits; from
+    the pool's own thread (nobody waits in result()) it cannot wait for
+    itself and says so, as ProcessPoolExecutor's; either way the pool
+    finishes its tasks and stops (it hung)."""
+    r, w = os.pipe()
+    p = shmcoll.Pool(2)
+    pids = set(p.map(pid, range(8), 1))
+    blocked = p.submit(os.read, r, 1)   # still running when the callback waits
+    first = p.submit(square, 3)
+    errors, called = [], threading.Event()
+
+    def stop(f):
+        os.write(w, b"x")
+        try:
+            p.shutdown()
+        except RuntimeError as e:
+            errors.append(e)
+        called.set()
+    first.add_done_callback(stop)
+    if drive:
+        assert first.result(30) == 9
+    else:
+        assert cf.wait([first], 30).done == {first}
+    assert called.wait(30)
+    assert all("wait=False" in str(e) for e in errors) and (drive or errors)
+    assert blocked.result(30) == b"x"
+    p.shutdown()
+    assert alive(pids) == []
+    with pytest.raises(RuntimeError, match="shutdown"):
+        p.submit(square, 1)
+
+
+def block_on(r, w):
+    os.write(w, b"s")
+    return os.read(r, 1)
+
+
+def stuck(comm, who):
+    import time
+    if comm.rank == who:
+        time.sleep(600)
+    comm.Barrier()
+
+
+@pytest.mark.timeout(90)
+def test_a_run_timeout_kills_no_unrelated_task(monkeypatch):
+    """A member queued behind another task when the run times out is not
+    running: its worker (and that task) live; the member fails when it
+    starts; the member that runs, stuck, is killed."""
+    import select
+    monkeypatch.setattr(pool_mod, "GRACE_S", 1.0)
+    r, w = os.pipe()
+    r2, w2 = os.pipe()
+    with shmcoll.Pool(2) as p:
+        assert [o[2] for o in p.run(reduce_part, 0)] == [0, 1]     # a warm communicator: no attach to wait on
+        other = p.submit(block_on, r, w2)
+        assert select.select([r2], [], [], 30)[0] and os.read(r2, 1) == b"s"
+        with pytest.raises(TimeoutError, match="1 members still running.*killed; 1 members queued"):
+            p.run(stuck, 1 - p._core._tasks[other._tid].worker.index, timeout=0.2)
+        os.write(w, b"x")
+        assert other.result(30) == b"x"
+        assert [o[2] for o in p.run(reduce_part, 0)] == [0, 1]
+
+
+def test_map_async_and_starmap_async_as_multiprocessing(pool):
+    got, errs, done = [], [], threading.Event()
+    ok = pool.map_async(square, range(20), 3, callback=got.append)
+    star = pool.starmap_async(add, [(i, 1) for i in range(5)])
+    bad = pool.map_async(boom, range(4), 1, error_callback=lambda e: (errs.append(e), done.set()))
+    assert ok.get(30) == [x * x for x in range(20)] and star.get(30) == [i + 1 for i in range(5)]
+    ok.wait(30)
+    assert ok.ready() and ok.successful() and got == [[x * x for x in range(20)]]
+    with pytest.raises(ValueError, match="bad"):
+        bad.get(30)
+    assert done.wait(30) and isinstance(errs[0], ValueError) and not bad.successful()
+    assert pool.map_async(square, []).get(30) == []
+    import time
+    slow = pool.map_async(time.sleep, [0.5])
+    with pytest.raises(multiprocessing.TimeoutError):
+        slow.get(0.01)
+    with pytest.raises(ValueError, match="not ready"):
+        slow.successful()
+    assert slow.get(30) == [None]
+
+
+def fail_at_2(x):
+    if x == 2:
+        raise ValueError(f"bad {x}")
+    return x
+
+
+def _drain(it):
+    out = []
+    while True:
+        try:
+            out.append(next(it))
+        except StopIteration:
+            return out
+        except ValueError as e:
+            out.append(str(e))
+
+
+def test_imap_as_multiprocessing(pool):
+    """next(timeout), and an error raised at its place, the iteration going
+    on after it: what multiprocessing.Pool's imap does."""
+    import time
+    with multiprocessing.get_context("fork").Pool(2) as mp:
+        for call in ("imap", "imap_unordered"):
+            want = _drain(getattr(mp, call)(fail_at_2, range(6)))
+            got = _drain(getattr(pool, call)(fail_at_2, range(6)))
+            assert (got, sorted(got, key=str)) == (want, sorted(want, key=str)) if call == "imap" else \
+                sorted(got, key=str) == sorted(want, key=str)
+    for call in (pool.imap, pool.imap_unordered):
+        it = call(time.sleep, [0.5])
+        with pytest.raises(multiprocessing.TimeoutError):
+            it.next(timeout=0.01)
+        assert it.next(30) is None
+        with pytest.raises(StopIteration):
+            it.next(0)
+
+
+def test_a_closed_pool_refuses_with_each_interfaces_error():
+    """multiprocessing.Pool's calls raise its ValueError("Pool not
+    running"); the Executor's submit its RuntimeError; map (both's) an
+    error that is both."""
+    for stop in ("close", "shutdown"):
+        p = shmcoll.Pool(1)
+        getattr(p, stop)()
+        for call in (lambda: p.apply(square, (1,)), lambda: p.apply_async(square, (1,)),
+                     lambda: p.map_async(square, []), lambda: p.starmap_async(add, []),
+                     lambda: p.starmap(add, []), lambda: p.imap(square, []), lambda: p.imap_unordered(square, [])):
+            with pytest.raises(ValueError, match="Pool not running"):
+                call()
+        with pytest.raises(RuntimeError, match="after shutdown"):
+            p.submit(square, 1)
+        with pytest.raises(RuntimeError) as info:
+            p.map(square, [1])
+        assert isinstance(info.value, ValueError)
+        p.join()
