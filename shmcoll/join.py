@@ -90,14 +90,11 @@ def _virtual(f, env):
     """f on the virtual node that SHMCOLL_VIRTUAL_NODES puts its rank on
     (consecutive ranks in groups of the given sizes, in place of the
     hostname: docs/multinode.md), where it is set."""
-    from .multinode.layout import virtual_nodes
+    from .multinode.layout import virtual_node, virtual_nodes
     sizes = virtual_nodes(f.size, env)
     if sizes is None:
         return f
-    start = node = 0
-    while start + sizes[node] <= f.rank:
-        start += sizes[node]
-        node += 1
+    node, start = virtual_node(f.rank, sizes)
     return Found(f.launcher, f.rank, f.size, f.rank - start, sizes[node], f"{f.job}:node{node}")
 
 

@@ -146,10 +146,11 @@ def test_bad_virtual_nodes_raise_on_every_rank(env):
 
 @pytest.mark.parametrize("env", envs())
 @pytest.mark.parametrize("victim", [0, 1, 3])
-def test_kill_ends_the_job(env, victim):
+def test_kill_ends_the_job(env, victim, tmp_path):
     """A rank killed mid-collective ends the whole job at once; nothing of
     shmcoll's is left in /dev/shm (the autouse fixture checks)."""
-    rc, out, took = mpiexec(env, 4, "hier_kill.py", victim, 50, nodes="2,2", timeout=60)
+    rc, out, took = mpiexec(env, 4, "hier_victim.py", "allreduce", victim, 50, tmp_path / "note", nodes="2,2",
+                            timeout=60)
     assert rc != 0 and took < 30, out[-3000:]
 
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..buffers import IN_PLACE as SHM_IN_PLACE
 from ..errors import PeerFailure
-from .specs import Fallback, displacements, in_place, mpi, op_pair, packed, reducible, simple, vector
+from .specs import Fallback, displacements, in_place, mpi, offsets, op_pair, packed, reducible, simple, unpack, vector
 
 TAG = 7                 # point-to-point legs run on a communicator of their own (p2p): any tag serves
 
@@ -97,7 +97,6 @@ class Hier:
 
     def __init__(self, mpi_comm, node_mpi, leaders, up, node, node_of, local_of, flat_below, p2p):
         self.up = up
-        self.flat_below = flat_below
         self._below = {k: float("inf") if v is None else v for k, v in flat_below.items()}
         self._ip, self._sum = mpi().IN_PLACE, mpi().SUM       # looked up once: the checks below are per call
         self.p2p = p2p          # a duplicate of mpi_comm: the user's Send/Recv on this one (mpi_comm's) never match it
@@ -370,7 +369,7 @@ class Hier:
         a, counts, displs = vector(recvbuf, "recvbuf", self.size, True)
         self._flat("allgather", int(counts.max(initial=0)) * a.itemsize)
         r = a if packed(counts, displs) else np.empty(int(counts.sum()), a.dtype)
-        offs = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        offs = offsets(counts)
         s = simple(sendbuf, "sendbuf")
         if in_place(s):
             s = a[displs[self.rank]:displs[self.rank] + counts[self.rank]].copy()
@@ -384,8 +383,7 @@ class Hier:
             self.node.Gatherv(s, None, root=0)
         self.node.Bcast(r[:int(offs[-1])], root=0)
         if r is not a:
-            for i in range(self.size):
-                a[displs[i]:displs[i] + counts[i]] = r[offs[i]:offs[i + 1]]
+            unpack(a, counts, displs, r, range(self.size))
 
     @_legs
     def _Gather(self, sendbuf, recvbuf=None, root=0):
@@ -465,10 +463,7 @@ class Hier:
                 self.node.Gatherv(s, [a, (c, displs[self.first:self.end])], root=rl)
                 mpi().Request.Waitall(reqs)
                 for buf, lo, hi in stage:
-                    at = 0
-                    for i in range(lo, hi):
-                        a[displs[i]:displs[i] + counts[i]] = buf[at:at + counts[i]]
-                        at += counts[i]
+                    unpack(a, counts, displs, buf, range(lo, hi))
             else:
                 self.node.Gatherv(s, None, root=rl)
         elif self.local == 0:
@@ -582,7 +577,7 @@ class Hier:
                 self.up.Reduce_scatter_block(u, t, op=m_op)
                 self.p2p.Sendrecv(t, held, TAG, r, source, TAG)
             return
-        offs = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        offs = offsets(counts)
         mine = counts[self.first:self.end]
         even = bool((mine == mine[0]).all())
         if self.local == 0:

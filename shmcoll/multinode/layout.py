@@ -33,6 +33,13 @@ def virtual_nodes(size, env=os.environ):
     return sizes
 
 
+def virtual_node(rank, sizes):
+    """(node, its first rank) of rank, nodes being consecutive groups of sizes."""
+    ends = np.cumsum(sizes)
+    node = int(np.searchsorted(ends, rank, side="right"))
+    return node, int(ends[node] - sizes[node])
+
+
 def node_split(comm):
     """(comm's ranks on this rank's node (virtual or real), in comm's
     order; whether the machine's ranks outnumber the CPUs they may run on)."""
@@ -44,7 +51,7 @@ def node_split(comm):
     if sizes is None:
         return machine, crowded
     machine.Free()
-    node = int(np.searchsorted(np.cumsum(sizes), MPI.COMM_WORLD.Get_rank(), side="right"))
+    node, _ = virtual_node(MPI.COMM_WORLD.Get_rank(), sizes)
     return comm.Split(node, comm.Get_rank()), crowded
 
 

@@ -98,9 +98,23 @@ def vector(spec, what, size, writable=False):
     return carried(raw.view(dt)), np.array(counts, np.int64), np.array(displs, np.int64)
 
 
+def offsets(counts):
+    """Where each piece starts, back to back in rank order from 0, and
+    where the last ends (len(counts) + 1 items)."""
+    return np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+
+
 def displacements(counts):
     """The pieces' displacements back to back in rank order from 0."""
-    return np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+    return offsets(counts)[:-1]
+
+
+def unpack(dst, counts, displs, src, ranks):
+    """The pieces of ranks, back to back in src, to their displacements in dst."""
+    at = 0
+    for i in ranks:
+        dst[displs[i]:displs[i] + counts[i]] = src[at:at + counts[i]]
+        at += counts[i]
 
 
 def packed(counts, displs):
