@@ -235,6 +235,7 @@ struct sc_comm {
         sc_entry_t cache[SC_CACHE];
         sc_entry_t *last;        /* the entry the last fast call found (pyfast.c lookup) */
         uint32_t cache_turn;     /* which entry of a full set the next install takes */
+        sc_nbc_t *nb_spare;      /* Python's: the state a nonblocking call's C start takes (NULL: none free) */
     };
     struct {                 /* lifetime, after everything a call reads, so no per-call field moves */
         /* the world's abort word, for a communicator made from it (NULL:

@@ -550,6 +550,40 @@ static int in_block(sc_comm_t *c, int64_t root, char *buf, int64_t all, Py_ssize
     return 1;
 }
 
+/* A nonblocking call resolved to prog: when a start made before holds its
+ * template (cfg: (the communicator's {program: template}, Complete);
+ * nonblocking.py) and it runs inline (not in the background, no call
+ * pending ahead of it, the spare state free), it starts here, on the
+ * communicator's spare state, without Python's frames (1.7 us of them
+ * against a blocking call's 0.5 at 8 B).  Ended inline: a Complete
+ * request, the spare free again.  Otherwise (program, send address, recv
+ * address), and a fourth item, the start's rc, when it started on the
+ * spare and is pending: Python then takes the spare over. */
+static PyObject *start_known(sc_comm_t *c, PyObject *cfg, const int64_t *prog, char *sbuf, char *rbuf)
+{
+    unsigned long long p = (uintptr_t)prog, s = (uintptr_t)sbuf, r = (uintptr_t)rbuf;
+    sc_nbc_t *st = c->nb_spare;
+    PyObject *tmpl = NULL;
+    if (st && !c->closed) {
+        PyObject *key = PyLong_FromUnsignedLongLong(p);
+        if (!key) return NULL;
+        tmpl = PyDict_GetItemWithError(PyTuple_GET_ITEM(cfg, 0), key);
+        Py_DECREF(key);
+        if (!tmpl && PyErr_Occurred()) return NULL;
+    }
+    if (!tmpl || !PyTuple_Check(tmpl) || PyTuple_GET_SIZE(tmpl) < 5 || PyTuple_GET_ITEM(tmpl, 4) != Py_False)
+        return Py_BuildValue("(KKK)", p, s, r);
+    c->nb_spare = NULL;
+    sc_nb_bind(c, st, (uintptr_t)prog, (uintptr_t)sbuf, (uintptr_t)rbuf, 0);
+    int rc = sc_nb_start(c, st);
+    if (!rc && st->fast) {
+        c->nb_spare = st;
+        PyTypeObject *t = (PyTypeObject *)PyTuple_GET_ITEM(cfg, 1);
+        return t->tp_alloc(t, 0);
+    }
+    return Py_BuildValue("(KKKi)", p, s, r, rc);
+}
+
 static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
 {
     const sc_info_t *info = (const sc_info_t *)PyBytes_AS_STRING(PyTuple_GET_ITEM(self, 0));
@@ -696,8 +730,7 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
     if (resolve) {          /* (program, send address, recv address); IN_PLACE's copied blocks: Python's */
         for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);
         if (!prog || inplace || blockin || blockout) return decline(self, args, nargsf, kw);
-        return Py_BuildValue("(KKK)", (unsigned long long)(uintptr_t)prog, (unsigned long long)(uintptr_t)sbuf,
-                             (unsigned long long)(uintptr_t)rbuf);
+        return start_known(c, PyTuple_GET_ITEM(self, 5), prog, sbuf, rbuf);
     }
     int rc = prog ? run(c, prog, sbuf, rbuf) : 0;
     for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);

@@ -28,6 +28,7 @@ from .coll import select
 from .device import P2P, fingerprint, learn_dtype
 from .errors import ERR_ARG, ERR_COMM, ERRORS_ARE_FATAL, ArgumentError, Errhandler, MismatchError, MPIError, PeerFailure, ShmcollError
 from .nonblocking import RESOLVED, Nonblocking
+from .request import Complete
 from .ops import BUILTINS, SUM
 from .p2p import PointToPoint
 from .sched import Call
@@ -125,7 +126,8 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
             self._probe_cma()
         else:                       # a communicator made from another: its verdict holds for any subset
             self._c.cma = cma
-        self._nb_resolvers = {}
+        self._nb_resolvers, self._nb_known = {}, {}
+        self._spare()
         for op, (cid, _, name, roles, argnames) in select.TABLE.items():
             if not roles:
                 continue
@@ -135,7 +137,8 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
             desc = (argnames, OPCODES, IN_PLACE, SUM, blocked)
             self.__dict__[name] = device.entry(method, handler, select.IDS[op], cid, roles, desc)
             if name in RESOLVED:
-                self._nb_resolvers[name] = device.entry(_unresolved, handler, select.IDS[op], cid, roles, desc, True)
+                self._nb_resolvers[name] = device.entry(_unresolved, handler, select.IDS[op], cid, roles, desc,
+                                                           (self._nb_known, Complete))
         self._p2p_bind()
 
     def _probe_cma(self):

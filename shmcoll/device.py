@@ -414,21 +414,24 @@ class Device:
     def addr(self):
         return int(ffi.cast("uintptr_t", self.c))
 
-    def entry(self, method, on_error, ids, cid, roles, desc, resolve=False):
+    def entry(self, method, on_error, ids, cid, roles, desc, resolve=None):
         """The C fast entry bound to this context for one collective method:
         it declines to method (the checked Python version), raises through
         on_error(rc), names algorithms by ids, parses by roles (pyfast.c; a
         leading digit: the argument whose dtype the signature holds) and
         desc = (argument names, {built-in op: code}, IN_PLACE, SUM).
-        resolve: it runs nothing, and gives (program, send address, recv
-        address) of a call whose program it holds (a nonblocking call's)."""
+        resolve: a nonblocking call's entry, given ({program: template},
+        Complete) (nonblocking.py): it runs nothing but a start it can make
+        without Python (pyfast.c start_known), and otherwise gives
+        (program, send address, recv address) of a call whose program it
+        holds."""
         typed = int(roles[0]) if roles[:1].isdigit() else -1
         roles = roles[typed >= 0:]
         assert len(roles) == len(desc[0]) <= 8, roles      # pyfast.c's MAXARGS, and room for the NUL
         info = ffi.new("sc_info_t *", {"c": self.c, "coll": cid, "typed": typed, "reduction": "p" in roles,
                                        "roles": roles.encode()})
         return _new_cfunction(int(ffi.cast("uintptr_t", lib.sc_py_entry(0))),
-                              (bytes(ffi.buffer(info)), method, on_error, ids, desc) + (True,) * resolve, None)
+                              (bytes(ffi.buffer(info)), method, on_error, ids, desc) + ((resolve,) if resolve else ()), None)
 
     # -- lifetime ---------------------------------------------------------------
     def register(self, pid, tracer):

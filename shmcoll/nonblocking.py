@@ -102,11 +102,14 @@ class _Run:
     it (the program, a twin's block, the scratch, the caller's buffers and
     their exports)."""
 
-    def __init__(self, comm, template, saddr, raddr, keep):
+    def __init__(self, comm, template, saddr, raddr, keep, st=None):
         prog, twin, self.what, addr, background = self.template = template
         self.keep = (prog, twin, comm._dev._tmp, keep, _exports(keep[0], keep[1]))
-        self.st = ffi.new("sc_nbc_t *")
-        lib.sc_nb_bind(comm._c, self.st, addr, saddr, raddr, background)
+        if st is None:
+            self.st = ffi.new("sc_nbc_t *")
+            lib.sc_nb_bind(comm._c, self.st, addr, saddr, raddr, background)
+        else:                           # bound and started by C (pyfast.c start_known)
+            self.st = st
 
 
 class _Collective:
@@ -227,6 +230,15 @@ class Nonblocking:
     _capture = None                 # Comm._run: the collective whose program to capture, then the capture
     _pending = ()                   # requests started and not yet collected, in call order
     _nb_resolvers = {}              # name -> the C entry resolving a call's program (Comm.__init__)
+    _nb_known = {}                  # program address -> its template, for the calls the resolvers start (_nonblocking)
+
+    def _spare(self):
+        """A fresh spare state for the resolvers' starts (pyfast.c
+        start_known); the one C took, which this communicator now holds."""
+        taken = self.__dict__.get("_nb_spare")
+        self._nb_spare = ffi.new("sc_nbc_t *")
+        self._c.nb_spare = self._nb_spare
+        return taken
 
     def _plan_only(self, name, args, kw):
         """Check and plan as the blocking method does; the captured program
@@ -337,11 +349,17 @@ def _nonblocking(name):
         """A call whose program the blocking call's C entry holds, plain
         buffers and no IN_PLACE block copies (its resolver: csrc/pyfast.c)
         starts it at once: its Python planning is 25-30 us, the start a
-        few."""
+        few; once a start made its template known, the resolver starts it
+        in C (start_known)."""
         resolve = self._nb_resolvers.get(name)
         got = None if resolve is None else resolve(*args, **kw)
-        known = self.__dict__.setdefault("_nb_known", {})
+        if type(got) is Complete:       # C started it, and it ended there
+            return got
+        known = self._nb_known
         template = None if got is None else known.get(got[0])
+        if got is not None and len(got) == 4:   # C started it on the spare state: pending
+            return CollectiveRequest(self, _Run(self, template, got[1], got[2], (args, kw, None), self._spare()),
+                                     got[3])
         if template is not None:
             self._usable()
             run = _Run(self, template, got[1], got[2], (args, kw, None))

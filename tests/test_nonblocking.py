@@ -700,3 +700,35 @@ def _resize_while_pending(comm):
 
 def test_a_pending_call_holds_its_buffers():
     assert run_ranks(_resize_while_pending, 2) == [True, True]
+
+
+def _started_in_c(comm):
+    """A call whose program a start made before holds starts in C
+    (pyfast.c start_known).  Ending there (always on one rank) it is a
+    Complete request and the spare state stays; pending (rank 1 not there
+    yet) the spare becomes the request's and the next start takes a fresh
+    one.  Results numpy's either way."""
+    from shmcoll.request import Complete
+    r, n = comm.rank, comm.size
+    s, rb = np.full(8, r + 1.0), np.zeros(8)
+    comm.Iallreduce(s, rb).Wait()               # planned in Python: its template is known from here
+    seen = []
+    for k in range(3):
+        s[:] = r + 1 + k
+        if r == 1:
+            comm.Recv(np.zeros(1), 0, 7)        # rank 0's start finds no peer: pending
+        spare = comm._nb_spare
+        req = comm.Iallreduce(s, rb)
+        if r == 0 and n > 1:
+            comm.Send(np.zeros(1), 1, 7)
+        req.Wait()
+        want = sum(q + 1 + k for q in range(n))
+        seen.append((type(req) is Complete, comm._nb_spare is spare, np.array_equal(rb, np.full(8, want))))
+    return seen
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_known_icall_starts_in_c_whether_it_ends_there_or_not(n):
+    got = run_ranks(_started_in_c, n)
+    assert got[0] == [(n == 1, n == 1, True)] * 3, got[0]
+    assert all(x[2] for x in got[-1]), got
