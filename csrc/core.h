@@ -302,6 +302,7 @@ int sc_p2p_init(sc_comm_t *c);
 void sc_p2p_free(sc_comm_t *c);
 int64_t sc_p2p_helped(sc_comm_t *c);   /* bytes this rank wrote into its receivers' buffers (shared rendezvous) */
 void *sc_py_p2p(int i);
+void *sc_py_flat(void);
 
 /* pool channels and the owner's bell (csrc/chan.c) */
 int64_t sc_chan_size(int64_t cap);

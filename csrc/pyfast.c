@@ -293,6 +293,16 @@ static int memory(PyObject *v, int writable, Py_buffer *b, Py_ssize_t *isz)
     return 1;
 }
 
+/* For mpiflat.c: v's memory as memory() takes it, and its dtype if it is
+ * a numpy array (else NULL). */
+int sc_py_array(PyObject *v, int writable, Py_buffer *b, PyObject **descr)
+{
+    Py_ssize_t isz;
+    if (!v || !memory(v, writable, b, &isz)) return 0;
+    *descr = ndarray && Py_TYPE(v) == ndarray ? ((np_array *)v)->descr : NULL;
+    return 1;
+}
+
 /* v's bytes for point-to-point (p2p.c): a plain buffer, or a simple spec
  * ([buf, count, MPI.BYTE], ...: simple_spec) cut to its items as
  * spec.simple cuts it; 0 when neither (the Python path reads or refuses

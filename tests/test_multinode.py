@@ -79,6 +79,19 @@ def test_collectives_match_mpi(env, nodes, n):
 
 
 @pytest.mark.parametrize("env", envs())
+@pytest.mark.parametrize("nodes,n", [("2,2", 4), ("3,1", 4)])
+def test_small_collectives_from_c_match_mpi(env, nodes, n):
+    """MPI's own call reached from C (csrc/mpiflat.c: every size below
+    FLAT_BELOW, here all): MPI's results for every collective, dtype,
+    root, op, IN_PLACE and None, and none of the plain arrays' calls went
+    through Python."""
+    rc, out, _ = mpiexec(env, n, "hier_collectives.py", "0,1,7,1000,70000", 1 << 30, nodes=nodes, timeout=300)
+    assert rc == 0, out[-3000:]
+    counts = [line.split()[1:] for line in out.splitlines() if line.startswith("ok ")]
+    assert len(counts) == 1 and len(counts[0]) == n and len(set(counts[0])) == 1, out[-3000:]
+
+
+@pytest.mark.parametrize("env", envs())
 def test_nodes_that_interleave_the_ranks(env):
     """A communicator whose ranks interleave the nodes: the up level would
     put the nodes out of order (a Bcast from the wrong root), so it is not
@@ -105,8 +118,9 @@ def test_what_mpi_refuses_is_refused_on_every_rank(env):
     communicator usable (the legs raised on some ranks only, or from inside
     a node leg, and hung or ended the job); MPI's pair types and WCHAR in a
     spec give MPI's result."""
-    rc, out, _ = mpiexec(env, 4, "hier_refusals.py", nodes="2,2", timeout=90)
-    assert rc == 0 and "ok" in out.split(), out[-3000:]
+    for flat in (0, 1 << 30):           # the legs; MPI's own from C
+        rc, out, _ = mpiexec(env, 4, "hier_refusals.py", flat, nodes="2,2", timeout=90)
+        assert rc == 0 and "ok" in out.split(), (flat, out[-3000:])
 
 
 @pytest.mark.parametrize("env", envs())

@@ -23,6 +23,7 @@ import numpy as np
 
 from ..buffers import IN_PLACE as SHM_IN_PLACE
 from ..errors import PeerFailure
+from . import flatc
 from .specs import Fallback, displacements, in_place, mpi, offsets, op_pair, packed, reducible, simple, unpack, vector
 
 TAG = 7                 # point-to-point legs run on a communicator of their own (p2p): any tag serves
@@ -116,6 +117,7 @@ class Hier:
         # ranks (ordered by rank) are then in node order
         self.even = self.blocked and bool((self.counts == self.counts[0]).all())
         self.fallbacks = 0      # calls that were MPI's own (what the legs cannot express)
+        flatc.install(self, mpi())
 
     def __getattr__(self, name):
         return getattr(self.mpi, name)

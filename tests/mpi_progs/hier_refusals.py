@@ -3,13 +3,16 @@ refuses on every rank (a dtype MPI cannot carry, a root that is no rank, an
 op the dtype has not, send and receive buffers that do not agree) the hierarchical call refuses on every rank with
 MPI's exception, and the communicator goes on; MPI's pair types and WCHAR
 in a spec give MPI's result.  Rank 0 prints "ok" at the end."""
+import sys
+
 import numpy as np
 from mpi4py import MPI
 
 import shmcoll
 
 w = MPI.COMM_WORLD
-h = shmcoll.from_mpi(w, flat_below=0, abort_on_error=False)
+# argv[1]: FLAT_BELOW for every collective (0: the legs; past the sizes: MPI's own, from C for plain arrays)
+h = shmcoll.from_mpi(w, flat_below=int(sys.argv[1]) if len(sys.argv) > 1 else 0, abort_on_error=False)
 p, me = h.Get_size(), h.Get_rank()
 
 

@@ -1,0 +1,63 @@
+"""The hierarchical communicator's small collectives from C (csrc/mpiflat.c):
+below FLAT_BELOW the call is the MPI library's own, and reaching it
+through mpi4py and a Python size check cost more than the library's
+whole 8 B Bcast between ranks taking turns on CPUs.  Each entry takes
+plain numpy arrays and built-in ops and calls MPI's C function; anything
+else goes to the Python method it shadows, which makes the same size
+check, so every rank calls the same collective."""
+import ctypes
+import sys
+
+import numpy as np
+
+from .._core import ffi, lib
+from ..device import _new_cfunction
+
+# collective -> (csrc/mpiflat.c kind, MPI function, argument names, FLAT_BELOW's row)
+CALLS = {
+    "Barrier": (0, "MPI_Barrier", (), "barrier"),
+    "Bcast": (1, "MPI_Bcast", ("buf", "root"), "bcast"),
+    "Reduce": (2, "MPI_Reduce", ("sendbuf", "recvbuf", "op", "root"), "reduce"),
+    "Allreduce": (3, "MPI_Allreduce", ("sendbuf", "recvbuf", "op"), "allreduce"),
+    "Allgather": (4, "MPI_Allgather", ("sendbuf", "recvbuf"), "allgather"),
+    "Alltoall": (5, "MPI_Alltoall", ("sendbuf", "recvbuf"), "alltoall"),
+    "Gather": (6, "MPI_Gather", ("sendbuf", "recvbuf", "root"), "gather"),
+    "Scatter": (7, "MPI_Scatter", ("sendbuf", "recvbuf", "root"), "scatter"),
+    "Reduce_scatter_block": (8, "MPI_Reduce_scatter_block", ("sendbuf", "recvbuf", "op"), "reduce_scatter"),
+}
+OPS = ("SUM", "PROD", "MAX", "MIN", "LAND", "BAND", "LOR", "BOR", "LXOR", "BXOR")     # SUM first: an absent op
+BIG = 1 << 31           # "always MPI's own" (None in FLAT_BELOW): past the C path's int counts; below * ranks fits
+
+
+def install(hier, MPI):
+    """Shadow hier's collective methods by C entries on its MPI communicator."""
+    lib_mpi = ctypes.CDLL(MPI.__file__)     # its dependencies hold the library's symbols
+    wide = MPI._sizeof(MPI.Comm) > 4
+    types = {}
+    for char, t in MPI._typedict.items():
+        try:
+            dt = np.dtype(char)
+        except TypeError:
+            continue
+        if t.Get_size() == dt.itemsize:
+            types.setdefault(dt, (_signed(MPI._handleof(t)), dt.itemsize))
+    ops = tuple(getattr(MPI, name) for name in OPS)
+    common = (types, ops, tuple(_signed(MPI._handleof(o)) for o in ops), MPI.Exception, MPI.IN_PLACE)
+    rank, size = hier.mpi.Get_rank(), hier.mpi.Get_size()
+    for name, (kind, symbol, names, row) in CALLS.items():
+        below = hier._below[row]
+        info = ffi.new("intptr_t[8]", [ctypes.cast(getattr(lib_mpi, symbol), ctypes.c_void_p).value,
+                                       _signed(MPI._handleof(hier.mpi)), _signed(MPI._handleof(MPI.BYTE)), _signed(int(MPI.IN_PLACE)),
+                                       BIG if below == float("inf") else int(below), 0, 0, 0])
+        ints = ffi.cast("int32_t *", info + 5)
+        ints[0], ints[1], ints[2], ints[3] = kind, int(wide), rank, size
+        method = getattr(type(hier), name).__get__(hier)
+        hier.__dict__[name] = _new_cfunction(int(ffi.cast("uintptr_t", lib.sc_py_flat())),
+                                             (bytes(ffi.buffer(info)), method,
+                                              tuple(sys.intern(n) for n in names)) + common, None)
+
+
+def _signed(address):
+    """A handle or address as intptr_t holds it: mpi4py gives MPICH's int
+    handles of communicators it made (0x84000000, ...) sign-extended, unsigned."""
+    return address - (1 << 64) if address >= 1 << 63 else address
