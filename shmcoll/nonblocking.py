@@ -369,7 +369,11 @@ def _nonblocking(name):
             return CollectiveRequest(self, run, rc)
         run = self._prepare(name, args, kw)
         if resolve is not None and run is not None and not run.keep[3][2]:
-            got = resolve(*args, **kw)      # planning installed the program where the resolver finds it
+            self._c.nb_spare = ffi.NULL     # only resolve: a template known from before would start it again
+            try:
+                got = resolve(*args, **kw)  # planning installed the program where the resolver finds it
+            finally:
+                self._c.nb_spare = self._nb_spare
             if got is not None and run.keep[0].ctypes.data == got[0]:
                 if len(known) >= _KNOWN:
                     known.clear()

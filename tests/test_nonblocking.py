@@ -732,3 +732,24 @@ def test_a_known_icall_starts_in_c_whether_it_ends_there_or_not(n):
     got = run_ranks(_started_in_c, n)
     assert got[0] == [(n == 1, n == 1, True)] * 3, got[0]
     assert all(x[2] for x in got[-1]), got
+
+
+def _cache_evicted(comm):
+    """A known call whose program left the C entries' cache (another
+    program took its place) plans in Python, which installs the program
+    again and resolves once more to record it: that resolve must not start
+    the call as well (it did: the call ran twice, and the Python path
+    raised TypeError)."""
+    a, b = np.arange(4.0) + comm.rank, np.zeros(4)
+    comm.Iallreduce(a, b).Wait()                # its template known
+    c = comm._dev.c
+    ffi = shmcoll._core.ffi
+    ffi.memmove(c.cache, b"\0" * ffi.sizeof(c.cache), ffi.sizeof(c.cache))
+    c.last = ffi.NULL
+    req = comm.Iallreduce(a, b)
+    req.Wait()
+    return np.array_equal(b, np.sum([np.arange(4.0) + q for q in range(comm.size)], axis=0))
+
+
+def test_a_known_icall_out_of_the_cache_runs_once():
+    assert run_ranks(_cache_evicted, 1) == [True]
