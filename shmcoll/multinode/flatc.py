@@ -31,8 +31,12 @@ BIG = 1 << 31           # "always MPI's own" (None in FLAT_BELOW): past the C pa
 
 def install(hier, MPI):
     """Shadow hier's collective methods by C entries on its MPI communicator."""
-    lib_mpi = ctypes.CDLL(MPI.__file__)     # its dependencies hold the library's symbols
-    wide = MPI._sizeof(MPI.Comm) > 4
+    try:
+        lib_mpi = ctypes.CDLL(MPI.__file__)     # its dependencies hold the library's symbols
+        fns = {name: ctypes.cast(getattr(lib_mpi, call[1]), ctypes.c_void_p).value for name, call in CALLS.items()}
+        wide = MPI._sizeof(MPI.Comm) > 4
+    except (OSError, AttributeError):
+        return                                  # an mpi4py whose library this cannot reach: the Python methods
     types = {}
     for char, t in MPI._typedict.items():
         try:
@@ -44,11 +48,10 @@ def install(hier, MPI):
     ops = tuple(getattr(MPI, name) for name in OPS)
     common = (types, ops, tuple(_signed(MPI._handleof(o)) for o in ops), MPI.Exception, MPI.IN_PLACE)
     rank, size = hier.mpi.Get_rank(), hier.mpi.Get_size()
-    for name, (kind, symbol, names, row) in CALLS.items():
+    handles = [_signed(MPI._handleof(hier.mpi)), _signed(MPI._handleof(MPI.BYTE)), _signed(int(MPI.IN_PLACE))]
+    for name, (kind, _, names, row) in CALLS.items():
         below = hier._below[row]
-        info = ffi.new("intptr_t[8]", [ctypes.cast(getattr(lib_mpi, symbol), ctypes.c_void_p).value,
-                                       _signed(MPI._handleof(hier.mpi)), _signed(MPI._handleof(MPI.BYTE)), _signed(int(MPI.IN_PLACE)),
-                                       BIG if below == float("inf") else int(below), 0, 0, 0])
+        info = ffi.new("intptr_t[8]", [fns[name]] + handles + [BIG if below == float("inf") else int(below), 0, 0, 0])
         ints = ffi.cast("int32_t *", info + 5)
         ints[0], ints[1], ints[2], ints[3] = kind, int(wide), rank, size
         method = getattr(type(hier), name).__get__(hier)
