@@ -11,7 +11,7 @@ from .specs import mpi
 __all__ = ["Hier", "from_mpi", "virtual_nodes"]
 
 
-def from_mpi(comm=None, *, options=None, abort_on_error=True, flat_below=None):
+def from_mpi(comm=None, *, options=None, abort_on_error=True, flat_below=None, network=None):
     """A hierarchical communicator over the mpi4py communicator comm
     (default COMM_WORLD); collective over comm.  Its ranks on one node
     (COMM_TYPE_SHARED, or SHMCOLL_VIRTUAL_NODES) share a shmcoll
@@ -20,13 +20,15 @@ def from_mpi(comm=None, *, options=None, abort_on_error=True, flat_below=None):
     aborts the whole MPI job (as `python -m mpi4py` does), so no rank
     waits forever for it.  flat_below: bytes (an int, or a dict by
     collective) below which a call is the MPI library's own on comm
-    (default: hier.FLAT_BELOW's row for the library; 0: always the legs)."""
+    (default: hier.FLAT_BELOW's row for the library; 0: always the legs).
+    network: whether the MPI legs cross a network (default: when comm's
+    ranks are on several machines), where each byte should cross once."""
     MPI = mpi()
     flat = flat_table(MPI.Get_library_version(), flat_below)
     comm = MPI.COMM_WORLD if comm is None else comm
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
         raise TypeError(f"shmcoll.from_mpi(): an mpi4py intracommunicator, not {comm!r}")
-    node_mpi, crowded = node_split(comm)
+    node_mpi, crowded, one_machine = node_split(comm)
     own = comm.Dup()                # MPI's own calls, and the user's through this communicator
     p2p = own.Dup()                 # the legs' point-to-point: never matched by the user's messages
     local = node_mpi.Get_rank()
@@ -35,7 +37,8 @@ def from_mpi(comm=None, *, options=None, abort_on_error=True, flat_below=None):
     index = node_mpi.bcast(leaders.Get_rank() if local == 0 else None, root=0)
     where = np.array(own.allgather((index, local)), np.int64).reshape(-1, 2)
     node = node_comm(node_mpi, options, crowded)
-    hier = Hier(own, node_mpi, leaders if local == 0 else None, up, node, where[:, 0], where[:, 1], flat, p2p)
+    hier = Hier(own, node_mpi, leaders if local == 0 else None, up, node, where[:, 0], where[:, 1], flat, p2p,
+                not one_machine if network is None else bool(network))
     if abort_on_error and hier.size > 1:
         _abort_on_error(hier)
     return hier

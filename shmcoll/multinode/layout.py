@@ -42,17 +42,19 @@ def virtual_node(rank, sizes):
 
 def node_split(comm):
     """(comm's ranks on this rank's node (virtual or real), in comm's
-    order; whether the machine's ranks outnumber the CPUs they may run on)."""
+    order; whether the machine's ranks outnumber the CPUs they may run on;
+    whether comm's ranks are all on this machine)."""
     MPI = mpi()
     sizes = virtual_nodes(MPI.COMM_WORLD.Get_size())
     machine = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     cpus = machine.allgather(sorted(os.sched_getaffinity(0)))
     crowded = machine.Get_size() > len(set().union(*map(set, cpus)))
+    one = machine.Get_size() == comm.Get_size()
     if sizes is None:
-        return machine, crowded
+        return machine, crowded, one
     machine.Free()
     node, _ = virtual_node(MPI.COMM_WORLD.Get_rank(), sizes)
-    return comm.Split(node, comm.Get_rank()), crowded
+    return comm.Split(node, comm.Get_rank()), crowded, one
 
 
 def node_comm(node_mpi, options=None, crowded=False):

@@ -17,6 +17,7 @@ w = MPI.COMM_WORLD
 # reached from C (csrc/mpiflat.c) for plain arrays
 FLAT = int(sys.argv[2]) if len(sys.argv) > 2 else 0
 h = shmcoll.from_mpi(w, flat_below=FLAT)
+hn = shmcoll.from_mpi(w, flat_below=FLAT, network=True)     # its legs as across a network (Allgather's differ)
 p, me = h.Get_size(), h.Get_rank()
 rng = np.random.default_rng(1234 + me)
 SIZES = [int(x) for x in (sys.argv[1].split(",") if len(sys.argv) > 1 else "0,1,7,1000,70000".split(","))]
@@ -104,6 +105,13 @@ for n in SIZES:
         got[me * n:(me + 1) * n] = x
         h.Allgather(MPI.IN_PLACE, got)
         same(got, ref, f"Allgather IN_PLACE {tag}")
+        got[:] = 0
+        hn.Allgather(x, got)
+        same(got, ref, f"Allgather across a network {tag}")
+        got[:] = 0
+        got[me * n:(me + 1) * n] = x
+        hn.Allgather(MPI.IN_PLACE, got)
+        same(got, ref, f"Allgather IN_PLACE across a network {tag}")
         counts = (np.arange(p) * 7 + n) % 5 + n // 3
         x = data(int(counts[me]), dt)
         got, ref = np.zeros(int(counts.sum()), dt), np.zeros(int(counts.sum()), dt)
@@ -162,6 +170,7 @@ same(got, ref, "Allgather of a derived datatype")
 pair.Free()
 assert FLAT or h.fallbacks == 1, f"rank {me}: {h.fallbacks} calls were MPI's own, not only the derived datatype's"
 h.Free()
+hn.Free()
 # small calls with the default sizes: MPI's own after the explicit checks, IN_PLACE and ops as given
 d = shmcoll.from_mpi(w)
 for root in range(p):
