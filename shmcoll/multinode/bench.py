@@ -3,10 +3,12 @@ same communicator, in the same run: `mpiexec -n 4 python -m
 shmcoll.multinode.bench` (SHMCOLL_VIRTUAL_NODES=2,2 for two nodes of two
 on one machine).  Per cell and round: Barrier, t0, N calls, t1; the time
 per call is the maximum over ranks; hierarchical and MPI alternate within
-each round; the ratio is the median over rounds of their per-round ratio.
-Rank 0 prints the table (and --json FILE); "(MPI's own)" marks the sizes
-below FLAT_BELOW, where the hierarchical call is MPI's own call, so its
-ratio shows only the check's cost and the noise.  SHMCOLL_FLAT_BELOW=0
+each round, which goes first alternating between rounds; the ratio is the
+median over rounds of their per-round ratio.  Rank 0 prints the table
+(and --json FILE); "(MPI's own)" marks the sizes below FLAT_BELOW, where
+the hierarchical call is MPI's own call (from C on plain arrays:
+csrc/mpiflat.c), so its ratio shows what mpi4py's handling costs and
+the noise.  SHMCOLL_FLAT_BELOW=0
 times the legs at every size."""
 import argparse
 import json
@@ -99,8 +101,8 @@ def main(argv=None):
                 fn()
             reps = {k: _reps(world, fn, a.min_time) for k, fn in calls.items()}
             times = {k: [] for k in calls}
-            for _ in range(a.rounds):
-                for k, fn in calls.items():
+            for r in range(a.rounds):       # the order alternates: the call after the other's finds the caches its way
+                for k, fn in (calls.items() if r % 2 == 0 else reversed(calls.items())):
                     times[k].append(_time(world, fn, reps[k]))
             ratio = float(np.median(np.array(times["shmcoll"]) / np.array(times["mpi"])))
             legs = n >= hier._below[op.replace("_block", "")]
