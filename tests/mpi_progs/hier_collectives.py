@@ -97,21 +97,16 @@ for n in SIZES:
         w.Allreduce(MPI.IN_PLACE, x)
         same(got, x, f"Allreduce IN_PLACE {tag}")
         x = data(n, dt)
-        got, ref = np.zeros(n * p, dt), np.zeros(n * p, dt)
-        h.Allgather(x, got)
+        ref = np.zeros(n * p, dt)
         w.Allgather(x, ref)
-        same(got, ref, f"Allgather {tag}")
-        got[:] = 0
-        got[me * n:(me + 1) * n] = x
-        h.Allgather(MPI.IN_PLACE, got)
-        same(got, ref, f"Allgather IN_PLACE {tag}")
-        got[:] = 0
-        hn.Allgather(x, got)
-        same(got, ref, f"Allgather across a network {tag}")
-        got[:] = 0
-        got[me * n:(me + 1) * n] = x
-        hn.Allgather(MPI.IN_PLACE, got)
-        same(got, ref, f"Allgather IN_PLACE across a network {tag}")
+        for c, how in ((h, ""), (hn, " across a network")):
+            got = np.zeros(n * p, dt)
+            c.Allgather(x, got)
+            same(got, ref, f"Allgather{how} {tag}")
+            got[:] = 0
+            got[me * n:(me + 1) * n] = x
+            c.Allgather(MPI.IN_PLACE, got)
+            same(got, ref, f"Allgather IN_PLACE{how} {tag}")
         counts = (np.arange(p) * 7 + n) % 5 + n // 3
         x = data(int(counts[me]), dt)
         got, ref = np.zeros(int(counts.sum()), dt), np.zeros(int(counts.sum()), dt)
