@@ -19,7 +19,7 @@
 
 enum { F_BARRIER, F_BCAST, F_REDUCE, F_ALLREDUCE, F_ALLGATHER, F_ALLTOALL, F_GATHER, F_SCATTER, F_RSB };
 
-/* self: (the bytes of a flat_t, the Python method, argument names, {numpy
+/* self: (a bytearray holding a flat_t (Hier.Free sets below to 0: every call then declines), the Python method, argument names, {numpy
  * dtype: (datatype handle, itemsize)}, (the built-in ops, SUM first), (their
  * handles), MPI.Exception, MPI.IN_PLACE) */
 typedef struct {
@@ -58,7 +58,7 @@ static int in_place(PyObject *self, PyObject *v) { return !v || v == Py_None || 
 static int op_handle(PyObject *self, PyObject *op, intptr_t *h)
 {
     PyObject *ops = PyTuple_GET_ITEM(self, 4), *hs = PyTuple_GET_ITEM(self, 5);
-    if (!op || op == Py_None) op = PyTuple_GET_ITEM(ops, 0);
+    if (!op) op = PyTuple_GET_ITEM(ops, 0);        /* None is none of them: mpi4py refuses it */
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(ops); i++)
         if (PyTuple_GET_ITEM(ops, i) == op) {
             *h = (intptr_t)PyLong_AsSsize_t(PyTuple_GET_ITEM(hs, i));
@@ -94,12 +94,15 @@ static int take(PyObject *v, int wanted, int writable, Py_buffer *b, PyObject **
 
 static PyObject *flat(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
 {
-    const flat_t *f = (const flat_t *)PyBytes_AS_STRING(PyTuple_GET_ITEM(self, 0));
+    const flat_t *f = (const flat_t *)PyByteArray_AS_STRING(PyTuple_GET_ITEM(self, 0));
     PyObject *a[4] = { NULL }, *sd, *rd;
     Py_buffer sb, rb;
     int k = f->kind, root = 0, p = f->size, me;
     intptr_t op = 0, type = f->byte;
     if (!sc_py_parse(args, nargsf, kw, PyTuple_GET_ITEM(self, 2), a)) return decline(self, args, nargsf, kw);
+    /* a buffer the signature requires and the call left out: Python's TypeError (absent is not IN_PLACE) */
+    if (k != F_BARRIER && (!a[0] || (k != F_BCAST && k != F_REDUCE && k != F_GATHER && !a[1])))
+        return decline(self, args, nargsf, kw);
     if (k == F_BARRIER) {
         if (f->below <= 0) return decline(self, args, nargsf, kw);
         int rc;

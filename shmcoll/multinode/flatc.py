@@ -26,7 +26,7 @@ CALLS = {
     "Reduce_scatter_block": (8, "MPI_Reduce_scatter_block", ("sendbuf", "recvbuf", "op"), "reduce_scatter"),
 }
 OPS = ("SUM", "PROD", "MAX", "MIN", "LAND", "BAND", "LOR", "BOR", "LXOR", "BXOR")     # SUM first: an absent op
-BIG = 1 << 31           # "always MPI's own" (None in FLAT_BELOW): past the C path's int counts; below * ranks fits
+BIG = 1 << 31           # "always MPI's own" (None, or any size past the C path's int counts): below * ranks fits
 
 
 def install(hier, MPI):
@@ -51,13 +51,24 @@ def install(hier, MPI):
     handles = [_signed(MPI._handleof(hier.mpi)), _signed(MPI._handleof(MPI.BYTE)), _signed(int(MPI.IN_PLACE))]
     for name, (kind, _, names, row) in CALLS.items():
         below = hier._below[row]
-        info = ffi.new("intptr_t[8]", [fns[name]] + handles + [BIG if below == float("inf") else int(below), 0, 0, 0])
+        info = ffi.new("intptr_t[8]", [fns[name]] + handles + [BIG if below >= BIG else int(below), 0, 0, 0])
         ints = ffi.cast("int32_t *", info + 5)
         ints[0], ints[1], ints[2], ints[3] = kind, int(wide), rank, size
         method = getattr(type(hier), name).__get__(hier)
+        state = bytearray(ffi.buffer(info))
+        hier._flat_states.append(state)
         hier.__dict__[name] = _new_cfunction(int(ffi.cast("uintptr_t", lib.sc_py_flat())),
-                                             (bytes(ffi.buffer(info)), method,
-                                              tuple(sys.intern(n) for n in names)) + common, None)
+                                             (state, method, tuple(sys.intern(n) for n in names)) + common, None)
+
+
+def uninstall(hier):
+    """hier's MPI communicator is freed: its C entries (and references to
+    them kept elsewhere) decline every call from now on, to the Python
+    methods, which raise as mpi4py does on a freed communicator."""
+    for state in hier._flat_states:
+        ffi.cast("intptr_t *", ffi.from_buffer(state))[4] = 0      # below: no size is under it
+    for name in CALLS:
+        hier.__dict__.pop(name, None)
 
 
 def _signed(address):

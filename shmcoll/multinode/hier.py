@@ -47,6 +47,9 @@ FLAT_BELOW = {
 SPREAD = 16 * K       # from here an Allreduce's MPI leg is spread over the node's ranks
 
 
+SUM_ARG = object()      # an op left out: SUM, as mpi4py's default (None is refused, as mpi4py refuses it)
+
+
 class Flat(Exception):
     """This call is MPI's own: the legs lose at its size."""
 
@@ -79,6 +82,8 @@ def _legs(fn):
 
     @functools.wraps(fn)
     def method(self, *args, **kw):
+        if self.freed:          # MPI's error, on every rank alike (the legs' communicators are gone)
+            return getattr(self.mpi, name)(*args, **kw)
         try:
             return fn(self, *args, **kw)
         except Flat:
@@ -117,6 +122,8 @@ class Hier:
         # ranks (ordered by rank) are then in node order
         self.even = self.blocked and bool((self.counts == self.counts[0]).all())
         self.fallbacks = 0      # calls that were MPI's own (what the legs cannot express)
+        self._flat_states = []      # the C entries' states (flatc.py)
+        self.freed = False
         flatc.install(self, mpi())
 
     def __getattr__(self, name):
@@ -213,15 +220,19 @@ class Hier:
             return self.mpi.Bcast(buf, root)
         return self._Bcast(buf, root)
 
-    def Reduce(self, sendbuf, recvbuf=None, op=None, root=0):
-        op = self._sum if op is None else op
+    def Reduce(self, sendbuf, recvbuf=None, op=SUM_ARG, root=0):
+        if op is None:                  # mpi4py's TypeError (its default is SUM; None is no op)
+            return self.mpi.Reduce(sendbuf, recvbuf, op, root)
+        op = self._sum if op is SUM_ARG else op
         x = recvbuf if sendbuf is self._ip or sendbuf is None else sendbuf
         if type(x) is np.ndarray and x.nbytes < self._below["reduce"]:
             return self.mpi.Reduce(sendbuf, recvbuf, op, root)
         return self._Reduce(sendbuf, recvbuf, op, root)
 
-    def Allreduce(self, sendbuf, recvbuf, op=None):
-        op = self._sum if op is None else op
+    def Allreduce(self, sendbuf, recvbuf, op=SUM_ARG):
+        if op is None:
+            return self.mpi.Allreduce(sendbuf, recvbuf, op)
+        op = self._sum if op is SUM_ARG else op
         if type(recvbuf) is np.ndarray and recvbuf.nbytes < self._below["allreduce"]:
             return self.mpi.Allreduce(sendbuf, recvbuf, op)
         return self._Allreduce(sendbuf, recvbuf, op)
@@ -248,8 +259,10 @@ class Hier:
             return self.mpi.Scatter(sendbuf, recvbuf, root)
         return self._Scatter(sendbuf, recvbuf, root)
 
-    def Reduce_scatter_block(self, sendbuf, recvbuf, op=None):
-        op = self._sum if op is None else op
+    def Reduce_scatter_block(self, sendbuf, recvbuf, op=SUM_ARG):
+        if op is None:
+            return self.mpi.Reduce_scatter_block(sendbuf, recvbuf, op)
+        op = self._sum if op is SUM_ARG else op
         if type(recvbuf) is np.ndarray and \
                 recvbuf.nbytes < self._below["reduce_scatter"] * (self.size if sendbuf is self._ip or sendbuf is None else 1):
             return self.mpi.Reduce_scatter_block(sendbuf, recvbuf, op)
@@ -553,7 +566,10 @@ class Hier:
         self._reduce_scatter(r.copy() if in_place(s) else s, r[:k], np.full(self.size, k, np.int64), op)
 
     @_legs
-    def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=None):
+    def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=SUM_ARG):
+        if op is None:
+            raise Fallback              # MPI's own: mpi4py's TypeError
+        op = None if op is SUM_ARG else op
         r = simple(recvbuf, "recvbuf", True)
         s = simple(sendbuf, "sendbuf")
         if recvcounts is None:
@@ -620,6 +636,8 @@ class Hier:
     def Free(self):
         """Free the node's communicator and the MPI communicators made for
         this one (collective)."""
+        flatc.uninstall(self)
+        self.freed = True
         self.node.Free()
         for c in (self.leaders, self.up, self.node_mpi, self.p2p, self.mpi):
             if c is not None:

@@ -47,6 +47,20 @@ cases = {
     "Allgather recvbuf short": lambda c: c.Allgather(np.ones(10), np.zeros(10 * p - 1)),
     "Alltoall blocks": lambda c: c.Alltoall(np.ones(10 * p + 1), np.zeros(10 * p + 1)),
     "Reduce_scatter_block counts": lambda c: c.Reduce_scatter_block(np.ones(3 * p), np.zeros(4)),
+    # a buffer left out is no IN_PLACE (the C path once ran these in place, or hung the root)
+    "Allreduce without sendbuf": lambda c: c.Allreduce(recvbuf=np.ones(4)),
+    "Allgather without sendbuf": lambda c: c.Allgather(recvbuf=np.ones(4 * p)),
+    "Alltoall without sendbuf": lambda c: c.Alltoall(recvbuf=np.ones(4 * p)),
+    "Reduce_scatter_block without sendbuf": lambda c: c.Reduce_scatter_block(recvbuf=np.ones(4)),
+    "Reduce without sendbuf": lambda c: c.Reduce(recvbuf=np.ones(4), root=0),
+    "Gather without sendbuf": lambda c: c.Gather(recvbuf=np.ones(4 * p), root=0),
+    "Scatter without recvbuf": lambda c: c.Scatter(np.ones(4 * p), root=0),
+    "Bcast without buf": lambda c: c.Bcast(root=0),
+    # mpi4py's default op is SUM; None is no op
+    "Allreduce op None": lambda c: c.Allreduce(np.ones(4), np.zeros(4), op=None),
+    "Reduce op None": lambda c: c.Reduce(np.ones(4), np.zeros(4), op=None, root=1),
+    "Reduce_scatter_block op None": lambda c: c.Reduce_scatter_block(np.ones(4 * p), np.zeros(4), op=None),
+    "Reduce_scatter op None": lambda c: c.Reduce_scatter(np.ones(4 * p), np.zeros(4), [4] * p, op=None),
 }
 for name, call in cases.items():
     mpi_exc, hier_exc = refused(call)
@@ -65,6 +79,20 @@ for t in ("TWOINT", "DOUBLE_INT", "SHORT_INT", "WCHAR"):
     h.Allgather([mine, 3, dt], [g, 3, dt])
     w.Allgather([mine, 3, dt], [ref, 3, dt])
     assert np.array_equal(g, ref), (me, t)
+# after Free, a call raises MPI's error, also through a method saved before
+# (the C entries once kept the freed handle: MPICH ran the call on a newer
+# communicator that reused it)
+bcast = h.Bcast
 h.Free()
+dups = [w.Dup() for _ in range(6)]
+for call in (bcast, h.Bcast):
+    try:
+        call(np.zeros(4), 0)
+        raise AssertionError(f"rank {me}: a Bcast on the freed communicator returned")
+    except MPI.Exception:
+        pass
+for d in dups:
+    d.Free()
+shmcoll.from_mpi(w, flat_below=1 << 63).Free()         # any size: MPI's own at every one
 if me == 0:
     print("ok", flush=True)
