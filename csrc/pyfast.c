@@ -583,9 +583,12 @@ static PyObject *start_known(sc_comm_t *c, PyObject *cfg, const int64_t *prog, c
     }
     if (!tmpl || !PyTuple_Check(tmpl) || PyTuple_GET_SIZE(tmpl) < 5 || PyTuple_GET_ITEM(tmpl, 4) != Py_False)
         return Py_BuildValue("(KKK)", p, s, r);
-    c->nb_spare = NULL;
+    c->nb_spare = NULL;             /* taken: another thread's start meanwhile goes to Python */
     sc_nb_bind(c, st, (uintptr_t)prog, (uintptr_t)sbuf, (uintptr_t)rbuf, 0);
-    int rc = sc_nb_start(c, st);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS          /* a start may spin a while for its peers: the GIL goes, as cffi's call let it */
+    rc = sc_nb_start(c, st);
+    Py_END_ALLOW_THREADS
     if (!rc && st->fast) {
         c->nb_spare = st;
         PyTypeObject *t = (PyTypeObject *)PyTuple_GET_ITEM(cfg, 1);
