@@ -176,10 +176,17 @@ def test_a_node_peer_death_is_named_when_mpiexec_waits(env, tmp_path):
     if LIBS[env] != "MPICH":
         pytest.skip("MPICH's Hydra flag")
     # a non-leader in Barrier: only its node's leader waits on it, in a node
-    # leg (a rank an MPI leg waits on may be MPICH's to notice first)
-    rc, out, took = mpiexec(env, 4, "hier_victim.py", "barrier", 1, 50, tmp_path / "note", nodes="2,2",
-                            timeout=60, flags=["-disable-auto-cleanup"])
-    assert rc != 0 and took < 30, out[-3000:]
+    # leg (a rank an MPI leg waits on may be MPICH's to notice first).
+    # Hydra sometimes loses the ranks' last output as the job ends (it
+    # reports only the killed rank, or fails itself: "control_cb ... assert
+    # (!closed) failed"; every time with other work on the CPUs, now and
+    # then without): the run is tried up to 3 times for the line
+    for _ in range(3):
+        rc, out, took = mpiexec(env, 4, "hier_victim.py", "barrier", 1, 50, tmp_path / "note", nodes="2,2",
+                                timeout=60, flags=["-disable-auto-cleanup"])
+        assert rc != 0 and took < 30, out[-3000:]
+        if "shmcoll: rank" in out:
+            break
     assert "shmcoll: rank 1 failed: PeerDied" in out, out[-3000:]
 
 
