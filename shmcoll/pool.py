@@ -24,6 +24,7 @@ import multiprocessing
 import os
 import selectors
 import signal
+import _signal
 import threading
 import traceback
 import weakref
@@ -80,9 +81,9 @@ class _Held:
         if threading.current_thread() is not _MAIN:
             return
         if self.depth == 0:
-            real = signal.getsignal(signal.SIGINT)
+            real = _signal.getsignal(signal.SIGINT)     # signal's own wraps each handler in an enum: 2 us a pair
             if callable(real):
-                signal.signal(signal.SIGINT, self._note)
+                _signal.signal(signal.SIGINT, self._note)
                 self.real = real
         self.depth += 1
 
@@ -92,7 +93,7 @@ class _Held:
         self.depth -= 1
         if self.depth == 0 and self.real is not None:
             real, self.real = self.real, None
-            signal.signal(signal.SIGINT, real)
+            _signal.signal(signal.SIGINT, real)
             got, self.got = self.got, None
             if got is not None:
                 real(*got)
