@@ -303,6 +303,17 @@ void sc_p2p_free(sc_comm_t *c);
 int64_t sc_p2p_helped(sc_comm_t *c);   /* bytes this rank wrote into its receivers' buffers (shared rendezvous) */
 void *sc_py_p2p(int i);
 void *sc_py_flat(void);
+/* A small collective of the hierarchical communicator straight to MPI
+ * (csrc/mpiflat.c), as shmcoll/multinode/flatc.py fills it: the MPI
+ * function, the communicator's, MPI_BYTE's and MPI_IN_PLACE's handles
+ * (ints or pointers: wide), FLAT_BELOW's bytes (0 once freed: every call
+ * declines), the call's kind, this rank and the size. */
+typedef struct {
+    void *fn;
+    intptr_t comm, byte, in_place;
+    int64_t below;
+    int32_t kind, wide, rank, size;
+} sc_flat_t;
 
 /* pool channels and the owner's bell (csrc/chan.c) */
 int64_t sc_chan_size(int64_t cap);

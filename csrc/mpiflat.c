@@ -19,15 +19,9 @@
 
 enum { F_BARRIER, F_BCAST, F_REDUCE, F_ALLREDUCE, F_ALLGATHER, F_ALLTOALL, F_GATHER, F_SCATTER, F_RSB };
 
-/* self: (a bytearray holding a flat_t (Hier.Free sets below to 0: every call then declines), the Python method, argument names, {numpy
- * dtype: (datatype handle, itemsize)}, (the built-in ops, SUM first), (their
- * handles), MPI.Exception, MPI.IN_PLACE) */
-typedef struct {
-    void *fn;                    /* the MPI function */
-    intptr_t comm, byte, in_place;
-    int64_t below;               /* bytes (of the whole buffer, or of a block: as hier.py's checks) */
-    int32_t kind, wide, rank, size;
-} flat_t;
+/* self: (a bytearray holding an sc_flat_t (core.h), the Python method,
+ * argument names, {numpy dtype: (datatype handle, itemsize)}, (the
+ * built-in ops, SUM first), (their handles), MPI.Exception, MPI.IN_PLACE) */
 
 int sc_py_parse(PyObject *const *args, size_t nargsf, PyObject *kw, PyObject *names, PyObject **out);   /* pyfast.c */
 int sc_py_array(PyObject *v, int writable, Py_buffer *b, PyObject **descr);
@@ -52,7 +46,7 @@ static PyObject *decline(PyObject *self, PyObject *const *args, size_t nargsf, P
     return PyObject_Vectorcall(PyTuple_GET_ITEM(self, 1), args, nargsf, kw);
 }
 
-static int in_place(PyObject *self, PyObject *v) { return !v || v == Py_None || v == PyTuple_GET_ITEM(self, 7); }
+static int in_place(PyObject *self, PyObject *v) { return v == Py_None || v == PyTuple_GET_ITEM(self, 7); }
 
 /* op's handle among the built-in ops (by identity; absent: SUM, the first); 0 if it is none of them. */
 static int op_handle(PyObject *self, PyObject *op, intptr_t *h)
@@ -94,7 +88,7 @@ static int take(PyObject *v, int wanted, int writable, Py_buffer *b, PyObject **
 
 static PyObject *flat(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
 {
-    const flat_t *f = (const flat_t *)PyByteArray_AS_STRING(PyTuple_GET_ITEM(self, 0));
+    const sc_flat_t *f = (const sc_flat_t *)PyByteArray_AS_STRING(PyTuple_GET_ITEM(self, 0));
     PyObject *a[4] = { NULL }, *sd, *rd;
     Py_buffer sb, rb;
     int k = f->kind, root = 0, p = f->size, me;
@@ -144,8 +138,6 @@ static PyObject *flat(PyObject *self, PyObject *const *args, size_t nargsf, PyOb
     case F_SCATTER: check = ip ? sn : rn, scale = ip ? p : 1; break;
     default: check = rn, scale = ip ? p : 1; break;            /* F_RSB */
     }
-    /* counts in bytes (or items of the reduction's datatype), each side's
-     * from its own buffer, as mpi4py's; what mpi4py refuses goes to it */
     int64_t isz[2] = { 1, 1 }, scount = 0, rcount = 0;
     int ok = check < f->below * scale;        /* below is at most 2^31 (flatc.py): no overflow */
     /* numpy arrays of dtypes mpi4py maps to a datatype (it refuses a
@@ -161,8 +153,9 @@ static PyObject *flat(PyObject *self, PyObject *const *args, size_t nargsf, PyOb
             type = (intptr_t)PyLong_AsSsize_t(PyTuple_GET_ITEM(h, 0));
         }
     }
-    /* the counts, checked in items as mpi4py checks them: bytes, or a
-     * reduction's items; what mpi4py refuses goes to it */
+    /* the counts, each side's from its own buffer and checked in items as
+     * mpi4py checks them: bytes, or a reduction's items; what mpi4py
+     * refuses goes to it */
     int64_t si = sn / isz[0], ri = rn / isz[1];
     if (ok) {
         switch (k) {

@@ -34,7 +34,7 @@ def install(hier, MPI):
     try:
         lib_mpi = ctypes.CDLL(MPI.__file__)     # its dependencies hold the library's symbols
         fns = {name: ctypes.cast(getattr(lib_mpi, call[1]), ctypes.c_void_p).value for name, call in CALLS.items()}
-        wide = MPI._sizeof(MPI.Comm) > 4
+        wide = int(MPI._sizeof(MPI.Comm) > 4)
     except (OSError, AttributeError):
         return                                  # an mpi4py whose library this cannot reach: the Python methods
     types = {}
@@ -48,14 +48,14 @@ def install(hier, MPI):
     ops = tuple(getattr(MPI, name) for name in OPS)
     common = (types, ops, tuple(_signed(MPI._handleof(o)) for o in ops), MPI.Exception, MPI.IN_PLACE)
     rank, size = hier.mpi.Get_rank(), hier.mpi.Get_size()
-    handles = [_signed(MPI._handleof(hier.mpi)), _signed(MPI._handleof(MPI.BYTE)), _signed(int(MPI.IN_PLACE))]
+    comm, byte, in_place = (_signed(MPI._handleof(hier.mpi)), _signed(MPI._handleof(MPI.BYTE)),
+                            _signed(int(MPI.IN_PLACE)))
     for name, (kind, _, names, row) in CALLS.items():
         below = hier._below[row]
-        info = ffi.new("intptr_t[8]", [fns[name]] + handles + [BIG if below >= BIG else int(below), 0, 0, 0])
-        ints = ffi.cast("int32_t *", info + 5)
-        ints[0], ints[1], ints[2], ints[3] = kind, int(wide), rank, size
+        state = bytearray(ffi.buffer(ffi.new("sc_flat_t *", {
+            "fn": ffi.cast("void *", fns[name]), "comm": comm, "byte": byte, "in_place": in_place,
+            "below": BIG if below >= BIG else int(below), "kind": kind, "wide": wide, "rank": rank, "size": size})))
         method = getattr(type(hier), name).__get__(hier)
-        state = bytearray(ffi.buffer(info))
         hier._flat_states.append(state)
         hier.__dict__[name] = _new_cfunction(int(ffi.cast("uintptr_t", lib.sc_py_flat())),
                                              (state, method, tuple(sys.intern(n) for n in names)) + common, None)
@@ -66,7 +66,7 @@ def uninstall(hier):
     them kept elsewhere) decline every call from now on, to the Python
     methods, which raise as mpi4py does on a freed communicator."""
     for state in hier._flat_states:
-        ffi.cast("intptr_t *", ffi.from_buffer(state))[4] = 0      # below: no size is under it
+        ffi.from_buffer("sc_flat_t *", state).below = 0      # no size is under it
     for name in CALLS:
         hier.__dict__.pop(name, None)
 

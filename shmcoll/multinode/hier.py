@@ -303,9 +303,9 @@ class Hier:
             self.node.Bcast(a, root=0)
 
     @_legs
-    def _Reduce(self, sendbuf, recvbuf=None, op=None, root=0):
+    def _Reduce(self, sendbuf, recvbuf, op, root):
         root = self._root(root)
-        m_op, s_op = op_pair(mpi().SUM if op is None else op)
+        m_op, s_op = op_pair(op)
         me_root = self.rank == root
         r = simple(recvbuf, "recvbuf", True) if me_root else None
         s = simple(sendbuf, "sendbuf")
@@ -328,8 +328,8 @@ class Hier:
                 self.node.Recv(r, source=0, tag=TAG)
 
     @_legs
-    def _Allreduce(self, sendbuf, recvbuf, op=None):
-        m_op, s_op = op_pair(mpi().SUM if op is None else op)
+    def _Allreduce(self, sendbuf, recvbuf, op):
+        m_op, s_op = op_pair(op)
         r, s = simple(recvbuf, "recvbuf", True), simple(sendbuf, "sendbuf")
         reducible(s_op, r.dtype)
         self._alike(s, r, r.size, folded=True)
@@ -557,7 +557,7 @@ class Hier:
         req.Wait()
 
     @_legs
-    def _Reduce_scatter_block(self, sendbuf, recvbuf, op=None):
+    def _Reduce_scatter_block(self, sendbuf, recvbuf, op):
         r = simple(recvbuf, "recvbuf", True, self.size if in_place(sendbuf) else 0)
         s = simple(sendbuf, "sendbuf", False, self.size)
         k = r.size // self.size if in_place(s) else r.size
@@ -569,7 +569,7 @@ class Hier:
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=SUM_ARG):
         if op is None:
             raise Fallback              # MPI's own: mpi4py's TypeError
-        op = None if op is SUM_ARG else op
+        op = self._sum if op is SUM_ARG else op
         r = simple(recvbuf, "recvbuf", True)
         s = simple(sendbuf, "sendbuf")
         if recvcounts is None:
@@ -587,7 +587,7 @@ class Hier:
         else node Reduce to the leader, Reduce_scatter among the leaders
         by node, node Scatter (Scatterv where the counts differ)."""
         self._need_blocks()
-        m_op, s_op = op_pair(mpi().SUM if op is None else op)
+        m_op, s_op = op_pair(op)
         reducible(s_op, s.dtype)
         k = int(counts[0])
         if self.many and self.even and (counts == k).all():
