@@ -199,5 +199,33 @@ def test_an_exception_on_one_rank_aborts_the_job(env):
     assert "ValueError: rank 1 gives up" in out, out[-3000:]
 
 
+def test_the_abort_hook_reports_in_one_write(monkeypatch):
+    """mpiexec forwards stderr in the pieces it reads: the traceback goes in
+    one write, before the abort, so the library's notice of the abort cannot
+    split its last line (seen under Open MPI with PYTHONUNBUFFERED)."""
+    from shmcoll import multinode
+
+    writes, events = [], []
+    monkeypatch.setattr(os, "write", lambda fd, data: writes.append((fd, bytes(data))) or len(data))
+    monkeypatch.setattr(sys, "excepthook", sys.__excepthook__)
+
+    class Mpi:
+        def Abort(self, code):
+            events.append(("abort", code, len(writes)))
+
+    class FakeHier:
+        mpi = Mpi()
+
+    multinode._abort_on_error(FakeHier())
+    try:
+        raise ValueError("rank 1 gives up")
+    except ValueError as e:
+        sys.excepthook(type(e), e, e.__traceback__)
+    assert [fd for fd, _ in writes] == [2], writes
+    text = writes[0][1].decode()
+    assert text.startswith("Traceback") and text.endswith("ValueError: rank 1 gives up\n"), text
+    assert events == [("abort", 1, 1)]
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -1,6 +1,8 @@
 """shmcoll inside an MPI job that spans nodes: shared memory within each
 node, MPI between them (docs/multinode.md)."""
+import os
 import sys
+import traceback
 
 import numpy as np
 
@@ -48,8 +50,25 @@ def _abort_on_error(hier):
     hook = sys.excepthook
 
     def abort(*exc):
-        hook(*exc)
+        if hook is sys.__excepthook__:
+            _report(*exc)
+        else:
+            hook(*exc)
         sys.stderr.flush()
         hier.mpi.Abort(1)
     sys.excepthook = abort
+
+
+def _report(*exc):
+    """The traceback in one write: mpiexec forwards a rank's stderr in the
+    pieces it reads, and Open MPI's notice of the abort that follows has
+    been seen between "ValueError" and ": rank 1 gives up" when the default
+    hook wrote them separately."""
+    text = "".join(traceback.format_exception(*exc)).encode(errors="backslashreplace")
+    sys.stderr.flush()
+    try:
+        while text:
+            text = text[os.write(2, text):]
+    except OSError:
+        pass
 
