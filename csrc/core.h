@@ -274,6 +274,7 @@ void sc_nb_stop(sc_comm_t *c);
 int sc_own(sc_comm_t *c);
 void sc_disown(sc_comm_t *c);
 
+int sc_arena_holds(uint64_t addr, uint64_t n);      /* [addr, addr + n) in this process's arena (pages.c) */
 void sc_copy(char *dst, const char *src, int64_t n, int nt);
 int sc_reduce(int64_t word, char *d, const char *a, const char *b, int64_t n);
 

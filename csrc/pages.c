@@ -223,6 +223,15 @@ static void drop(void *p, size_t n)
     else munmap(p, n);
 }
 
+/* For the torch backend (shmcoll/torch.py): whether [addr, addr + n)
+ * lies in this process's arena, a range reserved once and never moved, so
+ * that a storage already there is not moved again. */
+int sc_arena_holds(uint64_t addr, uint64_t n)
+{
+    const char *p = (const char *)(uintptr_t)addr;
+    return in_arena(p) && n <= (uint64_t)(arena + ARENA - p);
+}
+
 /* For a peer (csrc/peers.c): this process's arena, 0; -1 if none (or
  * one with ranges in quarantine). */
 int sc_arena_of(int32_t *fd, uint64_t *base, uint64_t *len, uint64_t *ino)

@@ -17,33 +17,81 @@ import torch.distributed as dist
 from torch.futures import Future
 
 from . import ops
+from ._core import lib
 from .buffers import IN_PLACE
 from .launcher import init
 
 NAME = "shmcoll"
-# (torch's, shmcoll's): an opts.reduceOp is a ReduceOp that equals its RedOpType but does not hash as it
-_OPS = [(dist.ReduceOp.SUM, ops.SUM), (dist.ReduceOp.PRODUCT, ops.PROD), (dist.ReduceOp.MIN, ops.MIN),
-        (dist.ReduceOp.MAX, ops.MAX), (dist.ReduceOp.BAND, ops.BAND), (dist.ReduceOp.BOR, ops.BOR),
-        (dist.ReduceOp.BXOR, ops.BXOR), (dist.ReduceOp.AVG, ops.SUM)]
+# (torch's, shmcoll's, whether an average): an opts.reduceOp is a ReduceOp that equals its RedOpType but
+# does not hash as it
+_OPS = [(dist.ReduceOp.SUM, ops.SUM, False), (dist.ReduceOp.PRODUCT, ops.PROD, False),
+        (dist.ReduceOp.MIN, ops.MIN, False), (dist.ReduceOp.MAX, ops.MAX, False), (dist.ReduceOp.BAND, ops.BAND, False),
+        (dist.ReduceOp.BOR, ops.BOR, False), (dist.ReduceOp.BXOR, ops.BXOR, False), (dist.ReduceOp.AVG, ops.SUM, True)]
+
+
+#: From here a storage that comes back moves into the rank's arena (docs/torch.md)
+MOVE_BYTES = 64 << 10
+#: Storages seen once (data pointer -> bytes), the most recent SEEN of them: a second call moves one
+SEEN = 64
+_seen = {}
+
+
+def _to_arena(s):
+    """Move storage s into this rank's arena, where peers copy it with
+    plain loads and stores instead of process_vm_readv, on the second call
+    that brings it: DDP's buckets come back every step, a tensor made for
+    one call would pay a copy for nothing.  The storage keeps its identity,
+    contents and views (as share_memory_() moves one into shared memory),
+    and its old memory is freed.  Only a storage that torch allocated and
+    nobody views as a numpy array: torch marks one not resizable once
+    .numpy() has viewed it or when it wraps foreign memory (from_numpy),
+    and shared ones belong to other processes too."""
+    ptr, n = s.data_ptr(), s.nbytes()
+    if not s.resizable() or s.is_shared():
+        return
+    if _seen.pop(ptr, None) != n:
+        _seen[ptr] = n
+        if len(_seen) > SEEN:
+            del _seen[next(iter(_seen))]
+        return
+    room = np.empty(n, np.uint8)            # a rank's numpy arrays of this size come from its arena
+    if not lib.sc_arena_holds(room.ctypes.data, n):
+        return                              # none in this thread (or this process)
+    new = torch.from_numpy(room).untyped_storage()
+    new.copy_(s)
+    s._swap_data_ptr_(new)                  # new now holds the old memory, freed with it
 
 
 def _array(t):
-    """A CPU tensor's memory as a numpy array (its data: autograd aside)."""
-    if t.device.type != "cpu":
+    """A CPU tensor's memory as a numpy array (its data: autograd aside).
+    A large storage outside the arena is viewed through DLPack, which (unlike
+    .numpy()) leaves it resizable, so that _to_arena can still tell it apart."""
+    if not t.is_cpu:
         raise ValueError(f"the shmcoll backend moves CPU tensors; this one is on {t.device}")
     if not t.is_contiguous():
         raise ValueError("the shmcoll backend needs contiguous tensors (as gloo does)")
-    t = t.detach()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(ops.BF16)
-    return t.numpy()
+    if t.requires_grad:
+        t = t.detach()
+    bf16 = t.dtype == torch.bfloat16
+    if bf16:
+        t = t.view(torch.int16)
+    if t.nbytes < MOVE_BYTES:
+        a = t.numpy()
+    else:
+        s = t.untyped_storage()
+        if lib.sc_arena_holds(s.data_ptr(), s.nbytes()):
+            a = t.numpy()
+        else:
+            _to_arena(s)
+            a = np.from_dlpack(t)
+    return a.view(ops.BF16) if bf16 else a
 
 
 def _op(opts):
     op = opts.reduceOp
-    for theirs, ours in _OPS:
+    for theirs, ours, avg in _OPS:
         if op == theirs:
-            return ours, theirs == dist.ReduceOp.AVG
+            return ours, avg
     raise ValueError(f"the shmcoll backend has no reduction {getattr(op, 'op', op)} (PREMUL_SUM)")
 
 
@@ -60,8 +108,7 @@ class _Done(dist._Work):
 
     def __init__(self, value):
         super().__init__()
-        self._future = Future()
-        self._future.set_result(value)
+        self._value, self._future = value, None
 
     def wait(self, timeout=None):
         return True
@@ -73,6 +120,9 @@ class _Done(dist._Work):
         return True
 
     def get_future(self):
+        if self._future is None:        # made when asked: a blocking call never asks
+            self._future = Future()
+            self._future.set_result(self._value)
         return self._future
 
 
@@ -110,8 +160,9 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
 
     def allgather(self, outputs, inputs, opts=None):
         for outs, t in zip(outputs, inputs):
-            got = np.empty((self.comm.size,) + _array(t).shape, _array(t).dtype)
-            self.comm.Allgather(_array(t), got)
+            a = _array(t)
+            got = np.empty((self.comm.size,) + a.shape, a.dtype)
+            self.comm.Allgather(a, got)
             for o, g in zip(outs, got):
                 _array(o)[...] = g
         return _Done(outputs)

@@ -254,19 +254,25 @@ def test_output_piped_into_head_ends_quietly():
     assert p.returncode == 0 and p.stdout.startswith("shmcoll bench: ") and p.stderr == "", p.stderr
 
 
-TORCH = os.environ.get("SHMCOLL_PEER_TORCH", "/tmp/peer-torch")
+#: An interpreter with torch: SHMCOLL_PEER_TORCH's environment, else this one when it imports torch.
+TORCH = os.environ.get("SHMCOLL_PEER_TORCH") or sys.executable
 
 
 @pytest.mark.timeout(180)
-def test_gloo_peer_verifies_with_the_root_rotated(tmp_path):
-    """gloo's processes run the same Cases: Reduce's root rotates, every iteration checked."""
+@pytest.mark.parametrize("name", ["gloo", "torch"])
+def test_torch_peers_verify_with_the_root_rotated(tmp_path, name):
+    """torch.distributed's processes (gloo's, and shmcoll's own backend as
+    the torch column) run the same Cases: Reduce's root rotates, every
+    iteration checked."""
     try:
-        peer = bench.find_peer("gloo", {"gloo": TORCH})
+        peer = bench.find_peer(name, {name: TORCH if name == "gloo" else sys.executable})
     except bench.PeerError as e:
-        pytest.skip(f"no torch peer at {TORCH} (see bench/README.md): {e}")
+        pytest.skip(f"no torch at {TORCH} (see bench/README.md): {e}")
     cfg = bench.parse(["reduce", "-n", "2", "--sizes", "8,4096", *FIXED, "--verify"])
     libraries = {}
-    rows = bench.run_gloo(peer, "reduce", 2, cfg, libraries)
+    rows = bench.run_torch(peer, "reduce", 2, cfg, libraries)
     assert [r["size"] for r in rows] == [8, 4096]
     assert all(r["valid"] and r["error"] is None and r["iters"] == 20 for r in rows), rows
-    assert libraries["gloo"].startswith("torch ")
+    version = subprocess.run([peer.python, "-c", "import torch; print(torch.__version__)"], capture_output=True,
+                             text=True, timeout=120).stdout.strip()
+    assert libraries[name] == f"torch {version} {bench.TORCH[name]}"

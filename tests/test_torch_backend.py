@@ -15,9 +15,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-def torchrun(prog, n, backend):
+def torchrun(prog, n, backend, *args):
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n),
-                        os.path.join(HERE, "torch_progs", prog), backend],
+                        os.path.join(HERE, "torch_progs", prog), backend, *map(str, args)],
                        env=dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1"), capture_output=True, text=True,
                        timeout=240)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -25,8 +25,17 @@ def torchrun(prog, n, backend):
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_collectives_give_gloos_results(n):
-    assert torchrun("collectives.py", n, "shmcoll") == torchrun("collectives.py", n, "gloo")
+def test_collectives_give_gloos_results(n, tmp_path):
+    got = {}
+    for backend in ("shmcoll", "gloo"):
+        torchrun("collectives.py", n, backend, tmp_path / backend)
+        got[backend] = [(tmp_path / f"{backend}.{r}").read_text() for r in range(n)]
+    assert got["shmcoll"] == got["gloo"]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_storages_that_come_back_move_into_the_arena(n):
+    assert torchrun("arena.py", n, "shmcoll") == [f"ok {r}" for r in range(n)]
 
 
 def test_ddp_loss_curve_is_gloos_bit_for_bit():

@@ -1,5 +1,7 @@
 """Every torch.distributed collective on one backend (argv[1]); each rank
-prints what it got (tests/test_torch_backend.py compares with gloo)."""
+writes what it got to the file argv[2].RANK (tests/test_torch_backend.py
+compares with gloo): lines of several KiB that two ranks print at once
+interleave in torchrun's output."""
 import os, sys, torch, torch.distributed as dist
 backend = sys.argv[1]
 if backend == "shmcoll":
@@ -24,5 +26,6 @@ if r == 1: t = torch.empty(3); dist.recv(t, 0); out.append(("p2p", t.tolist()))
 g = dist.new_group([0, 1]) if n > 1 else None
 if r < 2:
     t = torch.ones(2) * (r + 1); dist.all_reduce(t, group=g); out.append(("group", t.tolist()))
-print(r, repr(out), flush=True)
+with open(f"{sys.argv[2]}.{r}", "w") as f:
+    f.write(repr(out))
 dist.destroy_process_group()

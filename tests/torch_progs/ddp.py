@@ -1,5 +1,7 @@
 """A DDP training loop (float64 MLP, synthetic data, small buckets) on one
-backend (argv[1]); rank 0 prints the loss of each of 20 steps."""
+backend (argv[1]); rank 0 prints the loss of each of 20 steps.  The first
+layer's weight (128 KiB) has a bucket of its own, which the shmcoll backend
+moves into the rank's arena at its second step (shmcoll/torch.py)."""
 import sys, torch, torch.distributed as dist, torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 backend = sys.argv[1]
@@ -8,7 +10,7 @@ if backend == "shmcoll":
 dist.init_process_group(backend)
 r = dist.get_rank()
 torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 1)).double()
+model = nn.Sequential(nn.Linear(32, 512), nn.Tanh(), nn.Linear(512, 1)).double()
 ddp = DDP(model, bucket_cap_mb=0.01)
 opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
 g = torch.Generator().manual_seed(100 + r)
