@@ -11,6 +11,8 @@ return, so every Work is done and its future set.  A new_group's ranks
 get a communicator of their own (Comm.Create_group, called by them
 alone).  Reductions are shmcoll's: deterministic, float16 and bfloat16
 accumulated in float32."""
+import threading
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -32,8 +34,12 @@ _OPS = [(dist.ReduceOp.SUM, ops.SUM, False), (dist.ReduceOp.PRODUCT, ops.PROD, F
 #: From here a storage that comes back moves into the rank's arena (docs/torch.md)
 MOVE_BYTES = 64 << 10
 #: Storages seen once (data pointer -> bytes), the most recent SEEN of them: a second call moves one
-SEEN = 64
+SEEN = 1024
 _seen = {}
+#: Storages viewed by calls running now (data pointer -> views): none of them moves
+_busy = {}
+_lock = threading.Lock()
+_local = threading.local()      # .held: the data pointers this thread's call holds in _busy
 
 
 def _to_arena(s):
@@ -44,10 +50,14 @@ def _to_arena(s):
     contents and views (as share_memory_() moves one into shared memory),
     and its old memory is freed.  Only a storage that torch allocated and
     nobody views as a numpy array: torch marks one not resizable once
-    .numpy() has viewed it or when it wraps foreign memory (from_numpy),
-    and shared ones belong to other processes too."""
+    .numpy() has viewed it or when it wraps foreign memory (from_numpy);
+    shared ones belong to other processes too; none that a running call
+    views (_busy: another tensor of the same call); and none while the
+    process runs another Python thread, which could be writing into the
+    old memory as it is copied and freed (torch's ops let the GIL go).
+    Called with _lock held."""
     ptr, n = s.data_ptr(), s.nbytes()
-    if not s.resizable() or s.is_shared():
+    if not s.resizable() or s.is_shared() or ptr in _busy or threading.active_count() > 1:
         return
     if _seen.pop(ptr, None) != n:
         _seen[ptr] = n
@@ -62,10 +72,35 @@ def _to_arena(s):
     s._swap_data_ptr_(new)                  # new now holds the old memory, freed with it
 
 
+def _hold(s):
+    """s, moved into the arena when it may be, held in _busy until this thread's call ends (_release)."""
+    with _lock:
+        _to_arena(s)
+        ptr = s.data_ptr()
+        _busy[ptr] = _busy.get(ptr, 0) + 1
+    held = getattr(_local, "held", None)
+    if held is None:
+        held = _local.held = []
+    held.append(ptr)
+
+
+def _release():
+    """The end of this thread's call (or of one that raised before it): its storages may move again."""
+    held = getattr(_local, "held", None)
+    if held:
+        with _lock:
+            for ptr in held:
+                left = _busy.pop(ptr) - 1
+                if left:
+                    _busy[ptr] = left
+        held.clear()
+
+
 def _array(t):
-    """A CPU tensor's memory as a numpy array (its data: autograd aside).
-    A large storage outside the arena is viewed through DLPack, which (unlike
-    .numpy()) leaves it resizable, so that _to_arena can still tell it apart."""
+    """A CPU tensor's memory as a numpy array (its data: autograd aside),
+    valid until the call ends.  A large storage outside the arena is held
+    (_hold) and viewed through DLPack, which (unlike .numpy()) leaves it
+    resizable, so that _to_arena can still tell it apart."""
     if not t.is_cpu:
         raise ValueError(f"the shmcoll backend moves CPU tensors; this one is on {t.device}")
     if not t.is_contiguous():
@@ -81,8 +116,11 @@ def _array(t):
         s = t.untyped_storage()
         if lib.sc_arena_holds(s.data_ptr(), s.nbytes()):
             a = t.numpy()
+        elif t.is_neg() or t.is_conj():     # numpy would read the bits without the sign or conjugate
+            raise ValueError("the shmcoll backend takes no tensors with the negative or conjugate bit set "
+                             "(resolve_neg() / resolve_conj() first)")
         else:
-            _to_arena(s)
+            _hold(s)
             a = np.from_dlpack(t)
     return a.view(ops.BF16) if bf16 else a
 
@@ -109,6 +147,7 @@ class _Done(dist._Work):
     def __init__(self, value):
         super().__init__()
         self._value, self._future = value, None
+        _release()                      # made as the call ends: its views are gone
 
     def wait(self, timeout=None):
         return True
@@ -153,7 +192,14 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
         return _Done(tensors)
 
     def _allgather_base(self, output, input, opts=None):
-        self.comm.Allgather(_array(input), _array(output))
+        out, inp = _array(output), _array(input)
+        if not np.may_share_memory(out, inp):
+            self.comm.Allgather(inp, out)
+        elif inp.ctypes.data == out.ctypes.data + self.comm.rank * inp.nbytes and \
+                out.nbytes == inp.nbytes * self.comm.size:
+            self.comm.Allgather(IN_PLACE, out)      # torch's in place: input is this rank's block of output
+        else:
+            self.comm.Allgather(inp.copy(), out)
         return _Done(output)
 
     all_gather_single = _allgather_base         # torch 2.13's name for all_gather_into_tensor's call
@@ -169,7 +215,9 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
 
     def _reduce_scatter_base(self, output, input, opts):
         op, avg = _op(opts)
-        self.comm.Reduce_scatter_block(_array(input), _array(output), op=op)
+        inp, out = _array(input), _array(output)
+        # in place (output a block of input): MPI's IN_PLACE would put the result in the first block
+        self.comm.Reduce_scatter_block(inp.copy() if np.may_share_memory(inp, out) else inp, out, op=op)
         if avg:
             _average([output], self.comm.size)
         return _Done(output)
@@ -249,17 +297,19 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
 
 
 def _create(backend_opts, pg_opts=None):
-    """The backend of a process group: the world's communicator, or one of
-    a new_group's ranks (made by them alone)."""
+    """The backend of a process group: the world's communicator for the
+    default group (torch names no ranks for it), else one of its own for a
+    new_group's ranks (made by them alone), even one of every rank, so that
+    two threads can each drive one."""
     world = init()
-    ranks = list(backend_opts.global_ranks_in_group) or list(range(backend_opts.group_size))
+    ranks = list(backend_opts.global_ranks_in_group)
     if world.size < (max(ranks) + 1 if ranks else backend_opts.group_size):
         raise RuntimeError(f"shmcoll backend: torch's group spans {backend_opts.group_size} ranks, but shmcoll's "
                            f"node has {world.size}: shmcoll does not yet talk between nodes")
-    if ranks == list(range(world.size)):
+    if not ranks:
         return ProcessGroupShmcoll(world)
-    return ProcessGroupShmcoll(world.Create_group(world.Get_group().Incl(ranks), tag=backend_opts.group_id
-                                                   if isinstance(backend_opts.group_id, int) else 0))
+    gid = str(backend_opts.group_id)
+    return ProcessGroupShmcoll(world.Create_group(world.Get_group().Incl(ranks), tag=int(gid) if gid.isdigit() else 0))
 
 
 if NAME not in dist.Backend.backend_list:

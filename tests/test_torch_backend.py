@@ -38,6 +38,11 @@ def test_storages_that_come_back_move_into_the_arena(n):
     assert torchrun("arena.py", n, "shmcoll") == [f"ok {r}" for r in range(n)]
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_two_threads_on_two_groups_of_every_rank(n):
+    assert torchrun("threads.py", n, "shmcoll") == [f"ok {r}" for r in range(n)]
+
+
 def test_ddp_loss_curve_is_gloos_bit_for_bit():
     ours = torchrun("ddp.py", 2, "shmcoll")
     assert ours == torchrun("ddp.py", 2, "gloo") and len(ours[0].split()) == 20
