@@ -38,8 +38,8 @@ SEEN = 1024
 _seen = {}
 #: Storages viewed by calls running now (data pointer -> views): none of them moves
 _busy = {}
-_lock = threading.Lock()
-_local = threading.local()      # .held: the data pointers this thread's call holds in _busy
+_lock = threading.RLock()
+_local = threading.local()      # .held: the _Held of this thread's call
 
 
 def _to_arena(s):
@@ -72,28 +72,38 @@ def _to_arena(s):
     s._swap_data_ptr_(new)                  # new now holds the old memory, freed with it
 
 
+class _Held(list):
+    """The data pointers a call holds in _busy: released as it ends (its
+    Work made, or completed when it is a point-to-point call still in
+    flight); those of a call that raised, by the thread's next call or as
+    the thread ends (its locals go)."""
+
+    def release(self):
+        if self:
+            with _lock:
+                for ptr in self:
+                    left = _busy.pop(ptr) - 1
+                    if left:
+                        _busy[ptr] = left
+            self.clear()
+
+    __del__ = release
+
+
+def _held():
+    held = getattr(_local, "held", None)
+    if held is None:
+        held = _local.held = _Held()
+    return held
+
+
 def _hold(s):
-    """s, moved into the arena when it may be, held in _busy until this thread's call ends (_release)."""
+    """s, moved into the arena when it may be, held in _busy until this thread's call ends."""
     with _lock:
         _to_arena(s)
         ptr = s.data_ptr()
         _busy[ptr] = _busy.get(ptr, 0) + 1
-    held = getattr(_local, "held", None)
-    if held is None:
-        held = _local.held = []
-    held.append(ptr)
-
-
-def _release():
-    """The end of this thread's call (or of one that raised before it): its storages may move again."""
-    held = getattr(_local, "held", None)
-    if held:
-        with _lock:
-            for ptr in held:
-                left = _busy.pop(ptr) - 1
-                if left:
-                    _busy[ptr] = left
-        held.clear()
+    _held().append(ptr)
 
 
 def _array(t):
@@ -133,33 +143,60 @@ def _op(opts):
     raise ValueError(f"the shmcoll backend has no reduction {getattr(op, 'op', op)} (PREMUL_SUM)")
 
 
-def _average(tensors, size):
+def _averageable(tensors):
+    """Checked before the call, which would otherwise change the tensors and raise on some ranks only."""
     for t in tensors:
-        if t.is_floating_point() or t.is_complex():
-            t.div_(size)
-        else:
+        if not (t.is_floating_point() or t.is_complex()):
             raise ValueError(f"ReduceOp.AVG of {t.dtype} tensors: torch averages floating point only")
 
 
-class _Done(dist._Work):
-    """A finished call: shmcoll's collectives complete before they return."""
+def _average(tensors, size):
+    for t in tensors:
+        t.div_(size)
 
-    def __init__(self, value):
+
+class _Done(dist._Work):
+    """A call's Work.  The collectives complete before they return; a
+    point-to-point call (reqs: shmcoll requests) is in flight until waited
+    for, so that isend / irecv pairs (batch_isend_irecv) cannot deadlock.
+    Its value is what gloo's future holds: the list of tensors."""
+
+    def __init__(self, value, reqs=()):
         super().__init__()
-        self._value, self._future = value, None
-        _release()                      # made as the call ends: its views are gone
+        self._value, self._future, self._reqs = value, None, list(reqs)
+        held = _held()
+        if self._reqs:                  # its views stay held until it completes
+            self._held = _Held(held)
+            held.clear()
+        else:
+            held.release()              # made as the call ends: its views are gone
+
+    def _ended(self):
+        self._reqs = []
+        self._held.release()
 
     def wait(self, timeout=None):
+        if self._reqs:
+            for r in self._reqs:
+                r.Wait()
+            self._ended()
         return True
 
     def is_completed(self):
-        return True
+        if self._reqs and all(r.Test() for r in self._reqs):
+            self._ended()
+        return not self._reqs
 
     def is_success(self):
         return True
 
+    def result(self):
+        self.wait()
+        return self._value
+
     def get_future(self):
         if self._future is None:        # made when asked: a blocking call never asks
+            self.wait()
             self._future = Future()
             self._future.set_result(self._value)
         return self._future
@@ -177,6 +214,8 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
 
     def allreduce(self, tensors, opts):
         op, avg = _op(opts)
+        if avg:
+            _averageable(tensors)
         for t in tensors:
             self.comm.Allreduce(IN_PLACE, _array(t), op=op)
         if avg:
@@ -200,7 +239,7 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
             self.comm.Allgather(IN_PLACE, out)      # torch's in place: input is this rank's block of output
         else:
             self.comm.Allgather(inp.copy(), out)
-        return _Done(output)
+        return _Done(list(output.chunk(self.comm.size)))
 
     all_gather_single = _allgather_base         # torch 2.13's name for all_gather_into_tensor's call
 
@@ -211,21 +250,25 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
             self.comm.Allgather(a, got)
             for o, g in zip(outs, got):
                 _array(o)[...] = g
-        return _Done(outputs)
+        return _Done([o for outs in outputs for o in outs])
 
     def _reduce_scatter_base(self, output, input, opts):
         op, avg = _op(opts)
+        if avg:
+            _averageable([output])
         inp, out = _array(input), _array(output)
         # in place (output a block of input): MPI's IN_PLACE would put the result in the first block
         self.comm.Reduce_scatter_block(inp.copy() if np.may_share_memory(inp, out) else inp, out, op=op)
         if avg:
             _average([output], self.comm.size)
-        return _Done(output)
+        return _Done([output])
 
     reduce_scatter_single = _reduce_scatter_base     # torch 2.13's name for reduce_scatter_tensor's
 
     def reduce_scatter(self, outputs, inputs, opts):
         op, avg = _op(opts)
+        if avg:
+            _averageable(outputs)
         for out, ins in zip(outputs, inputs):
             self.comm.Reduce_scatter_block(np.stack([_array(t) for t in ins]), _array(out), op=op)
         if avg:
@@ -234,6 +277,8 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
 
     def reduce(self, tensors, opts):
         op, avg = _op(opts)
+        if avg:
+            _averageable(tensors)
         root = opts.rootRank
         for t in tensors:
             a = _array(t)
@@ -265,7 +310,7 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
         out, inp = _array(output), _array(input)
         if not output_split_sizes and not input_split_sizes:
             self.comm.Alltoall(inp, out)
-            return _Done(output)
+            return _Done([output])
         row_in = inp.size // max(inp.shape[0], 1) if inp.ndim else 1
         row_out = out.size // max(out.shape[0], 1) if out.ndim else 1
         p = self.comm.size
@@ -273,7 +318,7 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
         rc = [s * row_out for s in (output_split_sizes or [out.shape[0] // p] * p)]
         self.comm.Alltoallv([inp.reshape(-1), (sc, np.cumsum([0] + sc[:-1]).tolist())],
                             [out.reshape(-1), (rc, np.cumsum([0] + rc[:-1]).tolist())])
-        return _Done(output)
+        return _Done([output])
 
     def alltoall(self, outputs, inputs, opts=None):
         for i, t in enumerate(inputs):
@@ -283,17 +328,13 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
 
     def barrier(self, opts=None):
         self.comm.Barrier()
-        return _Done(None)
+        return _Done([])
 
     def send(self, tensors, dst, tag):
-        for t in tensors:
-            self.comm.Send(_array(t), dst, tag)
-        return _Done(tensors)
+        return _Done(tensors, [self.comm.Isend(_array(t), dst, tag) for t in tensors])
 
     def recv(self, tensors, src, tag):
-        for t in tensors:
-            self.comm.Recv(_array(t), src, tag)
-        return _Done(tensors)
+        return _Done(tensors, [self.comm.Irecv(_array(t), src, tag) for t in tensors])
 
 
 def _create(backend_opts, pg_opts=None):

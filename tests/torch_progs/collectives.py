@@ -30,6 +30,23 @@ gl = [torch.empty(2) for _ in range(n)] if r == 0 else None; dist.gather(torch.f
 o = torch.empty(2); dist.scatter(o, [torch.full((2,), 5.0 + k) for k in range(n)] if r == 1 else None, src=1); out.append(("scatter", o.tolist()))
 i = torch.arange(2.0 * n) + 100 * r; o = torch.empty(2 * n); dist.all_to_all_single(o, i); out.append(("a2a", o.tolist()))
 dist.barrier()
+big = torch.full((1 << 20,), float(r)); got = torch.empty(1 << 20)      # 4 MiB: past any eager limit
+for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, big, (r + 1) % n), dist.P2POp(dist.irecv, got, (r - 1) % n)]):
+    w.wait()
+out.append(("ring", got[:2].tolist(), bool((got == got[0]).all())))
+if backend == "shmcoll":         # AVG of integers: refused on every rank before anything changes (gloo sums them)
+    t = torch.arange(4) + r
+    try:
+        dist.all_reduce(t, dist.ReduceOp.AVG)
+    except ValueError:
+        assert t.tolist() == [r, r + 1, r + 2, r + 3]
+    else:
+        raise AssertionError("AVG of integers was not refused")
+futures = {"all_reduce": dist.all_reduce(torch.ones(2), async_op=True),
+           "all_gather_into_tensor": dist.all_gather_into_tensor(torch.empty(2 * n), torch.ones(2), async_op=True),
+           "all_gather": dist.all_gather([torch.empty(2) for _ in range(n)], torch.ones(2), async_op=True),
+           "barrier": dist.barrier(async_op=True)}
+out.append(("futures", [(k, [tuple(x.shape) for x in w.get_future().wait()]) for k, w in futures.items()]))
 if r == 0: dist.send(torch.arange(3.0), 1)
 if r == 1: t = torch.empty(3); dist.recv(t, 0); out.append(("p2p", t.tolist()))
 g = dist.new_group([0, 1]) if n > 1 else None
