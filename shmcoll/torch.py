@@ -308,6 +308,8 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         out, inp = _array(output), _array(input)
+        if np.may_share_memory(out, inp):      # in place (all_to_all_single(x, x)): send from a copy
+            inp = inp.copy()
         if not output_split_sizes and not input_split_sizes:
             self.comm.Alltoall(inp, out)
             return _Done([output])

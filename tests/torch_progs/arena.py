@@ -55,6 +55,10 @@ for _ in range(3):
     dist.reduce_scatter_tensor(z[r * K:(r + 1) * K], z)               # output a block of its own input
     assert torch.equal(z[r * K:(r + 1) * K], torch.arange(r * K, (r + 1) * K, dtype=torch.float32) * n
                        + n * (n - 1) // 2)
+    v = torch.arange(n * K, dtype=torch.float32) + 1000 * r
+    dist.all_to_all_single(v, v)                                       # in place
+    assert torch.equal(v, torch.cat([torch.arange(r * K, (r + 1) * K, dtype=torch.float32) + 1000 * q
+                                     for q in range(n)]))
     w = torch.arange(2 * n * K, dtype=torch.float32) + 1000 * r
     dist.all_to_all_single(w[n * K:], w[:n * K])                       # the two halves of one storage
     assert torch.equal(w[n * K:], torch.cat([torch.arange(r * K, (r + 1) * K, dtype=torch.float32) + 1000 * q
