@@ -21,6 +21,7 @@ each, pinned one per CPU when they fit:
   for bit at 2 ranks, where a sum of two is the same in any order).
 """
 import argparse
+import gc
 import json
 import os
 import platform
@@ -113,6 +114,10 @@ def worker(a):
     got = (_allreduce if a.measure == "allreduce" else _ddp)(a, dist, torch)
     with open(f"{a.out}.{dist.get_rank()}", "w") as f:
         json.dump(got, f)
+    # DDP's reducer sits in reference cycles: freed after its process group, gloo's threads were left
+    # running as the interpreter ended ("terminate called without an active exception", now and then)
+    gc.collect()
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -2,7 +2,7 @@
 backend (argv[1]); rank 0 prints the loss of each of 20 steps.  The first
 layer's weight (128 KiB) has a bucket of its own, which the shmcoll backend
 moves into the rank's arena at its second step (shmcoll/torch.py)."""
-import sys, torch, torch.distributed as dist, torch.nn as nn
+import gc, sys, torch, torch.distributed as dist, torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 backend = sys.argv[1]
 if backend == "shmcoll":
@@ -25,4 +25,6 @@ for step in range(20):
     t = loss.detach().clone(); dist.all_reduce(t); losses.append(t.item() / dist.get_world_size())
 if r == 0:
     print(" ".join(f"{x:.17g}" for x in losses))
+del ddp, opt
+gc.collect()        # DDP's reducer (reference cycles) goes before its process group: gloo aborted at exit
 dist.destroy_process_group()
