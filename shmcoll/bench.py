@@ -516,26 +516,34 @@ def run_mpi(peer, op, n, cfg, libraries):
     return peer_rows(peer.name, op, n, cfg, doc)
 
 
-def run_gloo(peer, op, n, cfg, libraries):
-    """torch.distributed's gloo backend: n processes of the peer's python,
-    one per core (unpinned when oversubscribed), rendezvous on a free local
-    port."""
+def torch_ranks(cmd, n, errs, procs, first=()):
+    """Start n processes of cmd into procs as torchrun starts its ranks
+    (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, and a free local port
+    to meet on), one per core (unpinned when oversubscribed): rank r's
+    stderr goes to the file errs[r]; rank 0 gets the arguments first and
+    its stdout piped (follow reads it)."""
     import socket
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
+    for r in range(n):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_RUN_ID=f"bench{port}")
+        pin = (lambda c=CPUS[r]: os.sched_setaffinity(0, {c})) if n <= len(CPUS) else None
+        with open(errs[r], "w") as stderr:
+            procs.append(subprocess.Popen(cmd + (list(first) if r == 0 else []), env=env, preexec_fn=pin,
+                                          stdin=subprocess.DEVNULL, stderr=stderr, text=True,
+                                          stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL))
+
+
+def run_gloo(peer, op, n, cfg, libraries):
+    """torch.distributed's gloo backend: n processes of the peer's python (torch_ranks)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "peer.json")
         cmd = [peer.python, "-I", _mpi_peer.__file__, "--gloo", *peer_args(op, cfg)]
         procs, errs = [], [os.path.join(tmp, f"stderr{r}") for r in range(n)]
         try:
-            for r in range(n):
-                env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-                pin = (lambda c=CPUS[r]: os.sched_setaffinity(0, {c})) if n <= len(CPUS) else None
-                with open(errs[r], "w") as stderr:
-                    procs.append(subprocess.Popen(cmd + (["--json", out] if r == 0 else []), env=env,
-                                                  preexec_fn=pin, stdin=subprocess.DEVNULL, stderr=stderr, text=True,
-                                                  stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL))
+            torch_ranks(cmd, n, errs, procs, ["--json", out])
             follow(procs, cfg.timeout)
             if any(p.returncode for p in procs):
                 raise RuntimeError(" | ".join(filter(None, (last_lines(e, 1) for e in errs)))[:300])

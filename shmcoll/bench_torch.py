@@ -25,19 +25,17 @@ import gc
 import json
 import os
 import platform
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
+from shmcoll.bench import aligned, follow, human, last_lines, nbytes, torch_ranks
 from shmcoll.device import MAX_RANKS
 
 BACKENDS = ("gloo", "shmcoll")
 MEASURES = ("allreduce", "ddp")
 SIZES = (64 << 10, 1 << 20, 16 << 20, 64 << 20)
-CPUS = sorted(os.sched_getaffinity(0))
 
 
 def model(width, depth):
@@ -57,8 +55,7 @@ def _allreduce(a, dist, torch):
     out = {}
     for size in a.sizes:
         t = torch.zeros(size // 4)              # torch's memory: the backend moves it at its second call
-        calls = {"gloo": lambda: dist.all_reduce(t), "shmcoll": lambda: dist.all_reduce(t)}
-        runs = {a.worker: calls[a.worker]}
+        runs = {a.worker: lambda: dist.all_reduce(t)}
         if a.worker == "shmcoll":
             import shmcoll
             own, arr = shmcoll.init(), np.zeros(size // 4, np.float32)
@@ -123,34 +120,24 @@ def worker(a):
 
 def job(measure, backend, n, cfg):
     """One job of n ranks: every rank's figures (worker's)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "figures")
         cmd = [sys.executable, "-m", "shmcoll.bench_torch", "--worker", backend, "--measures", measure, "--out", out,
                "--steps", str(cfg.steps), "--warmup", str(cfg.warmup), "--width", str(cfg.width), "--depth",
                str(cfg.depth), "--batch", str(cfg.batch), "--sizes", ",".join(map(str, cfg.sizes))]
         cmd += ["--bucket-view"] * cfg.bucket_view
-        procs = []
+        procs, errs = [], [os.path.join(tmp, f"stderr{r}") for r in range(n)]
         try:
-            for r in range(n):
-                env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n),
-                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_RUN_ID=f"bench{port}",
-                           OMP_NUM_THREADS="1")
-                pin = (lambda c=CPUS[r]: os.sched_setaffinity(0, {c})) if n <= len(CPUS) else None
-                procs.append(subprocess.Popen(cmd, env=env, preexec_fn=pin, stdin=subprocess.DEVNULL,
-                                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-            end = time.monotonic() + cfg.timeout
-            errs = [p.communicate(timeout=max(1.0, end - time.monotonic()))[1] for p in procs]
+            torch_ranks(cmd, n, errs, procs)
+            follow(procs, cfg.timeout)
         finally:
             for p in procs:
                 p.kill()
                 p.wait()
-        bad = [(r, p.returncode, e) for r, (p, e) in enumerate(zip(procs, errs)) if p.returncode]
+        bad = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode]
         if bad:
-            r, rc, err = bad[0]
-            raise RuntimeError(f"{measure} {backend} n={n}: rank {r} exit {rc}: {err.strip()[-800:]}")
+            r, rc = bad[0]
+            raise RuntimeError(f"{measure} {backend} n={n}: rank {r} exit {rc}: {last_lines(errs[r])}")
         ranks = []
         for r in range(n):
             with open(f"{out}.{r}") as f:
@@ -187,11 +174,6 @@ def spread(xs):
     return f"{statistics.median(xs):.2f} [{xs[0]:.2f}-{xs[-1]:.2f}]"
 
 
-def aligned(head, rows):
-    widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
-    return "\n".join("  ".join(x.rjust(w) for x, w in zip(r, widths)) for r in [head] + rows)
-
-
 def allreduce_table(results):
     """Per rank count and size: medians over rounds (us per call), backend / own and gloo / backend (the
     median of the per-round ratios, their range)."""
@@ -221,19 +203,6 @@ def ddp_table(results):
                      spread(g["step"] / s["step"] for g, s in zip(runs["gloo"], runs["shmcoll"])),
                      f"{agreement(runs):.1e}"])
     return aligned(head, rows)
-
-
-def human(n):
-    for unit, shift in (("M", 20), ("K", 10)):
-        if n >= 1 << shift and n % (1 << shift) == 0:
-            return f"{n >> shift}{unit}"
-    return str(n)
-
-
-def nbytes(text):
-    text = text.strip().upper()
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-    return int(text[:-1] if scale > 1 else text) * scale
 
 
 def parse(argv):
@@ -292,7 +261,7 @@ def main(argv):
     if sys.stderr.isatty():
         print("\r\033[K", end="", file=sys.stderr)
     params = 8 * cfg.width ** 2 * cfg.depth + 5 * cfg.width * cfg.depth
-    print(f"# shmcoll bench torch: {platform.processor() or platform.machine()}, {len(CPUS)} CPUs, torch "
+    print(f"# shmcoll bench torch: {platform.processor() or platform.machine()}, {len(os.sched_getaffinity(0))} CPUs, torch "
           f"{torch.__version__}, {cfg.rounds} rounds, {time.monotonic() - t0:.0f} s")
     if "allreduce" in cfg.measures:
         print("# all_reduce of a float32 tensor torch allocated, in place (us per call, slowest rank, median of the "
