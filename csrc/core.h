@@ -270,6 +270,7 @@ void sc_nb_bind(sc_comm_t *c, sc_nbc_t *st, uintptr_t prog, uintptr_t sbuf, uint
 int sc_nb_start(sc_comm_t *c, sc_nbc_t *st);
 int sc_nb_test(sc_comm_t *c, sc_nbc_t *st);
 int sc_nb_wait(sc_comm_t *c, sc_nbc_t *st);
+int sc_nb_drive(sc_comm_t *c, sc_nbc_t *st, int64_t spin_ns);
 void sc_nb_stop(sc_comm_t *c);
 int sc_own(sc_comm_t *c);
 void sc_disown(sc_comm_t *c);

@@ -111,15 +111,15 @@ static int advance(sc_comm_t *c, sc_nbc_t *st)
     }
 }
 
-/* Wait until w is reached (spinning while the peer is likely running,
- * then asleep on its futex), or PARK_NS passed. */
-static void park(sc_comm_t *c, const sc_wait_t *w)
+/* Wait until w is reached (spinning up to spin_ns while the peer is
+ * likely running, then asleep on its futex), or PARK_NS passed. */
+static void park(const sc_wait_t *w, int64_t spin_ns)
 {
     int64_t t0 = sc_now_ns();
     while (!reached(w)) {
         int64_t t = sc_now_ns() - t0;
         if (t >= PARK_NS) return;
-        if (t < c->spin_ns) {
+        if (t < spin_ns) {
             for (int i = 0; i < 32; i++) cpu_relax();
             continue;
         }
@@ -128,6 +128,24 @@ static void park(sc_comm_t *c, const sc_wait_t *w)
         if (!reached(w)) futex_wait(&w->wq->posts, seen, PARK_NS - t);
         atomic_fetch_sub(&w->wq->sleepers, 1);
     }
+}
+
+/* One step of the queue's head by the owner of busy, which this lets
+ * go: the head finished, or parked on the wait its step stopped at. */
+static void step_head(sc_comm_t *c, int64_t spin_ns)
+{
+    sc_nbc_t *h = head(c->nbq);
+    int rc = h ? sc_exec_step(c, h, 1) : SC_PENDING;
+    if (h && rc != SC_PENDING) {
+        finish(c, h, rc, 1);
+        sc_disown(c);
+        done(h);
+        return;
+    }
+    sc_wait_t w;
+    if (h) memcpy(&w, h->wait, sizeof w);
+    sc_disown(c);
+    if (h) park(&w, spin_ns);
 }
 
 /* The progress thread: steps the head while the queue holds calls,
@@ -148,18 +166,7 @@ static void *progress(void *arg)
             nanosleep(&ts, NULL);
             continue;
         }
-        sc_nbc_t *h = head(q);
-        int rc = h ? sc_exec_step(c, h, 1) : SC_PENDING;
-        if (h && rc != SC_PENDING) {
-            finish(c, h, rc, 1);
-            sc_disown(c);
-            done(h);
-            continue;
-        }
-        sc_wait_t w;
-        if (h) memcpy(&w, h->wait, sizeof w);
-        sc_disown(c);
-        if (h) park(c, &w);
+        step_head(c, c->spin_ns);
     }
     return NULL;
 }
@@ -283,6 +290,24 @@ int sc_nb_wait(sc_comm_t *c, sc_nbc_t *st)
         finish(c, h, rc, 1);
         sc_disown(c);
         done(h);
+    }
+    return st->rc;
+}
+
+/* Until st is done, as the progress thread steps: never holding busy
+ * across a wait (parked between steps on the wait the last one stopped
+ * at, spinning up to spin_ns first), so that the caller's thread, which
+ * goes on starting and planning calls meanwhile, waits one step at most.
+ * For a thread of the rank's own that completes its calls (the torch
+ * backend's); spin_ns 0 where it shares its CPU with the caller.  st's rc. */
+int sc_nb_drive(sc_comm_t *c, sc_nbc_t *st, int64_t spin_ns)
+{
+    while (!is_done(st)) {
+        if (sc_own(c)) {
+            sleep_on(st, 50000);
+            continue;
+        }
+        step_head(c, spin_ns);
     }
     return st->rc;
 }

@@ -21,7 +21,9 @@ are given, Allgatherv's of sizes when recvbuf has no counts) and user-op
 reductions, which fold in Python over blocking calls: the request is
 then complete when returned.  docs/nonblocking.md."""
 import functools
+import os
 import struct
+import threading
 
 import numpy as np
 
@@ -45,6 +47,9 @@ _WHOLE = object()                # _held: a call that cannot be split into check
 #: id of a communicator's state -> the communicator, while it has started calls not yet collected (held, so
 #: that they go on; a handle, MPI.Comm(comm), shares comm's state and equals it)
 _busy = {}
+#: A communicator's pending list and its PENDING bit change together under it: a request may be completed by
+#: another thread than the one starting the next (the torch backend's completion thread)
+_lock = threading.Lock()
 
 
 def _poll():
@@ -54,8 +59,10 @@ def _poll():
     for comm in list(_busy.values()):
         if comm._broken is not None:
             _busy.pop(id(comm.__dict__), None)     # nothing steps a broken communicator's calls
-        elif comm._pending:
-            lib.sc_nb_test(comm._c, comm._pending[-1]._st)
+        else:
+            last = comm._pending[-1:]       # another thread may collect the last one meanwhile
+            if last:
+                lib.sc_nb_test(comm._c, last[0]._st)
 
 
 register(_poll)
@@ -132,11 +139,12 @@ class _Collective:
             raise MemoryError(f"{self._run.what}: no memory for the progress thread or the queue")
         if self._st.fast:
             return
-        if not comm._pending:
-            comm._pending = []
-            _busy[id(comm.__dict__)] = comm
-        comm._pending.append(self)
-        comm._c.closed |= PENDING
+        with _lock:
+            if not comm._pending:
+                comm._pending = []
+                _busy[id(comm.__dict__)] = comm
+            comm._pending.append(self)
+            comm._c.closed |= PENDING
 
     def _test(self):
         if self._st is None or self._st.fast:
@@ -152,16 +160,28 @@ class _Collective:
             self._collect(lib.sc_nb_wait(self._comm._c, self._st))
         self._settled()
 
+    def _drive(self, spin_ns):
+        """Wait from a thread of the rank's own while the caller's thread
+        goes on starting calls (sc_nb_drive: busy let go at every wait;
+        spin_ns 0 when the two share a CPU); Wait() then completes it."""
+        if self._st is not None and not self._st.fast and self._rc is None:
+            self._collect(lib.sc_nb_drive(self._comm._c, self._st, spin_ns))
+        self._settled()
+
     def _collect(self, rc):
         """C is done with st: out of the pending list; a failure raises as
-        the blocking call would (the communicator is then broken)."""
+        the blocking call would (the communicator is then broken).  Once:
+        two threads may wait for it at the same time."""
         comm = self._comm
-        self._rc = rc
-        comm._pending.remove(self)
-        if not comm._pending:
-            _busy.pop(id(comm.__dict__), None)     # every call's progress() walks _busy: only those with calls pending
-            if comm._broken is None:
-                comm._c.closed &= ~PENDING
+        with _lock:
+            if self._rc is not None:
+                return
+            self._rc = rc
+            comm._pending.remove(self)
+            if not comm._pending:
+                _busy.pop(id(comm.__dict__), None)     # every call's progress() walks _busy: only those pending
+                if comm._broken is None:
+                    comm._c.closed &= ~PENDING
         if rc:
             st, c = self._st, comm._c
             c.err_rank, c.err_code, c.err_when = st.err_rank, st.err_code, st.err_when
@@ -292,7 +312,7 @@ class Nonblocking:
         if not (capture and self._pending):
             return False
         while lib.sc_own(self._c):
-            pass                        # a step never waits for a peer
+            os.sched_yield()            # a step never waits for a peer; the stepping thread may share our CPU
         return True
 
     def _complete_pending(self):

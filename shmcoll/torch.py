@@ -6,11 +6,20 @@
 with torch's usual RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT, runs
 torch's collectives on shmcoll's engine.  Pure Python: each call views
 the tensors as numpy arrays (no copy; bfloat16 through ml_dtypes) and
-makes one shmcoll call per tensor.  The calls complete before they
-return, so every Work is done and its future set.  A new_group's ranks
+makes one shmcoll call per tensor.  Where the ranks leave CPUs spare
+(ASYNC), allreduce, broadcast, all_gather_into_tensor and
+reduce_scatter_tensor of ASYNC_BYTES or more start nonblocking calls
+and return: the group's completion thread waits for them and sets the
+Work's future, so that DDP's buckets reduce while its backward pass goes
+on, as gloo's threads do; other calls complete before they return.
+A new_group's ranks
 get a communicator of their own (Comm.Create_group, called by them
 alone).  Reductions are shmcoll's: deterministic, float16 and bfloat16
 accumulated in float32."""
+import atexit
+import functools
+import os
+import queue
 import threading
 
 import numpy as np
@@ -21,6 +30,8 @@ from torch.futures import Future
 from . import ops
 from ._core import lib
 from .buffers import IN_PLACE
+from .request import Complete
+from .topology import spare_cpus
 from .launcher import init
 
 NAME = "shmcoll"
@@ -33,6 +44,11 @@ _OPS = [(dist.ReduceOp.SUM, ops.SUM, False), (dist.ReduceOp.PRODUCT, ops.PROD, F
 
 #: From here a storage that comes back moves into the rank's arena (docs/torch.md)
 MOVE_BYTES = 64 << 10
+#: From here a collective's Work may complete after the call returns (_Later)
+ASYNC_BYTES = 64 << 10
+#: Whether they do: None where the ranks leave CPUs spare for the completion threads (with none, a thread that
+#: shares its rank's CPU only slowed DDP's step: docs/torch.md), True or False to say
+ASYNC = None
 #: Storages seen once (data pointer -> bytes), the most recent SEEN of them: a second call moves one
 SEEN = 1024
 _seen = {}
@@ -40,6 +56,7 @@ _seen = {}
 _busy = {}
 _lock = threading.RLock()
 _local = threading.local()      # .held: the _Held of this thread's call
+_completers = 0                 # the groups' completion threads running now (_Later)
 
 
 def _to_arena(s):
@@ -54,10 +71,12 @@ def _to_arena(s):
     shared ones belong to other processes too; none that a running call
     views (_busy: another tensor of the same call); and none while the
     process runs another Python thread, which could be writing into the
-    old memory as it is copied and freed (torch's ops let the GIL go).
+    old memory as it is copied and freed (torch's ops let the GIL go);
+    the completion threads aside, which touch only the tensors of their
+    calls, held until their futures are set.
     Called with _lock held."""
     ptr, n = s.data_ptr(), s.nbytes()
-    if not s.resizable() or s.is_shared() or ptr in _busy or threading.active_count() > 1:
+    if not s.resizable() or s.is_shared() or ptr in _busy or threading.active_count() > 1 + _completers:
         return
     if _seen.pop(ptr, None) != n:
         _seen[ptr] = n
@@ -202,44 +221,169 @@ class _Done(dist._Work):
         return self._future
 
 
+class _Later(_Done):
+    """A Work whose shmcoll requests are still running when the call
+    returns: the group's completion thread waits for them (in C, the GIL
+    let go), runs then (AVG's division), releases the views and sets the
+    future, which DDP's reducer waits on at the end of the backward pass.
+    A failure (a peer dead, a mismatch) is set on the future instead, and
+    raises from wait()."""
+
+    def __init__(self, value, reqs, then, spin_ns):
+        super().__init__(value, reqs)
+        self._then, self._spin_ns = then, spin_ns
+        self._future = Future()
+
+    def _finish(self):
+        try:
+            for r in self._reqs:
+                if type(r) is not Complete:
+                    r._drive(self._spin_ns)
+                r.Wait()
+            if self._then is not None:
+                self._then()
+        except BaseException as e:     # noqa: B036 (the future carries it to the waiter)
+            self._reqs = []
+            self._future.set_exception(e)
+        else:
+            self._reqs = []
+            self._future.set_result(self._value)   # its callbacks run here, the views still held
+        self._held.release()
+
+    def wait(self, timeout=None):
+        self._future.wait()             # raises what _finish set
+        return True
+
+    def is_completed(self):
+        return self._future.done()
+
+    def get_future(self):
+        return self._future
+
+
+class _Completer:
+    """A group's completion thread: finishes its _Later Works in call order
+    (the order of the shmcoll queue they wait on).  Started with the first;
+    a daemon, stopped at exit after what was queued (before shmcoll lets
+    its segments go: atexit runs this module's hook first)."""
+    live = set()
+
+    def __init__(self):
+        self._q = queue.SimpleQueue()
+        self._thread = None
+
+    def put(self, work):
+        global _completers
+        if self._thread is None:
+            with _lock:
+                _completers += 1
+            self._thread = threading.Thread(target=self._run, name="shmcoll-torch-completer", daemon=True)
+            self._thread.start()
+            self.live.add(self)
+        self._q.put(work)
+
+    def _run(self):
+        global _completers
+        try:
+            while (work := self._q.get()) is not None:
+                work._finish()
+        finally:
+            with _lock:
+                _completers -= 1
+
+    def stop(self):
+        """Finish what was queued, then end the thread."""
+        if self._thread is not None:
+            self._q.put(None)
+            self._thread.join()
+            self._thread = None
+            self.live.discard(self)
+
+    @classmethod
+    def stop_all(cls):
+        for c in list(cls.live):
+            c.stop()
+
+    @classmethod
+    def forget_all(cls):
+        """In a forked child: the threads did not come along."""
+        global _completers
+        for c in cls.live:
+            c._thread, c._q = None, queue.SimpleQueue()
+        cls.live.clear()
+        _completers = 0
+
+
+atexit.register(_Completer.stop_all)
+os.register_at_fork(after_in_child=_Completer.forget_all)
+
+
 class ProcessGroupShmcoll(dist.ProcessGroup):
     """torch's ProcessGroup over a shmcoll communicator."""
 
     def __init__(self, comm):
         super().__init__(comm.rank, comm.size)
         self.comm = comm
+        self._completer = _Completer()
+        # where the ranks leave CPUs spare, the completion thread has one and spins; else it shares its rank's
+        self._spare = spare_cpus(comm.slots) > 0
+        self._spin_ns = comm._c.spin_ns if self._spare else 0
 
     def getBackendName(self):
         return NAME
+
+    def _launch(self, value, nbytes, start, finish=None):
+        """A collective's Work: from ASYNC_BYTES, where asynchronous, the
+        requests start() starts, completed by the group's thread, which
+        then runs finish(); otherwise start(blocking=True) runs it whole."""
+        late = ASYNC if ASYNC is not None else self._spare
+        if not late or nbytes < ASYNC_BYTES:
+            start(True)
+            if finish is not None:
+                finish()
+            return _Done(value)
+        reqs = start(False)
+        if all(type(r) is Complete for r in reqs):     # ended in their starts
+            if finish is not None:
+                finish()
+            return _Done(value)
+        work = _Later(value, reqs, finish, self._spin_ns)
+        self._completer.put(work)
+        return work
 
     def allreduce(self, tensors, opts):
         op, avg = _op(opts)
         if avg:
             _averageable(tensors)
-        for t in tensors:
-            self.comm.Allreduce(IN_PLACE, _array(t), op=op)
-        if avg:
-            _average(tensors, self.comm.size)
-        return _Done(tensors)
+
+        def start(blocking):
+            call = self.comm.Allreduce if blocking else self.comm.Iallreduce
+            return [call(IN_PLACE, _array(t), op=op) for t in tensors]
+        return self._launch(tensors, sum(t.nbytes for t in tensors), start,
+                            functools.partial(_average, tensors, self.comm.size) if avg else None)
 
     def allreduce_coalesced(self, tensors, opts):
         return self.allreduce(tensors, opts)
 
     def broadcast(self, tensors, opts):
-        for t in tensors:
-            self.comm.Bcast(_array(t), root=opts.rootRank)
-        return _Done(tensors)
+        def start(blocking):
+            call = self.comm.Bcast if blocking else self.comm.Ibcast
+            return [call(_array(t), root=opts.rootRank) for t in tensors]
+        return self._launch(tensors, sum(t.nbytes for t in tensors), start)
 
     def _allgather_base(self, output, input, opts=None):
         out, inp = _array(output), _array(input)
         if not np.may_share_memory(out, inp):
-            self.comm.Allgather(inp, out)
+            args = (inp, out)
         elif inp.ctypes.data == out.ctypes.data + self.comm.rank * inp.nbytes and \
                 out.nbytes == inp.nbytes * self.comm.size:
-            self.comm.Allgather(IN_PLACE, out)      # torch's in place: input is this rank's block of output
+            args = (IN_PLACE, out)      # torch's in place: input is this rank's block of output
         else:
-            self.comm.Allgather(inp.copy(), out)
-        return _Done(list(output.chunk(self.comm.size)))
+            args = (inp.copy(), out)
+
+        def start(blocking):
+            return [(self.comm.Allgather if blocking else self.comm.Iallgather)(*args)]
+        return self._launch(list(output.chunk(self.comm.size)), out.nbytes, start)
 
     all_gather_single = _allgather_base         # torch 2.13's name for all_gather_into_tensor's call
 
@@ -258,10 +402,12 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
             _averageable([output])
         inp, out = _array(input), _array(output)
         # in place (output a block of input): MPI's IN_PLACE would put the result in the first block
-        self.comm.Reduce_scatter_block(inp.copy() if np.may_share_memory(inp, out) else inp, out, op=op)
-        if avg:
-            _average([output], self.comm.size)
-        return _Done([output])
+        inp = inp.copy() if np.may_share_memory(inp, out) else inp
+
+        def start(blocking):
+            return [(self.comm.Reduce_scatter_block if blocking else self.comm.Ireduce_scatter_block)(inp, out, op=op)]
+        return self._launch([output], inp.nbytes, start,
+                            functools.partial(_average, [output], self.comm.size) if avg else None)
 
     reduce_scatter_single = _reduce_scatter_base     # torch 2.13's name for reduce_scatter_tensor's
 

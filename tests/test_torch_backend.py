@@ -47,3 +47,9 @@ def test_ddp_loss_curve_is_gloos_bit_for_bit():
     ours = torchrun("ddp.py", 2, "shmcoll")
     assert ours == torchrun("ddp.py", 2, "gloo") and len(ours[0].split()) == 20
     assert ours == torchrun("ddp.py", 2, "shmcoll")        # and the same on every run
+    assert ours == torchrun("ddp.py", 2, "shmcoll", "later")   # and with buckets reduced during backward
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_works_that_complete_later(n):
+    assert torchrun("later.py", n, "shmcoll") == [f"ok {r}" for r in range(n)]

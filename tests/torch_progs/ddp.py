@@ -1,12 +1,15 @@
 """A DDP training loop (float64 MLP, synthetic data, small buckets) on one
 backend (argv[1]); rank 0 prints the loss of each of 20 steps.  The first
 layer's weight (128 KiB) has a bucket of its own, which the shmcoll backend
-moves into the rank's arena at its second step (shmcoll/torch.py)."""
+moves into the rank's arena at its second step (shmcoll/torch.py), and
+with argv[2] "later" reduces while the backward pass goes on
+(shmcoll.torch.ASYNC forced on)."""
 import gc, sys, torch, torch.distributed as dist, torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 backend = sys.argv[1]
 if backend == "shmcoll":
     import shmcoll.torch
+    shmcoll.torch.ASYNC = sys.argv[2:] == ["later"] or None
 dist.init_process_group(backend)
 r = dist.get_rank()
 torch.manual_seed(0)
