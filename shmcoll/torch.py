@@ -30,7 +30,7 @@ from torch.futures import Future
 from . import ops
 from ._core import lib
 from .buffers import IN_PLACE
-from .request import Complete
+from .request import ANY_SOURCE, Complete, Status
 from .topology import spare_cpus
 from .launcher import init
 
@@ -196,15 +196,26 @@ class _Done(dist._Work):
 
     def wait(self, timeout=None):
         if self._reqs:
+            st = self._status = Status()
             for r in self._reqs:
-                r.Wait()
+                r.Wait(st)              # a receive's is the one kept: recv_anysource has no other
             self._ended()
         return True
 
     def is_completed(self):
-        if self._reqs and all(r.Test() for r in self._reqs):
-            self._ended()
+        if self._reqs and all(r.Get_status() for r in self._reqs):
+            self.wait()
         return not self._reqs
+
+    def source_rank(self):
+        """The rank a receive's message came from (recv_anysource)."""
+        self.wait()
+        st = getattr(self, "_status", None)
+        if st is None or st.Get_source() < 0:
+            raise ValueError("source_rank() of a Work that received nothing")
+        return st.Get_source()
+
+    _source_rank = source_rank
 
     def is_success(self):
         return True
@@ -483,6 +494,13 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
 
     def recv(self, tensors, src, tag):
         return _Done(tensors, [self.comm.Irecv(_array(t), src, tag) for t in tensors])
+
+    def recv_anysource(self, tensors, tag):
+        """recv without src: from whichever rank sends first; the Work's
+        source_rank() names it."""
+        if len(tensors) != 1:
+            raise ValueError(f"recv_anysource takes one tensor, not {len(tensors)} (as gloo)")
+        return _Done(tensors, [self.comm.Irecv(_array(tensors[0]), ANY_SOURCE, tag)])
 
 
 def _create(backend_opts, pg_opts=None):

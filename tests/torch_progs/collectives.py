@@ -49,6 +49,13 @@ futures = {"all_reduce": dist.all_reduce(torch.ones(2), async_op=True),
 out.append(("futures", [(k, [tuple(x.shape) for x in w.get_future().wait()]) for k, w in futures.items()]))
 if r == 0: dist.send(torch.arange(3.0), 1)
 if r == 1: t = torch.empty(3); dist.recv(t, 0); out.append(("p2p", t.tolist()))
+if r == 0:      # from any source: whoever sends first; recv returns the sender
+    got = []
+    for _ in range(n - 1):
+        t = torch.empty(3); src = dist.recv(t, tag=7); got.append((src, t.tolist()))
+    out.append(("anysource", sorted(got)))
+else:
+    dist.send(torch.full((3,), 10.0 * r), 0, tag=7)
 g = dist.new_group([0, 1]) if n > 1 else None
 if r < 2:
     t = torch.ones(2) * (r + 1); dist.all_reduce(t, group=g); out.append(("group", t.tolist()))
