@@ -246,6 +246,8 @@ struct sc_comm {
     struct {                 /* nonblocking collectives (nbc.c) */
         sc_nbc_t *nbc;           /* the call a step runs without blocking: a wait that would block stops it */
         sc_nbq_t *nbq;           /* the queue of started calls and the progress thread, made on first use */
+        int32_t nb_drivers;      /* threads in sc_nb_drive, which sc_nb_stop waits out before the queue goes */
+        int32_t nb_stopping;     /* set by sc_nb_stop before it waits them out: a driver that sees it leaves */
     };
 };
 

@@ -302,14 +302,19 @@ int sc_nb_wait(sc_comm_t *c, sc_nbc_t *st)
  * backend's); spin_ns 0 where it shares its CPU with the caller.  st's rc. */
 int sc_nb_drive(sc_comm_t *c, sc_nbc_t *st, int64_t spin_ns)
 {
-    while (!is_done(st)) {
+    /* counted before it looks at stopping: sc_nb_stop either waits for it
+     * or was seen stopping, and then the queue is never touched */
+    __atomic_add_fetch(&c->nb_drivers, 1, __ATOMIC_SEQ_CST);
+    while (!is_done(st) && !__atomic_load_n(&c->nb_stopping, __ATOMIC_SEQ_CST)) {
         if (sc_own(c)) {
             sleep_on(st, 50000);
             continue;
         }
         step_head(c, spin_ns);
     }
-    return st->rc;
+    int rc = is_done(st) ? st->rc : SC_EABORT;  /* stopped under us: the communicator was freed */
+    __atomic_sub_fetch(&c->nb_drivers, 1, __ATOMIC_SEQ_CST);
+    return rc;
 }
 
 /* No more calls on c: the thread ends (after its step) and the queue goes. */
@@ -321,6 +326,11 @@ void sc_nb_stop(sc_comm_t *c)
     atomic_fetch_add(&q->gen, 1);
     futex_wake(&q->gen);
     if (q->started) pthread_join(q->thread, NULL);
+    __atomic_store_n(&c->nb_stopping, 1, __ATOMIC_SEQ_CST);
+    while (__atomic_load_n(&c->nb_drivers, __ATOMIC_SEQ_CST)) {    /* each leaves within a park */
+        struct timespec ts = { 0, 100000 };
+        nanosleep(&ts, NULL);
+    }
     pthread_mutex_destroy(&q->lock);
     free(q);
     c->nbq = NULL;

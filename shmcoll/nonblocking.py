@@ -165,7 +165,12 @@ class _Collective:
         goes on starting calls (sc_nb_drive: busy let go at every wait;
         spin_ns 0 when the two share a CPU); Wait() then completes it."""
         if self._st is not None and not self._st.fast and self._rc is None:
-            self._collect(lib.sc_nb_drive(self._comm._c, self._st, spin_ns))
+            rc = lib.sc_nb_drive(self._comm._c, self._st, spin_ns)
+            if rc and self._comm._freed:    # Free stopped it: nothing of the device is there to read
+                self._rc = rc
+                self._comm._usable()
+                raise ShmcollError(f"{self._run.what}: the communicator was freed while the call was pending")
+            self._collect(rc)
         self._settled()
 
     def _collect(self, rc):

@@ -97,7 +97,7 @@ class _Held(list):
     flight); those of a call that raised, by the thread's next call or as
     the thread ends (its locals go)."""
 
-    def release(self):
+    def release(self, _lock=_lock, _busy=_busy):    # bound here: at exit the module's globals are gone
         if self:
             with _lock:
                 for ptr in self:
@@ -240,33 +240,53 @@ class _Later(_Done):
     A failure (a peer dead, a mismatch) is set on the future instead, and
     raises from wait()."""
 
-    def __init__(self, value, reqs, then, spin_ns):
+    def __init__(self, value, reqs, then, spin_ns, completer):
         super().__init__(value, reqs)
-        self._then, self._spin_ns = then, spin_ns
+        self._then, self._spin_ns, self._completer = then, spin_ns, completer
         self._future = Future()
+        self._once, self._ended, self._error = threading.Lock(), threading.Event(), None
 
     def _finish(self):
-        try:
-            for r in self._reqs:
-                if type(r) is not Complete:
-                    r._drive(self._spin_ns)
-                r.Wait()
-            if self._then is not None:
-                self._then()
-        except BaseException as e:     # noqa: B036 (the future carries it to the waiter)
+        """Once, by whichever thread comes first: the completion thread, or
+        a callback of an earlier Work on that thread that waits for this
+        one (queued behind the callback, it would wait for itself)."""
+        with self._once:
+            if self._ended.is_set():
+                return
+            try:
+                for r in self._reqs:
+                    if type(r) is not Complete:
+                        r._drive(self._spin_ns)
+                    r.Wait()
+                if self._then is not None:
+                    self._then()
+            except BaseException as e:     # noqa: B036 (the future carries it to the waiter)
+                self._error = e
             self._reqs = []
-            self._future.set_exception(e)
+            self._ended.set()
+        if self._error is not None:
+            self._future.set_exception(self._error)
         else:
-            self._reqs = []
             self._future.set_result(self._value)   # its callbacks run here, the views still held
         self._held.release()
 
     def wait(self, timeout=None):
-        self._future.wait()             # raises what _finish set
+        if self._completer.runs_here():
+            self._finish()
+        seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
+        if not self._ended.wait(seconds if seconds else None):
+            raise RuntimeError(f"shmcoll backend: the Work did not complete within {seconds} s")
+        self._future.wait()             # raises what _finish set, once its callbacks ran
         return True
 
     def is_completed(self):
         return self._future.done()
+
+    def is_success(self):
+        return self._ended.is_set() and self._error is None
+
+    def exception(self):
+        return self._error
 
     def get_future(self):
         return self._future
@@ -275,9 +295,11 @@ class _Later(_Done):
 class _Completer:
     """A group's completion thread: finishes its _Later Works in call order
     (the order of the shmcoll queue they wait on).  Started with the first;
-    a daemon, stopped at exit after what was queued (before shmcoll lets
-    its segments go: atexit runs this module's hook first)."""
+    a daemon, stopped at exit after what was queued, before shmcoll.init's
+    exit hook frees the communicators (_create registers stop_all after
+    init registered that one: atexit runs the later first)."""
     live = set()
+    hooked = False
 
     def __init__(self):
         self._q = queue.SimpleQueue()
@@ -292,6 +314,9 @@ class _Completer:
             self._thread.start()
             self.live.add(self)
         self._q.put(work)
+
+    def runs_here(self):
+        return self._thread is threading.current_thread()
 
     def _run(self):
         global _completers
@@ -325,7 +350,6 @@ class _Completer:
         _completers = 0
 
 
-atexit.register(_Completer.stop_all)
 os.register_at_fork(after_in_child=_Completer.forget_all)
 
 
@@ -343,6 +367,16 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
     def getBackendName(self):
         return NAME
 
+    def shutdown(self):
+        """destroy_process_group: the Works started finish, then a
+        new_group's communicator goes (the world's stays: shmcoll.init's)."""
+        self._completer.stop()
+        if self.comm is not init():
+            self.comm.Free()
+
+    # torch names the groups it wraps in a ProcessGroup of its own; ours, one already, it takes as it is
+    group_name = property(lambda self: self._name)
+
     def _launch(self, value, nbytes, start, finish=None):
         """A collective's Work: from ASYNC_BYTES, where asynchronous, the
         requests start() starts, completed by the group's thread, which
@@ -358,7 +392,7 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
             if finish is not None:
                 finish()
             return _Done(value)
-        work = _Later(value, reqs, finish, self._spin_ns)
+        work = _Later(value, reqs, finish, self._spin_ns, self._completer)
         self._completer.put(work)
         return work
 
@@ -509,14 +543,18 @@ def _create(backend_opts, pg_opts=None):
     new_group's ranks (made by them alone), even one of every rank, so that
     two threads can each drive one."""
     world = init()
+    if not _Completer.hooked:
+        atexit.register(_Completer.stop_all)
+        _Completer.hooked = True
     ranks = list(backend_opts.global_ranks_in_group)
     if world.size < (max(ranks) + 1 if ranks else backend_opts.group_size):
         raise RuntimeError(f"shmcoll backend: torch's group spans {backend_opts.group_size} ranks, but shmcoll's "
                            f"node has {world.size}: shmcoll does not yet talk between nodes")
-    if not ranks:
-        return ProcessGroupShmcoll(world)
     gid = str(backend_opts.group_id)
-    return ProcessGroupShmcoll(world.Create_group(world.Get_group().Incl(ranks), tag=int(gid) if gid.isdigit() else 0))
+    pg = ProcessGroupShmcoll(world if not ranks else
+                             world.Create_group(world.Get_group().Incl(ranks), tag=int(gid) if gid.isdigit() else 0))
+    pg._name = gid
+    return pg
 
 
 if NAME not in dist.Backend.backend_list:

@@ -4,6 +4,7 @@ dtype of tests/torch_progs/collectives.py gives gloo's results, and a DDP
 training loop gives gloo's loss curve bit for bit, under a real torchrun.
 Skipped where torch is not installed."""
 import os
+import socket
 import subprocess
 import sys
 
@@ -53,3 +54,18 @@ def test_ddp_loss_curve_is_gloos_bit_for_bit():
 @pytest.mark.parametrize("n", [2, 3])
 def test_works_that_complete_later(n):
     assert torchrun("later.py", n, "shmcoll") == [f"ok {r}" for r in range(n)]
+
+
+def test_a_rank_that_exits_with_works_in_flight_after_a_peer_died():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "torch_progs", "dies.py")],
+                              env=dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", RANK=str(r), WORLD_SIZE="2",
+                                       LOCAL_RANK=str(r), LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                                       MASTER_PORT=str(port), TORCHELASTIC_RUN_ID=f"dies{port}"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    out, err = procs[0].communicate(timeout=120)
+    procs[1].wait(timeout=30)
+    assert procs[1].returncode == -9
+    assert procs[0].returncode == 0 and out.split() == ["raised", "PeerDied"], (procs[0].returncode, out, err[-2000:])

@@ -51,6 +51,23 @@ out = torch.empty(N // n * n)
 out[r * (N // n):(r + 1) * (N // n)] = torch.from_numpy(base[:N // n] + r)
 dist.all_gather_into_tensor(out, out[r * (N // n):(r + 1) * (N // n)], async_op=True).wait()
 assert np.array_equal(out.numpy(), want_ag)
+# a callback on the completion thread that waits for a later Work (queued behind it: it hung)
+# (rank 0's peers join only once its callback is attached: it runs on the thread, not in then())
+inner, token = [], torch.zeros(1)
+if r:
+    dist.recv(token, 0)
+first = dist.all_reduce(torch.ones(N), async_op=True)
+done = first.get_future().then(lambda f: inner.append(dist.all_reduce(torch.ones(N) * 2, async_op=True).wait()))
+if r == 0:
+    for k in range(1, n):
+        dist.send(token, k)
+done.wait()
+assert inner == [True] and first.is_success()
+# a new_group's Works, then the group destroyed (its communicator freed), the world going on
+g = dist.new_group(list(range(n)))
+w = dist.all_reduce(torch.ones(N), group=g, async_op=True)
+dist.destroy_process_group(g)
+assert w.is_completed() and w.is_success()
 # a mismatch: rank 0 reduces twice the bytes; every rank's wait raises, none hangs
 bad = torch.ones(2 * N if r == 0 else N)
 work = dist.all_reduce(bad, async_op=True)
@@ -58,7 +75,7 @@ try:
     work.wait()
 except shmcoll.MismatchError as e:
     assert "byte count" in str(e), e
+    assert not work.is_success() and work.exception() is e
 else:
     raise AssertionError("a mismatched allreduce completed")
 os.write(1, f"ok {r}\n".encode())
-os._exit(0)         # the group is broken: nothing more to say to it
