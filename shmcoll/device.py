@@ -26,6 +26,7 @@ from .topology import oversubscribed
 PAGE = 4096
 MAX_RANKS = 1024
 MIN_CHAN = 2 * PAGE
+SMALL = 256 << 10       # reduce_small_bytes' least default (bench/README.md, "Figures moved out of coll/*.py")
 P2P_MIN = 1024              # a point-to-point ring's least bytes (a few headers and eager messages)
 P2P_BUDGET = 16 << 20       # the n^2 rings' bytes by default, each 4 KiB - 1 MiB
 ABORT_REASONS = {1: "raised an exception", 2: "died", 3: "passed bad or mismatched arguments", 4: "exited",
@@ -84,6 +85,7 @@ def make_plan(nranks, topo, slots, options=None, environ=os.environ, agreed=None
     _p2p(p, res)
     p["chunk_opt"], p["tile_opt"], p["cma_opt"], p["nt_opt"] = (p["chunk_bytes"], p["tile_bytes"], p["cma_bytes"],
                                                           p["nt_bytes"])
+    p["small_opt"] = p["reduce_small_bytes"]
     p["k_opt"] = p["bcast_k"]
     p["tuning"], p["model"] = agreed or (_tuning.load(p["tuning_file"], environ, bool(topo.spec)),
                                          _tuning.model(p["model_params"]))
@@ -147,6 +149,12 @@ def _derive(p, nranks, topo, slots):
     cpus = frozenset().union(*(s.cpus for s in slots))
     l2s = {c.cpus for c in topo.caches if c.level == 2 and c.kind != "Instruction" and cpus.intersection(c.cpus)}
     p["l2_bytes"] = l2 * max(min(nranks, len(l2s) or len(cpus)), 1)
+    # two ranks with a CPU each: all_at_once and reduce_scatter_allgather each read the other's input once,
+    # and the one hand-off wins while both inputs and results fit the shared cache (bench/README.md, "The
+    # allreduce cut-off and the L3")
+    two = nranks == 2 and not oversubscribed(slots)
+    given = p.get("small_opt")
+    p["reduce_small_bytes"] = int(given if given is not None else max(SMALL, shared // 4 if two else 0))
     # a block's inputs and results, 2 x ranks x block, in a quarter of the shared cache
     p["reduce_block_bytes"] = int(p["reduce_block_bytes"] or max(2 << 20, shared // (8 * nranks)))
     # one reader at a time gains from 32 KiB (2 ranks, 32 KiB, near cores:

@@ -55,8 +55,11 @@ OPTIONS = {
                               "of two sharing 2 MiB huge pages (128 MiB of them at most, then numpy's): a 256 KiB "
                               "block pins one page, not 64, for up to 2x the memory; 0: never"),
     "shm_bytes": Option(None, "bytes", "space the segment must fit in (default: what /dev/shm has free)"),
-    "reduce_small_bytes": Option(256 << 10, "bytes", "allreduce: all_at_once while (ranks - 1) x bytes is at most "
-                                 "this (an eighth of it when ranks share CPUs); reduce: flat"),
+    "reduce_small_bytes": Option(None, "bytes", "allreduce: all_at_once while (ranks - 1) x bytes is at most "
+                                 "this (an eighth of it when ranks share CPUs); reduce: flat (default: 256 KiB; "
+                                 "for 2 ranks with a CPU each, a quarter of the shared cache if more: both "
+                                 "algorithms then move the same bytes, and one hand-off wins while the four "
+                                 "buffers stay in cache)"),
     "reduce_block_bytes": Option(None, "bytes", "reduce_scatter_allgather: blocks of this many bytes, folded and "
                                  "gathered while in cache (default: an eighth of the shared cache over the ranks, "
                                  "2 MiB at least, as each block costs the ranks one more sync)"),
