@@ -154,7 +154,7 @@ def _derive(p, nranks, topo, slots):
     # allreduce cut-off and the L3")
     two = nranks == 2 and not oversubscribed(slots)
     given = p.get("small_opt")
-    p["reduce_small_bytes"] = int(given if given is not None else max(SMALL, shared // 4 if two else 0))
+    p["reduce_small_bytes"] = int(given if given is not None else max(SMALL, shared // 4) if two else SMALL)
     # a block's inputs and results, 2 x ranks x block, in a quarter of the shared cache
     p["reduce_block_bytes"] = int(p["reduce_block_bytes"] or max(2 << 20, shared // (8 * nranks)))
     # one reader at a time gains from 32 KiB (2 ranks, 32 KiB, near cores:

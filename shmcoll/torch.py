@@ -56,7 +56,6 @@ _seen = {}
 _busy = {}
 _lock = threading.RLock()
 _local = threading.local()      # .held: the _Held of this thread's call
-_completers = 0                 # the groups' completion threads running now (_Later)
 
 
 def _to_arena(s):
@@ -76,7 +75,7 @@ def _to_arena(s):
     calls, held until their futures are set.
     Called with _lock held."""
     ptr, n = s.data_ptr(), s.nbytes()
-    if not s.resizable() or s.is_shared() or ptr in _busy or threading.active_count() > 1 + _completers:
+    if not s.resizable() or s.is_shared() or ptr in _busy or threading.active_count() > 1 + len(_Completer.live):
         return
     if _seen.pop(ptr, None) != n:
         _seen[ptr] = n
@@ -294,7 +293,8 @@ class _Later(_Done):
 
 class _Completer:
     """A group's completion thread: finishes its _Later Works in call order
-    (the order of the shmcoll queue they wait on).  Started with the first;
+    (the order of the shmcoll queue they wait on).  Started with the first
+    (live: the completers whose threads run);
     a daemon, stopped at exit after what was queued, before shmcoll.init's
     exit hook frees the communicators (_create registers stop_all after
     init registered that one: atexit runs the later first)."""
@@ -306,10 +306,7 @@ class _Completer:
         self._thread = None
 
     def put(self, work):
-        global _completers
         if self._thread is None:
-            with _lock:
-                _completers += 1
             self._thread = threading.Thread(target=self._run, name="shmcoll-torch-completer", daemon=True)
             self._thread.start()
             self.live.add(self)
@@ -319,13 +316,8 @@ class _Completer:
         return self._thread is threading.current_thread()
 
     def _run(self):
-        global _completers
-        try:
-            while (work := self._q.get()) is not None:
-                work._finish()
-        finally:
-            with _lock:
-                _completers -= 1
+        while (work := self._q.get()) is not None:
+            work._finish()
 
     def stop(self):
         """Finish what was queued, then end the thread."""
@@ -343,11 +335,9 @@ class _Completer:
     @classmethod
     def forget_all(cls):
         """In a forked child: the threads did not come along."""
-        global _completers
         for c in cls.live:
             c._thread, c._q = None, queue.SimpleQueue()
         cls.live.clear()
-        _completers = 0
 
 
 os.register_at_fork(after_in_child=_Completer.forget_all)
@@ -356,9 +346,9 @@ os.register_at_fork(after_in_child=_Completer.forget_all)
 class ProcessGroupShmcoll(dist.ProcessGroup):
     """torch's ProcessGroup over a shmcoll communicator."""
 
-    def __init__(self, comm):
+    def __init__(self, comm, name):
         super().__init__(comm.rank, comm.size)
-        self.comm = comm
+        self.comm, self._name = comm, name
         self._completer = _Completer()
         # where the ranks leave CPUs spare, the completion thread has one and spins; else it shares its rank's
         self._spare = spare_cpus(comm.slots) > 0
@@ -381,20 +371,17 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
         """A collective's Work: from ASYNC_BYTES, where asynchronous, the
         requests start() starts, completed by the group's thread, which
         then runs finish(); otherwise start(blocking=True) runs it whole."""
-        late = ASYNC if ASYNC is not None else self._spare
-        if not late or nbytes < ASYNC_BYTES:
+        if (ASYNC if ASYNC is not None else self._spare) and nbytes >= ASYNC_BYTES:
+            reqs = start(False)
+            if not all(type(r) is Complete for r in reqs):     # else they ended in their starts
+                work = _Later(value, reqs, finish, self._spin_ns, self._completer)
+                self._completer.put(work)
+                return work
+        else:
             start(True)
-            if finish is not None:
-                finish()
-            return _Done(value)
-        reqs = start(False)
-        if all(type(r) is Complete for r in reqs):     # ended in their starts
-            if finish is not None:
-                finish()
-            return _Done(value)
-        work = _Later(value, reqs, finish, self._spin_ns, self._completer)
-        self._completer.put(work)
-        return work
+        if finish is not None:
+            finish()
+        return _Done(value)
 
     def allreduce(self, tensors, opts):
         op, avg = _op(opts)
@@ -551,10 +538,8 @@ def _create(backend_opts, pg_opts=None):
         raise RuntimeError(f"shmcoll backend: torch's group spans {backend_opts.group_size} ranks, but shmcoll's "
                            f"node has {world.size}: shmcoll does not yet talk between nodes")
     gid = str(backend_opts.group_id)
-    pg = ProcessGroupShmcoll(world if not ranks else
-                             world.Create_group(world.Get_group().Incl(ranks), tag=int(gid) if gid.isdigit() else 0))
-    pg._name = gid
-    return pg
+    return ProcessGroupShmcoll(world if not ranks else world.Create_group(world.Get_group().Incl(ranks),
+                                                                          tag=int(gid) if gid.isdigit() else 0), gid)
 
 
 if NAME not in dist.Backend.backend_list:
