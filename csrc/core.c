@@ -582,9 +582,10 @@ int sc_wait_slow(sc_comm_t *c, const sc_wait_t *w)
  * write into our buffers after this) and wait for the writes in flight,
  * so that none lands after we return.  A writer that is gone writes no
  * more; one stalled past the timeout is given up on (it looks at the
- * door again before each piece), and our buffers, if in our arena, which
- * it may be writing into by plain stores, leave it (sc_quarantine). */
-void sc_shut(sc_comm_t *c)
+ * door again before each piece), and our buffers (the call's, and also,
+ * a receive's that a sender was writing its share of), if in our arena,
+ * which it may be writing into by plain stores, leave it (sc_quarantine). */
+void sc_shut(sc_comm_t *c, uint64_t also)
 {
     atomic_store_explicit(&state(c, c->rank)->shut, 1, memory_order_seq_cst);
     int64_t t0 = sc_now_ns();
@@ -593,6 +594,7 @@ void sc_shut(sc_comm_t *c)
             if (c->timeout_ns > 0 && sc_now_ns() - t0 > c->timeout_ns) {
                 sc_quarantine(post_line(c, c->rank)->addr[0]);
                 sc_quarantine(post_line(c, c->rank)->addr[1]);
+                if (also) sc_quarantine(also);
                 return;
             }
             let_go(c);

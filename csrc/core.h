@@ -230,6 +230,9 @@ struct sc_comm {
 #define SC_P2P_SENDS 1           /* p2p_pending's bit of queued sends: the fast entries decline (Irecv: posts) */
 #define SC_P2P_RECVS 2           /* its bit of posted receives */
         int32_t p2p_pad;
+        char *side_dst;          /* a copy this thread makes once it has offered a shared copy (p2p.c gatherv's own */
+        const char *side_src;    /* piece: made while the sender writes), then clears; side_n 0: none */
+        int64_t side_n;
     };
     struct {                 /* the fast entries' program cache (pyfast.c) */
         sc_entry_t cache[SC_CACHE];

@@ -560,7 +560,7 @@ static inline int stages(sc_comm_t *c, sc_run_t *x)
             c->quiet = (c->quiet + 1) % SC_LOOK;
         }
     }
-    if (rc && rc != SC_EDIFFER) sc_shut(c);
+    if (rc && rc != SC_EDIFFER) sc_shut(c, 0);
     settle(c, post_line(c, c->rank));
     c->hist = sc_mix(c->hist, c->prev);
     c->prev[0] = c->sig[0];

@@ -529,6 +529,10 @@ static int copy_rdv(sc_comm_t *sh, const rdv_t *d, char *buf, int64_t k)
         atomic_store_explicit(&x->claim, tag << 36 | pieces << 24, memory_order_release);
         atomic_fetch_add_explicit(&bell_of(sh, s)->help, 1, memory_order_release);
         ring_bell(sh, s);
+        if (sh->side_n) {
+            memmove(sh->side_dst, sh->side_src, (size_t)sh->side_n);
+            sh->side_n = 0;
+        }
         while (!err && (i = claim_piece(&x->claim, tag, 0)) >= 0) {
             int64_t off = i * q, len = k - off < q ? k - off : q;
             err = sc_vm_move(pid, buf + off, d->addr + (uint64_t)off, len, NULL, sc_peer_ptr(sh, s, d->addr + off, len), 0);
@@ -536,13 +540,13 @@ static int copy_rdv(sc_comm_t *sh, const rdv_t *d, char *buf, int64_t k)
         }
         if (err) {  /* no more claims; the sender's piece in flight lands before we return, none after */
             atomic_store_explicit(&x->claim, tag << 36 | pieces << 24 | 0xfffULL << 12 | 0xfff, memory_order_release);
-            sc_shut(sh);
+            sc_shut(sh, (uintptr_t)buf);
         }
         for (;;) {
             uint64_t seen = sc_p2p_bell(sh);
             if (err || atomic_load_explicit(&x->fin, memory_order_acquire) >= pieces) break;
             if ((rc = idle_for(sh, seen, s, 0))) {
-                sc_shut(sh);
+                sc_shut(sh, (uintptr_t)buf);
                 break;
             }
         }
@@ -890,6 +894,119 @@ static int alltoallv(sc_comm_t *c, const char *sbuf, char *rbuf, const int64_t *
     return SC_OK;
 }
 
+/* Gatherv and Scatterv over point-to-point, on tags no user receive
+ * matches: every rank's piece goes straight between it and the root, so
+ * no rank needs the root's counts first (a schedule's planning does).
+ * row (the root's): bytes per rank, then byte displacements in rbuf
+ * (Gatherv) or sbuf (Scatterv); n: this rank's own bytes (sendbuf's,
+ * recvbuf's).  The root takes or sends every other piece as its peer gets
+ * there, whatever their order.  A piece that arrives other than its
+ * receiver expects is SC_EMISMATCH, out as alltoallv's. */
+#define GATHERV_TAG (-3)
+#define SCATTERV_TAG (-4)
+#define ROOTED_MAX 1024
+static int mismatch(int64_t *out, int64_t who, int64_t sent, int64_t wanted)
+{
+    out[0] = who, out[1] = sent, out[2] = wanted;
+    return SC_EMISMATCH;
+}
+
+static int gatherv(sc_comm_t *c, int root, const char *sbuf, int64_t n, char *rbuf, const int64_t *row, int64_t *out)
+{
+    int p = c->size, r = c->rank, left = p - 1;
+    if (r != root) {
+        int64_t rc = sc_p2p_send(c, root, GATHERV_TAG, sbuf, n, 1, 0);
+        return rc < 0 ? (int)rc : SC_OK;
+    }
+    const int64_t *rn = row, *rd = row + p;
+    if (n != rn[r]) return mismatch(out, r, n, rn[r]);
+    /* the own piece is copied while a sender writes its share (copy_rdv), else once nothing moves */
+    sc_comm_t *sh = mine(c);
+    sh->side_n = n && sbuf != rbuf + rd[r] ? n : 0, sh->side_dst = rbuf + rd[r], sh->side_src = sbuf;
+    void *st[ROOTED_MAX] = { NULL };
+    char fin[ROOTED_MAX] = { 0 };
+    while (left) {
+        uint64_t seen = sc_p2p_bell(c);
+        int moved = 0, first = -1;
+        for (int k = 1; k < p; k++) {
+            int s = (r + k) % p;
+            if (fin[s]) continue;
+            int64_t got[3] = { 0, 0, 0 };
+            int rc = recv(c, s, GATHERV_TAG, NULL, rbuf + rd[s], rn[s], 0, got, &st[s]);
+            if (rc == 1 || rc == STAGING) {
+                if (first < 0) first = s;
+                continue;
+            }
+            if (rc == SC_ETRUNCATE || (!rc && got[2] != rn[s])) rc = mismatch(out, s, got[2], rn[s]);
+            if (rc) {
+                sh->side_n = 0;
+                return rc;
+            }
+            fin[s] = 1, left--, moved = 1;
+        }
+        if (sh->side_n && !moved) {
+            memmove(sh->side_dst, sbuf, (size_t)n);
+            sh->side_n = 0;
+            continue;
+        }
+        int rc = left && !moved ? sc_p2p_idle(sh, seen, first) : SC_OK;
+        if (rc) {
+            sh->side_n = 0;
+            return rc;
+        }
+    }
+    if (sh->side_n) memmove(sh->side_dst, sbuf, (size_t)n);
+    sh->side_n = 0;
+    return SC_OK;
+}
+
+static int scatterv(sc_comm_t *c, int root, const char *sbuf, const int64_t *row, char *rbuf, int64_t n, int64_t *out)
+{
+    int p = c->size, r = c->rank, left = p - 1;
+    if (r != root) {
+        int64_t got[3] = { 0, 0, 0 };
+        int rc = recv(c, root, SCATTERV_TAG, NULL, rbuf, n, 1, got, NULL);
+        if (rc == SC_ETRUNCATE || (!rc && got[2] != n)) return mismatch(out, root, got[2], n);
+        return rc;
+    }
+    const int64_t *sn = row, *sd = row + p;
+    if (n != sn[r]) return mismatch(out, r, sn[r], n);
+    int own = n && rbuf != sbuf + sd[r];        /* copied once nothing else moves, as in gatherv */
+    int64_t seq[ROOTED_MAX];        /* -1 not yet sent, 0 complete, else a rendezvous in flight */
+    for (int d = 0; d < p; d++) seq[d] = d == r ? 0 : -1;
+    while (left) {
+        uint64_t seen = sc_p2p_bell(c);
+        int moved = 0, first = -1;
+        for (int k = 1; k < p; k++) {
+            int d = (r + k) % p;
+            if (seq[d] < 0) {
+                int64_t x = try_send(c, d, SCATTERV_TAG, sbuf + sd[d], sn[d], 0);
+                if (x == SC_EAGAIN) {
+                    if (first < 0) first = d;
+                    continue;
+                }
+                if (x < 0) return (int)x;
+                seq[d] = x, moved = 1, left -= !x;
+            } else if (seq[d] > 0) {
+                if (!done(c, d, (uint64_t)seq[d])) {
+                    if (first < 0) first = d;
+                    continue;
+                }
+                seq[d] = 0, moved = 1, left--;
+            }
+        }
+        if (own && !moved) {
+            memmove(rbuf, sbuf + sd[r], (size_t)n);
+            own = 0;
+            continue;
+        }
+        int rc = left && !moved ? sc_p2p_idle(mine(c), seen, first) : SC_OK;
+        if (rc) return rc;
+    }
+    if (own) memmove(rbuf, sbuf + sd[r], (size_t)n);
+    return SC_OK;
+}
+
 /* Probe (src, tag): out = source, tag, bytes; detach: the message leaves
  * matching and *handle holds it for sc_p2p_mrecv (Mprobe).  SC_OK found,
  * 1 not yet (non-blocking), or an error. */
@@ -1150,6 +1267,34 @@ static PyObject *py_alltoallv(PyObject *m, PyObject *const *a, Py_ssize_t n)
     return Py_BuildValue("(iLLL)", rc, (long long)out[0], (long long)out[1], (long long)out[2]);
 }
 
+/* rooted(ctx, scatter, root, send address, recv address, bytes, row) -> (rc, rank, bytes sent, bytes
+ * expected): Gatherv (scatter 0) or Scatterv; bytes this rank's own; row the root's int64 buffer of
+ * 2 * size (gatherv, scatterv), None elsewhere; the addresses those of buffers the caller holds,
+ * checked against row by Python */
+static PyObject *py_rooted(PyObject *m, PyObject *const *a, Py_ssize_t n)
+{
+    sc_comm_t *c;
+    Py_buffer row = { 0 };
+    int64_t out[3] = { 0, 0, 0 };
+    if (!args("rooted", n, 7, a, &c) || !buffer(a[6], &row, 0)) return NULL;
+    int scatter = PyObject_IsTrue(a[1]), root = PyLong_AsLong(a[2]);
+    char *sbuf = PyLong_AsVoidPtr(a[3]), *rbuf = PyLong_AsVoidPtr(a[4]);
+    int64_t bytes = PyLong_AsLongLong(a[5]);
+    if (!PyErr_Occurred() && (c->size > ROOTED_MAX || root < 0 || root >= c->size
+                              || (root == c->rank && row.len != 2 * c->size * (Py_ssize_t)sizeof(int64_t))))
+        PyErr_SetString(PyExc_ValueError, "rooted: a root in range, and on it a row of 2 * size int64");
+    if (PyErr_Occurred()) {
+        release(&row);
+        return NULL;
+    }
+    sc_comm_t *sh = arm(c);
+    int rc = scatter ? scatterv(c, root, sbuf, row.buf, rbuf, bytes, out) : gatherv(c, root, sbuf, bytes, rbuf, row.buf, out);
+    resume(sh, rc);
+    release(&row);
+    if (rc == SC_EINTR && PyErr_Occurred()) return NULL;
+    return Py_BuildValue("(iLLL)", rc, (long long)out[0], (long long)out[1], (long long)out[2]);
+}
+
 /* bell(ctx) -> this rank's doorbell now; idle(ctx, seen, who, for_ns) -> rc once it moved past seen,
  * or for_ns (nonzero) passed */
 static PyObject *py_bell(PyObject *m, PyObject *const *a, Py_ssize_t n)
@@ -1181,7 +1326,7 @@ static PyObject *py_idle(PyObject *m, PyObject *const *a, Py_ssize_t n)
  * range, no status or a Status, and nothing pending on the communicator:
  * one C call; anything else goes to the Python method, failures to the
  * handler (rc, (rc, source, tag, bytes)). */
-enum { FAST_SEND, FAST_RECV, FAST_SENDRECV, FAST_ALLTOALLV, FAST_ISEND, FAST_IRECV };
+enum { FAST_SEND, FAST_RECV, FAST_SENDRECV, FAST_ALLTOALLV, FAST_ISEND, FAST_IRECV, FAST_GATHERV, FAST_SCATTERV };
 
 /* Some communicator of this process has nonblocking point-to-point
  * pending (p2p.py's _busy): a call that would wait in C, where nothing
@@ -1240,11 +1385,35 @@ static int send_args(sc_comm_t *c, PyObject **a, long *dest, long *tag)
     return a[0] && a[1] && int_in(a[1], 0, 0, c->size - 1, dest) && int_in(a[2], 0, 0, SC_TAG_UB, tag);
 }
 
-/* Alltoallv(sendbuf, recvbuf) of v-specs of plain buffers, each piece
- * inside its buffer and the two buffers apart, no algorithm named: one C
- * call (alltoallv); anything else goes to the Python method, failures to
- * the handler (rc, (rc, rank, bytes sent, bytes expected)). */
 #define A2AV_MAX 1024
+/* Pieces written (n bytes at d, per rank, p at most A2AV_MAX) apart, as
+ * spec.ranges checks them (Python refuses pieces that overlap): in rank
+ * order at once, else sorted by displacement, empty ones left out. */
+static int by_start(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static int apart_pieces(const int64_t *n, const int64_t *d, int p)
+{
+    int i = 0, k = 0;
+    while (i + 1 < p && d[i] + n[i] <= d[i + 1]) i++;
+    if (i + 1 >= p) return 1;
+    int64_t live[2 * A2AV_MAX];
+    for (i = 0; i < p; i++)
+        if (n[i]) live[2 * k] = d[i], live[2 * k++ + 1] = n[i];
+    qsort(live, (size_t)k, 2 * sizeof *live, by_start);
+    for (i = 0; i + 1 < k; i++)
+        if (live[2 * i] + live[2 * i + 1] > live[2 * i + 2]) return 0;
+    return 1;
+}
+
+/* Alltoallv(sendbuf, recvbuf) of v-specs of plain buffers, each piece
+ * inside its buffer and the received ones apart (apart_pieces), the two
+ * buffers apart, no algorithm named: one C call (alltoallv); anything
+ * else goes to the Python method, failures to the handler (rc, (rc,
+ * rank, bytes sent, bytes expected)). */
 static PyObject *fast_alltoallv(PyObject *self, sc_comm_t *c, PyObject *const *args, size_t nargsf, PyObject *kw)
 {
     PyObject *a[8] = { NULL };
@@ -1259,8 +1428,9 @@ static PyObject *fast_alltoallv(PyObject *self, sc_comm_t *c, PyObject *const *a
             row[i] = vs[i] * si, row[p + i] = vs[p + i] * si, row[2 * p + i] = vr[i] * ri, row[3 * p + i] = vr[p + i] * ri;
             ok = row[p + i] + row[i] <= sb.len && row[3 * p + i] + row[2 * p + i] <= rb.len;
         }
-        ok = ok && ((char *)sb.buf + sb.len <= (char *)rb.buf || (char *)rb.buf + rb.len <= (char *)sb.buf
-                    || !sb.len || !rb.len);
+        ok = ok && apart_pieces(row + 2 * p, row + 3 * p, p)
+             && ((char *)sb.buf + sb.len <= (char *)rb.buf || (char *)rb.buf + rb.len <= (char *)sb.buf
+                 || !sb.len || !rb.len);
     }
     if (!ok) {
         release(&sb), release(&rb);
@@ -1275,6 +1445,51 @@ static PyObject *fast_alltoallv(PyObject *self, sc_comm_t *c, PyObject *const *a
     return failed(self, rc, out);
 }
 
+
+/* Gatherv(sendbuf, recvbuf, root) and Scatterv(sendbuf, recvbuf, root):
+ * this rank's buffer plain, the root's a v-spec of plain data (read on the
+ * root only) whose pieces lie inside it (Gatherv's apart: apart_pieces),
+ * its own piece as long as its
+ * count says and apart from it, no algorithm named: one C call (gatherv,
+ * scatterv); anything else goes to the Python method (IN_PLACE
+ * included), failures to the handler as alltoallv's. */
+static PyObject *fast_rooted(PyObject *self, sc_comm_t *c, int scatter, PyObject *const *args, size_t nargsf,
+                             PyObject *kw)
+{
+    PyObject *a[8] = { NULL };
+    int p = c->size, ok = 0;
+    long root = 0;
+    int64_t vec[2 * ROOTED_MAX], row[2 * ROOTED_MAX], out[3] = { 0, 0, 0 };
+    Py_buffer ob = { 0 }, vb = { 0 };       /* this rank's own buffer; the root's v-spec's */
+    Py_ssize_t isz = 0;
+    if (p <= ROOTED_MAX && sc_py_parse(args, nargsf, kw, PyTuple_GET_ITEM(self, 3), a) && a[0]
+        && (!a[3] || a[3] == Py_None) && int_in(a[2], 0, 0, p - 1, &root)
+        && sc_py_buffer(a[scatter], scatter, &ob)) {
+        ok = root != c->rank;
+        if (!ok && a[!scatter] && sc_py_vbuffer(a[!scatter], p, !scatter, vec, &vb, &isz)) {
+            ok = 1;
+            for (int i = 0; ok && i < p; i++) {
+                row[i] = vec[i] * isz, row[p + i] = vec[p + i] * isz;
+                ok = row[p + i] + row[i] <= vb.len;
+            }
+            ok = ok && row[root] == ob.len && (scatter || apart_pieces(row, row + p, p))
+                 && ((char *)ob.buf + ob.len <= (char *)vb.buf || (char *)vb.buf + vb.len <= (char *)ob.buf
+                     || !ob.len || !vb.len);
+        }
+    }
+    if (!ok) {
+        release(&ob), release(&vb);
+        return decline(self, args, nargsf, kw);
+    }
+    sc_comm_t *sh = arm(c);
+    int rc = scatter ? scatterv(c, (int)root, vb.buf, row, ob.buf, ob.len, out)
+                     : gatherv(c, (int)root, ob.buf, ob.len, vb.buf, row, out);
+    resume(sh, rc);
+    release(&ob), release(&vb);
+    if (rc == SC_EINTR && PyErr_Occurred()) return NULL;
+    if (!rc) Py_RETURN_NONE;
+    return failed(self, rc, out);
+}
 
 static PyObject *s_got, *s_active, *s_null, *s_wait, *s_buf, *s_cancelled;     /* interned names */
 
@@ -1332,9 +1547,10 @@ static PyObject *fast(PyObject *self, PyObject *const *args, size_t nargsf, PyOb
 {
     sc_comm_t *c = PyLong_AsVoidPtr(PyTuple_GET_ITEM(self, 0));
     long kind = PyLong_AsLong(PyTuple_GET_ITEM(self, 6)), dest = 0, stag = 0, src = 0, rtag = 0;
-    if (kind == FAST_ALLTOALLV) {
+    if (kind == FAST_ALLTOALLV || kind >= FAST_GATHERV) {
         if (c->closed || !c->p2p) return decline(self, args, nargsf, kw);
-        return fast_alltoallv(self, c, args, nargsf, kw);
+        return kind == FAST_ALLTOALLV ? fast_alltoallv(self, c, args, nargsf, kw)
+                                      : fast_rooted(self, c, kind == FAST_SCATTERV, args, nargsf, kw);
     }
     if (kind >= FAST_ISEND) return fast_nonblocking(self, c, kind, args, nargsf, kw);
     PyObject *a[8] = { NULL }, *st = NULL;
@@ -1422,6 +1638,7 @@ static PyObject *waitall(PyObject *self, PyObject *const *args, size_t nargsf, P
 static PyMethodDef defs[] = {
     FAST("send", py_send), FAST("sent", py_sent), FAST("recv", py_recv), FAST("probe", py_probe),
     FAST("mrecv", py_mrecv), FAST("bell", py_bell), FAST("idle", py_idle), FAST("alltoallv", py_alltoallv),
+    FAST("rooted", py_rooted),
     {"entry", (PyCFunction)(void (*)(void))fast, METH_FASTCALL | METH_KEYWORDS, NULL},
     {"Waitall", (PyCFunction)(void (*)(void))waitall, METH_FASTCALL | METH_KEYWORDS, NULL}, {NULL, NULL, 0, NULL},
 };

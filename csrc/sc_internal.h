@@ -222,7 +222,7 @@ static inline int sc_twin_lead(sc_comm_t *c, int64_t *twin, int *v)
     return rc;
 }
 int sc_vm_move(int32_t pid, char *local, uint64_t addr, int64_t n, _Atomic int32_t *shut, char *mapped, int nt);
-void sc_shut(sc_comm_t *c);
+void sc_shut(sc_comm_t *c, uint64_t also);   /* also: a point-to-point receive's buffer, else 0 */
 void sc_stream(char *dst, const char *src, int64_t n);    /* streamed stores, unfenced */
 void sc_fence(void);                                      /* orders them before later stores */
 

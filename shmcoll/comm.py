@@ -100,8 +100,11 @@ def _addr(ptr):
 
 
 #: What selected() names the automatic Alltoallv/w: pairs of Sendrecv by
-#: point-to-point in one C call (csrc/p2p.c alltoallv), not a schedule.
+#: point-to-point in one C call (csrc/p2p.c alltoallv), not a schedule;
+#: and the automatic Gatherv/Scatterv: each piece between its rank and the root.
 SENDRECV = "sendrecv (point-to-point)"
+LINEAR = "linear (point-to-point)"
+P2P_ROUTED = {"alltoallv": SENDRECV, "alltoallw": SENDRECV, "gatherv": LINEAR, "scatterv": LINEAR}
 
 
 class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
@@ -234,11 +237,11 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
     def selected(self, op, nbytes, root=0, dtype=None):
         """The algorithm that algorithm=None uses for op at nbytes (a
         reduction's: of that dtype; twins: the single-copy program's;
-        Alltoallv/w: SENDRECV, the exchange by point-to-point): a str
+        Alltoallv/w, Gatherv, Scatterv: P2P_ROUTED's, by point-to-point): a str
         whose .source (option, tuning, model, rules) and .why say where
         the choice came from (select.Selected)."""
-        if op in ("alltoallv", "alltoallw") and not self._forced.get(op):
-            return select.Selected(SENDRECV, "rules", f"the automatic {select.method(op)}: point-to-point")
+        if op in P2P_ROUTED and not self._forced.get(op):
+            return select.Selected(P2P_ROUTED[op], "rules", f"the automatic {select.method(op)}: point-to-point")
         return self._resolve(op, nbytes, root, None, dtype)[0]
 
     def schedule(self, op, nbytes=0, root=0, algorithm=None, dtype=None):
@@ -406,12 +409,15 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
 
     @collective
     def Gatherv(self, sendbuf, recvbuf=None, root=0, algorithm=None):
-        """recvbuf on the root: [buf, counts, displs, dtype].  The root's
-        counts go to every rank first (a small Bcast), so each checks its
-        own and all plan the same schedule.  sendbuf IN_PLACE on the root:
-        its piece is already in recvbuf."""
+        """recvbuf on the root: [buf, counts, displs, dtype].  Automatic:
+        each piece straight to the root (_rooted).  A named algorithm's
+        schedule: the root's counts go to every rank first (a small
+        Bcast), so each checks its own and all plan the same schedule.
+        sendbuf IN_PLACE on the root: its piece is already in recvbuf."""
         root = self._args.root(root)
         sendbuf = spec.simple(sendbuf, "sendbuf", False)
+        if self._p2p_route("gatherv", algorithm):
+            return self._rooted("Gatherv", root, sendbuf, recvbuf, "recvbuf")
         if sendbuf is IN_PLACE:
             sendbuf = self._args.own_piece("Gatherv", *self._args.root_spec("Gatherv", recvbuf, "recvbuf", root), root)
         sptr, sbytes, sitem = buffers.view(sendbuf, "sendbuf", writable=False)
@@ -422,10 +428,13 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
     @collective
     def Scatterv(self, sendbuf, recvbuf, root=0, algorithm=None):
         """sendbuf on the root: [buf, counts, displs, dtype]; the counts go
-        to every rank first, as in Gatherv.  recvbuf IN_PLACE on the root:
-        its piece stays in sendbuf."""
+        to every rank first, as in Gatherv, but for the automatic call
+        (_rooted).  recvbuf IN_PLACE on the root: its piece stays in
+        sendbuf."""
         root = self._args.root(root)
         recvbuf = spec.simple(recvbuf, "recvbuf", True)
+        if self._p2p_route("scatterv", algorithm):
+            return self._rooted("Scatterv", root, recvbuf, sendbuf, "sendbuf")
         if recvbuf is IN_PLACE:
             recvbuf = self._args.own_piece("Scatterv", *self._args.root_spec("Scatterv", sendbuf, "sendbuf", root),
                                            root, copy=False)
@@ -452,7 +461,7 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
         first (one Allgather), so all plan from the same table, and a piece
         whose size its two ranks disagree on raises on every rank alike."""
         sptr, sbytes, rptr, rbytes, row = checked
-        if algorithm is None and not self._forced.get(op) and self._capture != op and not self._pending:
+        if self._p2p_route(op, algorithm):
             return self._pieces_p2p(op, sptr, rptr, row)
         p = self.size
         every = np.empty((p, row.size), np.int64)
@@ -467,6 +476,54 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
         alg = -1 if algorithm is None else select.IDS[op][select.check_name(op, algorithm)]
         self._run(op, (select.TABLE[op][0], alg, table), int(every[:, :p].max(initial=0)), 0, algorithm,
                   _addr(sptr), _addr(rptr), counts=table)
+
+    def _p2p_route(self, op, algorithm):
+        """Whether op (Alltoallv/w, Gatherv, Scatterv) goes by point-to-point:
+        when automatic and not a nonblocking call's program.  Calls still
+        pending end first; the route never depends on them, as a peer's
+        may have ended already."""
+        if algorithm is not None or self._forced.get(op) or self._capture == op:
+            return False
+        if self._pending:
+            self._complete_pending()
+        return True
+
+    def _rooted(self, what, root, own, given, name):
+        """The automatic Gatherv/Scatterv: one C call (csrc/p2p.c gatherv,
+        scatterv) that moves each piece straight between its rank and the
+        root, own being this rank's buffer and given the root's v-spec
+        (name), read on the root alone: nothing goes to the other ranks
+        first.  A piece whose size the root's counts and its rank disagree
+        on aborts the job from the rank that receives it."""
+        scatter = name == "sendbuf"
+        other = "recvbuf" if scatter else "sendbuf"
+        if own is IN_PLACE:
+            self._args.in_place_root(what, root, name)
+        row, base, keep = None, 0, None
+        if self.rank == root:
+            self._talking = not scatter     # the peers' pieces may be here already: an error aborts the job
+            if given is None:
+                raise ValueError(f"{what}: the root needs {name} [buf, counts, displs, dtype]")
+            keep, total, item, _, counts, displs = spec.vspec(given, name, self.size, not scatter)
+            if counts is None:
+                raise ValueError(f"{what}: {name} needs counts")
+            row = np.array([c * item for c in counts] + [d * item for d in displs], np.int64)
+            base = _addr(keep)
+        if own is IN_PLACE:
+            addr, nbytes = base + int(row[self.size + root]), int(row[root])
+        else:
+            ptr, nbytes, _ = buffers.view(own, other, writable=scatter)
+            addr = _addr(ptr)
+            if row is not None:
+                if nbytes != row[root]:
+                    raise ValueError(f"{other} has {nbytes} bytes but the counts give rank {root} {counts[root]} "
+                                     f"items of {item} bytes ({row[root]} bytes)")
+                apart(addr, nbytes, base, total)
+        self._talking = True
+        s, r = (base, addr) if scatter else (addr, base)
+        rc, who, sent, wanted = P2P["rooted"](self._ctx, scatter, root, s, r, nbytes, row)
+        if rc:
+            self._pieces_failed(what, rc, (rc, who, sent, wanted))
 
     def _pieces_p2p(self, op, sptr, rptr, row):  # selected() names it SENDRECV
         """The automatic Alltoallv/w: one C call that exchanges each pair's

@@ -104,7 +104,8 @@ def _pairs(pairs):
 _ENTRIES = (("Send", ("buf", "dest", "tag")), ("Recv", ("buf", "source", "tag", "status")),
             ("Sendrecv", ("sendbuf", "dest", "sendtag", "recvbuf", "source", "recvtag", "status")),
             ("Alltoallv", ("sendbuf", "recvbuf", "algorithm")), ("Isend", ("buf", "dest", "tag")),
-            ("Irecv", ("buf", "source", "tag")))
+            ("Irecv", ("buf", "source", "tag")), ("Gatherv", ("sendbuf", "recvbuf", "root", "algorithm")),
+            ("Scatterv", ("sendbuf", "recvbuf", "root", "algorithm")))
 _ISEND = 4                    # Isend's kind in _ENTRIES: made()'s first argument
 _STATUS_FIELDS = tuple(sys.intern(f) for f in ("source", "tag", "nbytes", "error", "cancelled"))
 
@@ -113,12 +114,12 @@ class PointToPoint:
     """Comm's point-to-point methods."""
 
     def _p2p_bind(self):
-        """Send, Recv, Sendrecv, Alltoallv (point-to-point underneath), Isend and Irecv of this
+        """Send, Recv, Sendrecv, Alltoallv, Gatherv, Scatterv (point-to-point underneath), Isend and Irecv of this
         instance: C entries for plain buffers (csrc/p2p.c fast()), the methods for anything else."""
         for kind, (name, names) in enumerate(_ENTRIES):
-            if name == "Alltoallv" and self._forced.get("alltoallv"):
+            if name in ("Alltoallv", "Gatherv", "Scatterv") and self._forced.get(name.lower()):
                 continue                # an algorithm forced by options: the method runs its schedule
-            failed = self._pieces_failed if name == "Alltoallv" else self._p2p_failed
+            failed = self._pieces_failed if name in ("Alltoallv", "Gatherv", "Scatterv") else self._p2p_failed
             state = (self._dev.addr, getattr(type(self), name).__get__(self),
                      functools.partial(failed, name), tuple(sys.intern(n) for n in names), Status,
                      _STATUS_FIELDS, kind, (request.Complete, _Received, self._made))

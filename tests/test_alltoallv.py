@@ -108,6 +108,36 @@ def test_alltoallv_in_place(n):
     assert run_ranks(_in_place, n) == [True] * n
 
 
+def _pending_on_one_rank(comm):
+    """Rank 0 keeps an Ibarrier pending over an Alltoallv that the others
+    make after waiting for theirs: a valid MPI program."""
+    n, me = comm.size, comm.rank
+    counts = [me + q + 1 for q in range(n)]                 # rank me sends rank q me + q + 1 items
+    send = pattern(sum(counts), np.float64, 3, me)
+    recv = poison(sum(q + me + 1 for q in range(n)), np.float64)
+    if me == 0:
+        req = comm.Ibarrier()           # started before any other's: it cannot end at its start
+        for q in range(1, n):
+            comm.Send(np.zeros(1), q, 5)
+    else:
+        comm.Recv(np.zeros(1), 0, 5)
+        req = comm.Ibarrier()
+        req.Wait()
+    comm.Alltoallv([send, counts], [recv, [q + me + 1 for q in range(n)]])
+    if me == 0:
+        req.Wait()
+    want = np.concatenate([pattern(sum(q + r + 1 for r in range(n)), np.float64, 3, q)[
+        sum(q + r + 1 for r in range(me)):][:q + me + 1] for q in range(n)])
+    return recv.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_pending_call_on_one_rank_changes_no_route(n):
+    """The automatic Alltoallv went by schedule on a rank with calls
+    pending and by point-to-point elsewhere: each waited for the other."""
+    assert run_ranks(_pending_on_one_rank, n, timeout=60) == [True] * n
+
+
 def _mismatch(comm, algorithm):
     n, me = comm.size, comm.rank
     sc = [2] * n

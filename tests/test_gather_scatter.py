@@ -215,6 +215,63 @@ def test_v_variants(n):
     run_cases(_vjob, n, vtable(n), options=SMALL, timeout=240)
 
 
+def _rooted_job(comm, cma, pending):
+    """The automatic Gatherv/Scatterv (point-to-point): pieces eager, by
+    rendezvous and shared (32 KiB and more) in one call, zero ones, every
+    root, IN_PLACE roots, back to back; with single copies off, pieces
+    stream through the rings.  pending: rank 0 keeps an Ibarrier pending
+    over each call, which the others have waited for."""
+    n, me, bad = comm.size, comm.rank, []
+    if not cma:
+        comm._c.cma = 0
+    sizes = [0, 5, 3000, 40000, 300001, 1 << 20]
+    for seq in range(2 * n * 3):
+        root, op, inplace = seq % n, ("Gatherv", "Scatterv")[seq // n % 2], seq // (2 * n) == 1
+        counts = [sizes[(q + seq) % len(sizes)] for q in range(n)]
+        packed = [int(d) for d in np.cumsum([0] + counts[:-1])]
+        displs = packed if seq % 3 == 0 else [sum(counts) - d - c for d, c in zip(packed, counts)]
+        full = np.zeros(sum(counts), np.int16)
+        for q in range(n):
+            full[displs[q]:displs[q] + counts[q]] = pattern(counts[q], np.int16, seq, q)
+        req = None
+        if pending and me == 0:
+            req = comm.Ibarrier()       # started before any other's: it cannot end at its start
+            for q in range(1, n):
+                comm.Send(np.zeros(1), q, 5)
+        elif pending:
+            comm.Recv(np.zeros(1), 0, 5)
+            comm.Ibarrier().Wait()
+        if op == "Gatherv":
+            recv = poison(full.size, np.int16)
+            if inplace and me == root:
+                recv[displs[me]:displs[me] + counts[me]] = pattern(counts[me], np.int16, seq, me)
+            mine = shmcoll.IN_PLACE if inplace and me == root else pattern(counts[me], np.int16, seq, me)
+            comm.Gatherv(mine, [recv, (counts, displs), np.int16] if me == root else None, root)
+            ok = me != root or recv.tobytes() == full.tobytes()
+        else:
+            recv = poison(counts[me], np.int16)
+            comm.Scatterv([full, (counts, displs), np.int16] if me == root else None,
+                          shmcoll.IN_PLACE if inplace and me == root else recv, root)
+            ok = (inplace and me == root) or recv.tobytes() == pattern(counts[me], np.int16, seq, me).tobytes()
+        if req is not None:
+            req.Wait()
+        if not ok:
+            bad.append(f"rank {me}: call {seq} {op} root {root} in place {inplace} counts {counts}")
+    return bad
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+@pytest.mark.parametrize("cma", [True, False])
+def test_v_variants_by_point_to_point(n, cma):
+    assert run_ranks(_rooted_job, n, cma, False, timeout=120) == [[]] * n
+
+
+def test_v_variants_route_never_depends_on_pending_calls():
+    """A rank with an Ibarrier still pending takes the same route as ranks
+    whose one has ended (test_alltoallv's twin)."""
+    assert run_ranks(_rooted_job, 3, True, True, timeout=60) == [[]] * 3
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_v_variants_dtypes(dtype):
     run_cases(_vjob, 3, vtable(3, dtype), topology="2x2", options=SMALL)
@@ -413,6 +470,13 @@ def _bad(comm, kind):
                 comm.Allgather(mine, recv)
         elif kind == "gatherv_own":
             comm.Gatherv(np.zeros(4 if bad else 3, np.int32), [recv, counts, np.int32] if me == 0 else None, 0)
+        elif kind == "gatherv_own_schedule":
+            comm.Gatherv(np.zeros(4 if bad else 3, np.int32), [recv, counts, np.int32] if me == 0 else None, 0,
+                         algorithm="flat")
+        elif kind == "gatherv_overlap":        # the root's pieces overlap: refused, also by the C entry
+            comm.Gatherv(mine, [recv, counts, [0, 2, 6] if bad else [0, 3, 6], np.int32] if me == 1 else None, 1)
+        elif kind == "scatterv_own":
+            comm.Scatterv([recv, counts, np.int32] if me == 0 else None, np.zeros(4 if bad else 3, np.int32), 0)
         elif kind == "inplace_gather_off_root":
             comm.Gather(shmcoll.IN_PLACE if bad else mine, recv if me == 0 else None, 0)
         elif kind == "inplace_scatter_off_root":
@@ -432,7 +496,11 @@ CASES = {  # kind -> (the bad rank's exception, words of its message) ; None: ev
     "neg_count": ("ValueError", ["negative"]),
     "too_big": ("ValueError", ["end past"]),
     "overlap": ("ValueError", ["overlap"]),
-    "gatherv_own": ("ValueError", ["sendbuf", "counts"]),
+    # the automatic Gatherv/Scatterv: the rank receiving the bad piece finds it (no counts go out first)
+    "gatherv_own": (None, ["Gatherv: rank 1 sends rank 0 16 bytes but rank 0 receives 12 from rank 1"]),
+    "scatterv_own": (None, ["Scatterv: rank 0 sends rank 1 12 bytes but rank 1 receives 16 from rank 0"]),
+    "gatherv_own_schedule": ("ValueError", ["sendbuf", "counts"]),
+    "gatherv_overlap": ("ValueError", ["overlap"]),
     "scatter_root": ("ArgumentError", ["root"]),
     "inplace_gather_off_root": ("ValueError", ["IN_PLACE", "root's sendbuf"]),
     "inplace_scatter_off_root": ("ValueError", ["IN_PLACE", "root's recvbuf"]),

@@ -530,6 +530,41 @@ def test_vector_specs_take_the_c_entry(form, p):
         assert runs[-1][1] == [], (r, runs[-1][1])
 
 
+def _rooted_fast(comm, form):
+    """(the root's Gatherv recvbuf, Scatterv's recvbuf, the Python
+    functions of shmcoll's the warm calls ran), the root's buffer laid out
+    by vcounts (gaps, out of rank order)."""
+    counts, displs, items = vcounts(comm.size)
+    root, out = comm.size - 1, []
+    full = np.full(items, SENT, np.int32)
+    for q in range(comm.size):
+        full[displs[q]:displs[q] + counts[q]] = data(q, counts[q])
+    for _ in range(3):
+        recv = np.full(items, SENT, np.int32)
+        spec = VFAST_FORMS[form](recv, counts, displs) if comm.rank == root else None
+        mine = np.full(counts[comm.rank], SENT, np.int32)
+        frames = _python_frames(lambda: comm.Gatherv(data(comm.rank, counts[comm.rank]), spec, root))
+        frames += _python_frames(lambda: comm.Scatterv(VFAST_FORMS[form](full, counts, displs)
+                                                       if comm.rank == root else None, mine, root))
+        out.append((recv if comm.rank == root else None, mine, frames))
+    return out
+
+
+@pytest.mark.parametrize("p", [2, 3])
+@pytest.mark.parametrize("form", list(VFAST_FORMS))
+def test_gatherv_scatterv_specs_take_the_c_entry(form, p):
+    """The automatic Gatherv/Scatterv of mpi4py's v-specs run in their C
+    entry (point-to-point) from the first call, with numpy's placement."""
+    counts, displs, items = vcounts(p)
+    want = np.full(items, SENT, np.int32)
+    for q in range(p):
+        want[displs[q]:displs[q] + counts[q]] = data(q, counts[q])
+    for r, runs in enumerate(run_ranks(_rooted_fast, p, form, timeout=60)):
+        for gathered, mine, frames in runs:
+            assert np.array_equal(mine, data(r, counts[r])) and frames == [], (r, mine, frames)
+            assert (gathered is None) == (r != p - 1) and (gathered is None or np.array_equal(gathered, want))
+
+
 @pytest.mark.parametrize("p", [1, 2, 3])
 def test_contiguous_mpi_datatypes(p):
     """An MPI datatype of n items (Create_contiguous) counts n base items
