@@ -137,7 +137,8 @@ static int run(sc_comm_t *c, const int64_t *prog, char *sbuf, char *rbuf)
  * conversion of Python ints on every call.  Roles, one per argument: 'x'
  * a buffer read on the root and written elsewhere, 'i' read (or IN_PLACE:
  * the next argument's buffer, keyed -2), 'o' written ('I', 'O': the same,
- * None allowed), 'v' written, a v-variant's spec with counts, 'r' the
+ * None allowed), 'v' written, a v-variant's spec with counts, 'c' counts
+ * per rank (Reduce_scatter's recvcounts, packed), 'r' the
  * root, 'p' a built-in reduction op (absent: SUM; its code goes into the
  * key's first word, << 8), 'a' the algorithm.  typed >= 0 marks a
  * collective whose signature holds the dtype of argument typed: the key's
@@ -700,6 +701,11 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
             if (w) rbuf = p;
             break;
         }
+        case 'c':       /* Reduce_scatter's recvcounts (the same on every rank), displacements packed */
+            if (c->size > 1024 || !v || !ints(v, c->size, vec)) { ok = 0; break; }
+            for (int64_t at = 0, q = 0; q < c->size; at += vec[q++]) vec[c->size + q] = at;
+            key[SC_K_COUNTS] = sc_fingerprint(vec, c->size);
+            break;
         case 'r':
             if (!v) break;
             if (!PyLong_CheckExact(v)) { ok = 0; break; }

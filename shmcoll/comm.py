@@ -587,13 +587,14 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
             every = np.empty(self.size, np.int64)
             self.Allgather(np.array([rbytes // rdt.itemsize], np.int64), every)
             recvcounts = every
-        counts = buffers.ints(recvcounts, "Reduce_scatter: recvcounts", self.size)
+        counts = [int(c) for c in buffers.ints(recvcounts, "Reduce_scatter: recvcounts", self.size)]
+        displs = [int(d) for d in np.cumsum(counts) - counts]
         item = rdt.itemsize
-        pieces = tuple((int(c) * item, int(d) * item) for c, d in zip(counts, np.cumsum(counts) - counts))
+        pieces = tuple((c * item, d * item) for c, d in zip(counts, displs))
         total = sum(n for n, _ in pieces)
         mine = pieces[self.rank][0]
         self._reduction("reduce_scatter", sendbuf, recvbuf, op, algorithm, lambda n: total if n == mine else None,
-                        counts=pieces)
+                        counts=pieces, tail=counts + displs)
 
     @collective
     def Scan(self, sendbuf, recvbuf, op=SUM, algorithm=None):
@@ -606,8 +607,10 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
         is left as it is."""
         self._reduction("exscan", sendbuf, recvbuf, op, algorithm, lambda n: n)
 
-    def _reduction(self, kind, sendbuf, recvbuf, op, algorithm, inputs, root=0, counts=None):
-        """Check (Args.reduction) and run a reduction."""
+    def _reduction(self, kind, sendbuf, recvbuf, op, algorithm, inputs, root=0, counts=None, tail=None):
+        """Check (Args.reduction) and run a reduction; tail: Reduce_scatter's
+        counts then displacements in items, which the fast entry keys by
+        their fingerprint (its 'c' role)."""
         op, inplace, sptr, sbytes, rptr, rbytes, dt = self._args.reduction(kind, sendbuf, recvbuf, op, inputs, root,
                                                                            counts)
         if not op.builtin:
@@ -616,9 +619,10 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
         learn_dtype(dt, dt.itemsize, np.ndarray)
         key = self._key(kind, algorithm, root, isa.KEY_INPLACE if inplace else sbytes, rbytes, self._dkey(dt))
         key = (key[0] | op.code << isa.KEY_OP_SHIFT,) + key[1:]          # the op, as the C entry keys it
-        if counts is not None:
-            key = key + (counts,)        # Python-only: not a C entry key
-        self._run(kind, key, sbytes, root, algorithm, _addr(sptr), _addr(rptr), dt, counts, red=(op, kern, inplace))
+        if tail is not None:
+            key = key[:-1] + (fingerprint(tail[:self.size], tail[self.size:]),)
+        self._run(kind, key, sbytes, root, algorithm, _addr(sptr), _addr(rptr), dt, counts, tail,
+                  red=(op, kern, inplace))
 
     def _user_reduction(self, kind, op, sptr, sbytes, rptr, dt, root, counts):
         """A user op: every input to every rank that needs it (Allgather,

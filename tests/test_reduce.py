@@ -925,6 +925,29 @@ def test_reduce_scatter_zero_count_small_channel():
     assert run_ranks(job, 3, options={"chan_bytes": 8192}) == [True] * 3
 
 
+def test_reduce_scatter_fast_entry_keys_its_counts():
+    """Reduce_scatter's C entry keys the recvcounts (their fingerprint,
+    then the exact counts): rank 1's buffers are alike in every call
+    here, while its piece starts at 2 or 6 items; each call, repeated so
+    that it runs from the cache, must land rank 1's own piece, and the
+    last of each runs no Python function of shmcoll's."""
+    import array
+    from test_specs import _python_frames
+
+    def job(comm):
+        out = []
+        x = np.arange(12, dtype=np.float64) * (comm.rank + 1)
+        for counts in ([2, 4, 6], [6, 4, 2], array.array("i", [2, 4, 6]), np.array([6, 4, 2], np.int32)):
+            for _ in range(3):
+                r = np.full(counts[comm.rank], -1.0)
+                frames = _python_frames(lambda: comm.Reduce_scatter(x, r, counts))
+                lo = int(sum(counts[:comm.rank]))
+                out.append(r.tolist() == (np.arange(12.0) * 6)[lo:lo + int(counts[comm.rank])].tolist())
+            out.append(frames)
+        return out
+    assert run_ranks(job, 3, timeout=30) == [([True] * 3 + [[]]) * 4] * 3
+
+
 def test_fast_entry_refuses_other_recv_dtype():
     """After a float32 Allreduce, the same call with an int32 recvbuf of the
     same item size ran the float32 program from the C entry's cache."""

@@ -34,7 +34,7 @@ TABLE = {
     "reduce": (11, reduce, "Reduce", "0iOpra", ("sendbuf", "recvbuf", "op", "root", "algorithm")),
     "reduce_scatter_block": (12, reduce_scatter, "Reduce_scatter_block", "0iopa",
                              ("sendbuf", "recvbuf", "op", "algorithm")),
-    "reduce_scatter": (13, reduce_scatter, "Reduce_scatter", "",
+    "reduce_scatter": (13, reduce_scatter, "Reduce_scatter", "0iocpa",
                        ("sendbuf", "recvbuf", "recvcounts", "op", "algorithm")),
     "scan": (14, scan, "Scan", "0iopa", ("sendbuf", "recvbuf", "op", "algorithm")),
     "exscan": (15, exscan, "Exscan", "0iopa", ("sendbuf", "recvbuf", "op", "algorithm")),
