@@ -184,19 +184,39 @@ def gather(comm, nbytes, algorithm=None):
 
 
 @op
-def scatter(comm, nbytes, algorithm=None):
-    """Block j of the root's sendbuf is pattern(j); every rank holds one, so that the root can rotate."""
+def gatherv(comm, nbytes, algorithm=None):
+    """Gather with the root's [buf, (counts, displs), MPI.BYTE] (osu_gatherv's)."""
+    size = comm.Get_size()
+    vec = ([nbytes] * size, [nbytes * j for j in range(size)])
+    return every_block(comm, nbytes, lambda send, recv: roots(comm, lambda r: bound(
+        comm.Gatherv, send, [recv, vec, MPI.BYTE], r, algorithm=algorithm)), root_only=True)
+
+
+def scattered(comm, nbytes, algorithm, v):
+    """Block j of the root's sendbuf is pattern(j); every rank holds one, so that the root can rotate;
+    v: Scatterv of [buf, (counts, displs), MPI.BYTE] (osu_scatterv's)."""
     rank, size = comm.Get_rank(), comm.Get_size()
     send = np.zeros((size, nbytes), np.uint8)
     recv = np.zeros(nbytes, np.uint8)
     base = np.array([pattern(nbytes, j) for j in range(size)]).reshape(size, nbytes)
-    calls = roots(comm, lambda r: bound(comm.Scatter, send, recv, r, algorithm=algorithm))
+    spec = [send, ([nbytes] * size, [nbytes * j for j in range(size)]), MPI.BYTE] if v else send
+    calls = roots(comm, lambda r: bound(comm.Scatterv if v else comm.Scatter, spec, recv, r, algorithm=algorithm))
 
     def fill(i, root):
         if rank == root:
             shifted(send, base, i)
     return Case(calls, fill, lambda root: recv.fill(0), lambda i, root: holds(recv, base[rank], i),
                 send.nbytes + recv.nbytes)
+
+
+@op
+def scatter(comm, nbytes, algorithm=None):
+    return scattered(comm, nbytes, algorithm, False)
+
+
+@op
+def scatterv(comm, nbytes, algorithm=None):
+    return scattered(comm, nbytes, algorithm, True)
 
 
 #: The SUM operator of the library being measured (shmcoll.SUM or MPI.SUM): set by whoever runs OPS.

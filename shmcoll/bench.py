@@ -61,7 +61,7 @@ ITEM = {"allreduce": 8, "allreduce_f32": 4, "reduce": 8, "reduce_scatter": 8, "a
 #: bandwidth (barrier has no payload, iallreduce_overlap's time is mostly its work).
 GETS = {"bcast": lambda n: 1, "bcast_spec": lambda n: 1, "pingpong": lambda n: 2, "bw": lambda n: _mpi_peer.WINDOW,
         **{op: lambda n: n - 1 for op in ("alltoall", "alltoallv", "allgather", "allgatherv", "allgatherv_spec",
-                                            "gather", "scatter", "reduce_scatter")},
+                                            "gather", "gatherv", "scatter", "scatterv", "reduce_scatter")},
         **{op: lambda n: 1 for op in ("allreduce", "allreduce_f32", "reduce", "allreduce_spec", "allreduce_init",
                                         "iallreduce")}}
 #: Figures each row gets from the framed loop (None where a column has none, e.g. an old ref's).
