@@ -86,6 +86,7 @@ struct sc_p2p {
     uint64_t *hd, *rseq, *tl;     /* per peer: our head in its ring, our rendezvous count to it, our tail in its ring, */
     uint64_t *seen;               /* and its tail in our ring when we last read it (room) */
     int start;                    /* ANY_SOURCE scans from here, rotating */
+    uint64_t calls;               /* collectives routed by point-to-point so far (coll_tag) */
     um_t *q, **qend;
     int64_t qbytes;
     out_t *outs;                  /* per destination, NDONE each: staged messages being sent */
@@ -563,7 +564,7 @@ static int copy_rdv(sc_comm_t *sh, const rdv_t *d, char *buf, int64_t k)
 
 /* -- receiving ---------------------------------------------------------------- */
 
-/* ANY_TAG (-1) matches the user's tags, never a collective's own (below -1: A2AV_TAG). */
+/* ANY_TAG (-1) matches the user's tags, never a collective's own (below -1: coll_tag). */
 static int matches(int src, int tag, int s, int t) { return (src < 0 || src == s) && (tag == -1 ? t >= 0 : tag == t); }
 
 /* Receives posted before this one and not yet matched, as (source, tag)
@@ -864,16 +865,39 @@ int sc_p2p_sendrecv(sc_comm_t *c, int dest, int stag, const char *sbuf, int64_t 
     }
 }
 
+/* The collectives routed by point-to-point (Alltoallv/w, Gatherv,
+ * Scatterv) send on tags below -1, which no user receive matches: one per
+ * kind and call, the call being this rank's count of such collectives on
+ * the communicator (next_call), the same on every rank of a correct
+ * program.  A piece left over from a call that failed on one rank (an
+ * error handler that returns), or that ranks disagreed on (their roots),
+ * is never taken for a later call's: it waits in the queue, unmatched. */
+enum { COLL_ALLTOALLV, COLL_GATHERV, COLL_SCATTERV, COLL_KINDS };
+static int coll_tag(int kind, uint64_t call)
+{
+    return -2 - (int)(kind + COLL_KINDS * (call & ((1u << 28) - 1)));
+}
+
+/* This rank's next such call (Python numbers a call it checks itself
+ * before anything else, so that a call refused on one rank keeps its
+ * number: py_next_call). */
+static uint64_t next_call(sc_comm_t *c)
+{
+    pthread_mutex_lock(&c->p2p->mu);
+    uint64_t n = ++c->p2p->calls;
+    pthread_mutex_unlock(&c->p2p->mu);
+    return n;
+}
+
 /* Alltoallv over point-to-point: row holds, in bytes, what this rank
  * sends each rank, where from, what it receives from each, where to.  At
  * step k it sends to rank + k and receives from rank - k together
- * (Sendrecv), on a tag no user receive matches; its own piece is a copy.
+ * (Sendrecv), on its call's tag (coll_tag); its own piece is a copy.
  * A piece that arrives other than its receiver expects is SC_EMISMATCH,
  * out: the sender, the bytes it sent, the bytes expected. */
-#define A2AV_TAG (-2)
-static int alltoallv(sc_comm_t *c, const char *sbuf, char *rbuf, const int64_t *row, int64_t *out)
+static int alltoallv(sc_comm_t *c, uint64_t call, const char *sbuf, char *rbuf, const int64_t *row, int64_t *out)
 {
-    int p = c->size, r = c->rank;
+    int p = c->size, r = c->rank, tag = coll_tag(COLL_ALLTOALLV, call);
     const int64_t *sn = row, *sd = row + p, *rn = row + 2 * p, *rd = row + 3 * p;
     if (sn[r] != rn[r]) {
         out[0] = r, out[1] = sn[r], out[2] = rn[r];
@@ -883,7 +907,7 @@ static int alltoallv(sc_comm_t *c, const char *sbuf, char *rbuf, const int64_t *
     for (int k = 1; k < p; k++) {
         int dest = (r + k) % p, src = (r - k + p) % p;
         int64_t got[3] = { 0, 0, 0 };
-        int rc = sc_p2p_sendrecv(c, dest, A2AV_TAG, sbuf + sd[dest], sn[dest], src, A2AV_TAG, rbuf + rd[src], rn[src],
+        int rc = sc_p2p_sendrecv(c, dest, tag, sbuf + sd[dest], sn[dest], src, tag, rbuf + rd[src], rn[src],
                                  got);
         if (rc == SC_ETRUNCATE || (!rc && got[2] != rn[src])) {
             out[0] = src, out[1] = got[2], out[2] = rn[src];
@@ -894,16 +918,14 @@ static int alltoallv(sc_comm_t *c, const char *sbuf, char *rbuf, const int64_t *
     return SC_OK;
 }
 
-/* Gatherv and Scatterv over point-to-point, on tags no user receive
- * matches: every rank's piece goes straight between it and the root, so
+/* Gatherv and Scatterv over point-to-point, on their call's tag
+ * (coll_tag): every rank's piece goes straight between it and the root, so
  * no rank needs the root's counts first (a schedule's planning does).
  * row (the root's): bytes per rank, then byte displacements in rbuf
  * (Gatherv) or sbuf (Scatterv); n: this rank's own bytes (sendbuf's,
  * recvbuf's).  The root takes or sends every other piece as its peer gets
  * there, whatever their order.  A piece that arrives other than its
  * receiver expects is SC_EMISMATCH, out as alltoallv's. */
-#define GATHERV_TAG (-3)
-#define SCATTERV_TAG (-4)
 #define ROOTED_MAX 1024
 static int mismatch(int64_t *out, int64_t who, int64_t sent, int64_t wanted)
 {
@@ -911,11 +933,12 @@ static int mismatch(int64_t *out, int64_t who, int64_t sent, int64_t wanted)
     return SC_EMISMATCH;
 }
 
-static int gatherv(sc_comm_t *c, int root, const char *sbuf, int64_t n, char *rbuf, const int64_t *row, int64_t *out)
+static int gatherv(sc_comm_t *c, uint64_t call, int root, const char *sbuf, int64_t n, char *rbuf, const int64_t *row,
+                   int64_t *out)
 {
-    int p = c->size, r = c->rank, left = p - 1;
+    int p = c->size, r = c->rank, left = p - 1, tag = coll_tag(COLL_GATHERV, call);
     if (r != root) {
-        int64_t rc = sc_p2p_send(c, root, GATHERV_TAG, sbuf, n, 1, 0);
+        int64_t rc = sc_p2p_send(c, root, tag, sbuf, n, 1, 0);
         return rc < 0 ? (int)rc : SC_OK;
     }
     const int64_t *rn = row, *rd = row + p;
@@ -932,7 +955,7 @@ static int gatherv(sc_comm_t *c, int root, const char *sbuf, int64_t n, char *rb
             int s = (r + k) % p;
             if (fin[s]) continue;
             int64_t got[3] = { 0, 0, 0 };
-            int rc = recv(c, s, GATHERV_TAG, NULL, rbuf + rd[s], rn[s], 0, got, &st[s]);
+            int rc = recv(c, s, tag, NULL, rbuf + rd[s], rn[s], 0, got, &st[s]);
             if (rc == 1 || rc == STAGING) {
                 if (first < 0) first = s;
                 continue;
@@ -960,12 +983,13 @@ static int gatherv(sc_comm_t *c, int root, const char *sbuf, int64_t n, char *rb
     return SC_OK;
 }
 
-static int scatterv(sc_comm_t *c, int root, const char *sbuf, const int64_t *row, char *rbuf, int64_t n, int64_t *out)
+static int scatterv(sc_comm_t *c, uint64_t call, int root, const char *sbuf, const int64_t *row, char *rbuf, int64_t n,
+                    int64_t *out)
 {
-    int p = c->size, r = c->rank, left = p - 1;
+    int p = c->size, r = c->rank, left = p - 1, tag = coll_tag(COLL_SCATTERV, call);
     if (r != root) {
         int64_t got[3] = { 0, 0, 0 };
-        int rc = recv(c, root, SCATTERV_TAG, NULL, rbuf, n, 1, got, NULL);
+        int rc = recv(c, root, tag, NULL, rbuf, n, 1, got, NULL);
         if (rc == SC_ETRUNCATE || (!rc && got[2] != n)) return mismatch(out, root, got[2], n);
         return rc;
     }
@@ -980,7 +1004,7 @@ static int scatterv(sc_comm_t *c, int root, const char *sbuf, const int64_t *row
         for (int k = 1; k < p; k++) {
             int d = (r + k) % p;
             if (seq[d] < 0) {
-                int64_t x = try_send(c, d, SCATTERV_TAG, sbuf + sd[d], sn[d], 0);
+                int64_t x = try_send(c, d, tag, sbuf + sd[d], sn[d], 0);
                 if (x == SC_EAGAIN) {
                     if (first < 0) first = d;
                     continue;
@@ -1005,6 +1029,20 @@ static int scatterv(sc_comm_t *c, int root, const char *sbuf, const int64_t *row
     }
     if (own) memmove(rbuf, sbuf + sd[r], (size_t)n);
     return SC_OK;
+}
+
+/* A routed collective (kind: COLL_*), owned by this thread for its
+ * length as a schedule's call is (pyfast.c run): a second thread's
+ * collective on the communicator meanwhile gets SC_EBUSY. */
+static int routed(sc_comm_t *c, int kind, uint64_t call, int root, const char *sbuf, char *rbuf, int64_t n,
+                  const int64_t *row, int64_t *out)
+{
+    if (sc_own(c)) return SC_EBUSY;
+    int rc = kind == COLL_ALLTOALLV ? alltoallv(c, call, sbuf, rbuf, row, out)
+           : kind == COLL_GATHERV ? gatherv(c, call, root, sbuf, n, rbuf, row, out)
+           : scatterv(c, call, root, sbuf, row, rbuf, n, out);
+    sc_disown(c);
+    return rc;
 }
 
 /* Probe (src, tag): out = source, tag, bytes; detach: the message leaves
@@ -1245,41 +1283,52 @@ static PyObject *py_mrecv(PyObject *m, PyObject *const *a, Py_ssize_t n)
     return r;
 }
 
-/* alltoallv(ctx, send address, recv address, row) -> (rc, rank, bytes sent, bytes expected): row an int64
- * buffer (alltoallv); the addresses those of buffers the caller holds, checked against row by Python */
+/* next_call(ctx) -> the number of this rank's next collective routed by point-to-point (next_call) */
+static PyObject *py_next_call(PyObject *m, PyObject *const *a, Py_ssize_t n)
+{
+    sc_comm_t *c;
+    if (!args("next_call", n, 1, a, &c)) return NULL;
+    return PyLong_FromUnsignedLongLong(next_call(c));
+}
+
+/* alltoallv(ctx, call, send address, recv address, row) -> (rc, rank, bytes sent, bytes expected): call
+ * from next_call; row an int64 buffer (alltoallv); the addresses those of buffers the caller holds,
+ * checked against row by Python */
 static PyObject *py_alltoallv(PyObject *m, PyObject *const *a, Py_ssize_t n)
 {
     sc_comm_t *c;
     Py_buffer row;
     int64_t out[3] = { 0, 0, 0 };
-    if (!args("alltoallv", n, 4, a, &c) || !buffer(a[3], &row, 0)) return NULL;
-    char *sbuf = PyLong_AsVoidPtr(a[1]), *rbuf = PyLong_AsVoidPtr(a[2]);
+    if (!args("alltoallv", n, 5, a, &c) || !buffer(a[4], &row, 0)) return NULL;
+    uint64_t call = PyLong_AsUnsignedLongLong(a[1]);
+    char *sbuf = PyLong_AsVoidPtr(a[2]), *rbuf = PyLong_AsVoidPtr(a[3]);
     if (PyErr_Occurred() || row.len != 4 * c->size * (Py_ssize_t)sizeof(int64_t)) {
         release(&row);
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "alltoallv: row must hold 4 * size int64");
         return NULL;
     }
     sc_comm_t *sh = arm(c);
-    int rc = alltoallv(c, sbuf, rbuf, row.buf, out);
+    int rc = routed(c, COLL_ALLTOALLV, call, 0, sbuf, rbuf, 0, row.buf, out);
     resume(sh, rc);
     release(&row);
     if (rc == SC_EINTR && PyErr_Occurred()) return NULL;
     return Py_BuildValue("(iLLL)", rc, (long long)out[0], (long long)out[1], (long long)out[2]);
 }
 
-/* rooted(ctx, scatter, root, send address, recv address, bytes, row) -> (rc, rank, bytes sent, bytes
- * expected): Gatherv (scatter 0) or Scatterv; bytes this rank's own; row the root's int64 buffer of
- * 2 * size (gatherv, scatterv), None elsewhere; the addresses those of buffers the caller holds,
- * checked against row by Python */
+/* rooted(ctx, call, scatter, root, send address, recv address, bytes, row) -> (rc, rank, bytes sent,
+ * bytes expected): Gatherv (scatter 0) or Scatterv, call from next_call; bytes this rank's own; row
+ * the root's int64 buffer of 2 * size (gatherv, scatterv), None elsewhere; the addresses those of
+ * buffers the caller holds, checked against row by Python */
 static PyObject *py_rooted(PyObject *m, PyObject *const *a, Py_ssize_t n)
 {
     sc_comm_t *c;
     Py_buffer row = { 0 };
     int64_t out[3] = { 0, 0, 0 };
-    if (!args("rooted", n, 7, a, &c) || !buffer(a[6], &row, 0)) return NULL;
-    int scatter = PyObject_IsTrue(a[1]), root = PyLong_AsLong(a[2]);
-    char *sbuf = PyLong_AsVoidPtr(a[3]), *rbuf = PyLong_AsVoidPtr(a[4]);
-    int64_t bytes = PyLong_AsLongLong(a[5]);
+    if (!args("rooted", n, 8, a, &c) || !buffer(a[7], &row, 0)) return NULL;
+    uint64_t call = PyLong_AsUnsignedLongLong(a[1]);
+    int scatter = PyObject_IsTrue(a[2]), root = PyLong_AsLong(a[3]);
+    char *sbuf = PyLong_AsVoidPtr(a[4]), *rbuf = PyLong_AsVoidPtr(a[5]);
+    int64_t bytes = PyLong_AsLongLong(a[6]);
     if (!PyErr_Occurred() && (c->size > ROOTED_MAX || root < 0 || root >= c->size
                               || (root == c->rank && row.len != 2 * c->size * (Py_ssize_t)sizeof(int64_t))))
         PyErr_SetString(PyExc_ValueError, "rooted: a root in range, and on it a row of 2 * size int64");
@@ -1288,7 +1337,7 @@ static PyObject *py_rooted(PyObject *m, PyObject *const *a, Py_ssize_t n)
         return NULL;
     }
     sc_comm_t *sh = arm(c);
-    int rc = scatter ? scatterv(c, root, sbuf, row.buf, rbuf, bytes, out) : gatherv(c, root, sbuf, bytes, rbuf, row.buf, out);
+    int rc = routed(c, scatter ? COLL_SCATTERV : COLL_GATHERV, call, root, sbuf, rbuf, bytes, row.buf, out);
     resume(sh, rc);
     release(&row);
     if (rc == SC_EINTR && PyErr_Occurred()) return NULL;
@@ -1385,6 +1434,13 @@ static int send_args(sc_comm_t *c, PyObject **a, long *dest, long *tag)
     return a[0] && a[1] && int_in(a[1], 0, 0, c->size - 1, dest) && int_in(a[2], 0, 0, SC_TAG_UB, tag);
 }
 
+/* count items at displacement displ (both >= 0) of size bytes inside a
+ * buffer of len bytes, compared without products that could wrap. */
+static int inside(int64_t count, int64_t displ, Py_ssize_t size, Py_ssize_t len)
+{
+    return size > 0 && displ <= len / size && count <= len / size - displ;
+}
+
 #define A2AV_MAX 1024
 /* Pieces written (n bytes at d, per rank, p at most A2AV_MAX) apart, as
  * spec.ranges checks them (Python refuses pieces that overlap): in rank
@@ -1425,8 +1481,8 @@ static PyObject *fast_alltoallv(PyObject *self, sc_comm_t *c, PyObject *const *a
         && (!a[2] || a[2] == Py_None) && sc_py_vbuffer(a[0], p, 0, vs, &sb, &si)) {
         ok = sc_py_vbuffer(a[1], p, 1, vr, &rb, &ri);
         for (int i = 0; ok && i < p; i++) {
+            ok = inside(vs[i], vs[p + i], si, sb.len) && inside(vr[i], vr[p + i], ri, rb.len);
             row[i] = vs[i] * si, row[p + i] = vs[p + i] * si, row[2 * p + i] = vr[i] * ri, row[3 * p + i] = vr[p + i] * ri;
-            ok = row[p + i] + row[i] <= sb.len && row[3 * p + i] + row[2 * p + i] <= rb.len;
         }
         ok = ok && apart_pieces(row + 2 * p, row + 3 * p, p)
              && ((char *)sb.buf + sb.len <= (char *)rb.buf || (char *)rb.buf + rb.len <= (char *)sb.buf
@@ -1437,7 +1493,7 @@ static PyObject *fast_alltoallv(PyObject *self, sc_comm_t *c, PyObject *const *a
         return decline(self, args, nargsf, kw);
     }
     sc_comm_t *sh = arm(c);
-    int rc = alltoallv(c, sb.buf, rb.buf, row, out);
+    int rc = routed(c, COLL_ALLTOALLV, next_call(c), 0, sb.buf, rb.buf, 0, row, out);
     resume(sh, rc);
     release(&sb), release(&rb);
     if (rc == SC_EINTR && PyErr_Occurred()) return NULL;
@@ -1469,8 +1525,8 @@ static PyObject *fast_rooted(PyObject *self, sc_comm_t *c, int scatter, PyObject
         if (!ok && a[!scatter] && sc_py_vbuffer(a[!scatter], p, !scatter, vec, &vb, &isz)) {
             ok = 1;
             for (int i = 0; ok && i < p; i++) {
+                ok = inside(vec[i], vec[p + i], isz, vb.len);
                 row[i] = vec[i] * isz, row[p + i] = vec[p + i] * isz;
-                ok = row[p + i] + row[i] <= vb.len;
             }
             ok = ok && row[root] == ob.len && (scatter || apart_pieces(row, row + p, p))
                  && ((char *)ob.buf + ob.len <= (char *)vb.buf || (char *)vb.buf + vb.len <= (char *)ob.buf
@@ -1482,8 +1538,8 @@ static PyObject *fast_rooted(PyObject *self, sc_comm_t *c, int scatter, PyObject
         return decline(self, args, nargsf, kw);
     }
     sc_comm_t *sh = arm(c);
-    int rc = scatter ? scatterv(c, (int)root, vb.buf, row, ob.buf, ob.len, out)
-                     : gatherv(c, (int)root, ob.buf, ob.len, vb.buf, row, out);
+    int rc = scatter ? routed(c, COLL_SCATTERV, next_call(c), (int)root, vb.buf, ob.buf, ob.len, row, out)
+                     : routed(c, COLL_GATHERV, next_call(c), (int)root, ob.buf, vb.buf, ob.len, row, out);
     resume(sh, rc);
     release(&ob), release(&vb);
     if (rc == SC_EINTR && PyErr_Occurred()) return NULL;
@@ -1638,7 +1694,7 @@ static PyObject *waitall(PyObject *self, PyObject *const *args, size_t nargsf, P
 static PyMethodDef defs[] = {
     FAST("send", py_send), FAST("sent", py_sent), FAST("recv", py_recv), FAST("probe", py_probe),
     FAST("mrecv", py_mrecv), FAST("bell", py_bell), FAST("idle", py_idle), FAST("alltoallv", py_alltoallv),
-    FAST("rooted", py_rooted),
+    FAST("rooted", py_rooted), FAST("next_call", py_next_call),
     {"entry", (PyCFunction)(void (*)(void))fast, METH_FASTCALL | METH_KEYWORDS, NULL},
     {"Waitall", (PyCFunction)(void (*)(void))waitall, METH_FASTCALL | METH_KEYWORDS, NULL}, {NULL, NULL, 0, NULL},
 };

@@ -414,10 +414,11 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
         schedule: the root's counts go to every rank first (a small
         Bcast), so each checks its own and all plan the same schedule.
         sendbuf IN_PLACE on the root: its piece is already in recvbuf."""
+        call = self._p2p_route("gatherv", algorithm)
         root = self._args.root(root)
         sendbuf = spec.simple(sendbuf, "sendbuf", False)
-        if self._p2p_route("gatherv", algorithm):
-            return self._rooted("Gatherv", root, sendbuf, recvbuf, "recvbuf")
+        if call:
+            return self._rooted("Gatherv", call, root, sendbuf, recvbuf, "recvbuf")
         if sendbuf is IN_PLACE:
             sendbuf = self._args.own_piece("Gatherv", *self._args.root_spec("Gatherv", recvbuf, "recvbuf", root), root)
         sptr, sbytes, sitem = buffers.view(sendbuf, "sendbuf", writable=False)
@@ -431,10 +432,11 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
         to every rank first, as in Gatherv, but for the automatic call
         (_rooted).  recvbuf IN_PLACE on the root: its piece stays in
         sendbuf."""
+        call = self._p2p_route("scatterv", algorithm)
         root = self._args.root(root)
         recvbuf = spec.simple(recvbuf, "recvbuf", True)
-        if self._p2p_route("scatterv", algorithm):
-            return self._rooted("Scatterv", root, recvbuf, sendbuf, "sendbuf")
+        if call:
+            return self._rooted("Scatterv", call, root, recvbuf, sendbuf, "sendbuf")
         if recvbuf is IN_PLACE:
             recvbuf = self._args.own_piece("Scatterv", *self._args.root_spec("Scatterv", sendbuf, "sendbuf", root),
                                            root, copy=False)
@@ -448,21 +450,23 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
         """sendbuf, recvbuf: mpi4py's v-specs ([buf, (counts, displs),
         datatype], ...; items of the datatype); sendbuf IN_PLACE: recvbuf's
         pieces are sent."""
-        self._pieces("alltoallv", self._args.alltoallv(sendbuf, recvbuf), algorithm)
+        call = self._p2p_route("alltoallv", algorithm)
+        self._pieces("alltoallv", call, self._args.alltoallv(sendbuf, recvbuf), algorithm)
 
     @collective
     def Alltoallw(self, sendbuf, recvbuf, algorithm=None):
         """sendbuf, recvbuf: [buf, (counts, displs), datatypes], a
         (contiguous) datatype per rank, displacements in bytes (MPI's)."""
-        self._pieces("alltoallw", self._args.alltoallv(sendbuf, recvbuf, True), algorithm)
+        call = self._p2p_route("alltoallw", algorithm)
+        self._pieces("alltoallw", call, self._args.alltoallv(sendbuf, recvbuf, True), algorithm)
 
-    def _pieces(self, op, checked, algorithm):
+    def _pieces(self, op, call, checked, algorithm):
         """Run an Alltoallv/w: every rank's row of pieces goes to every rank
         first (one Allgather), so all plan from the same table, and a piece
         whose size its two ranks disagree on raises on every rank alike."""
         sptr, sbytes, rptr, rbytes, row = checked
-        if self._p2p_route(op, algorithm):
-            return self._pieces_p2p(op, sptr, rptr, row)
+        if call:
+            return self._pieces_p2p(op, call, sptr, rptr, row)
         p = self.size
         every = np.empty((p, row.size), np.int64)
         self.Allgather(row, every)
@@ -478,17 +482,19 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
                   _addr(sptr), _addr(rptr), counts=table)
 
     def _p2p_route(self, op, algorithm):
-        """Whether op (Alltoallv/w, Gatherv, Scatterv) goes by point-to-point:
-        when automatic and not a nonblocking call's program.  Calls still
-        pending end first; the route never depends on them, as a peer's
-        may have ended already."""
+        """Whether op (Alltoallv/w, Gatherv, Scatterv) goes by point-to-point
+        (when automatic and not a nonblocking call's program): its call's
+        number (csrc/p2p.c coll_tag), else 0.  Taken before any check, so
+        that a call refused on one rank keeps the ranks' numbers alike.
+        Calls still pending end first; the route never depends on them, as
+        a peer's may have ended already."""
         if algorithm is not None or self._forced.get(op) or self._capture == op:
-            return False
+            return 0
         if self._pending:
             self._complete_pending()
-        return True
+        return P2P["next_call"](self._ctx)
 
-    def _rooted(self, what, root, own, given, name):
+    def _rooted(self, what, call, root, own, given, name):
         """The automatic Gatherv/Scatterv: one C call (csrc/p2p.c gatherv,
         scatterv) that moves each piece straight between its rank and the
         root, own being this rank's buffer and given the root's v-spec
@@ -501,7 +507,6 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
             self._args.in_place_root(what, root, name)
         row, base, keep = None, 0, None
         if self.rank == root:
-            self._talking = not scatter     # the peers' pieces may be here already: an error aborts the job
             if given is None:
                 raise ValueError(f"{what}: the root needs {name} [buf, counts, displs, dtype]")
             keep, total, item, _, counts, displs = spec.vspec(given, name, self.size, not scatter)
@@ -521,17 +526,17 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
                 apart(addr, nbytes, base, total)
         self._talking = True
         s, r = (base, addr) if scatter else (addr, base)
-        rc, who, sent, wanted = P2P["rooted"](self._ctx, scatter, root, s, r, nbytes, row)
+        rc, who, sent, wanted = P2P["rooted"](self._ctx, call, scatter, root, s, r, nbytes, row)
         if rc:
             self._pieces_failed(what, rc, (rc, who, sent, wanted))
 
-    def _pieces_p2p(self, op, sptr, rptr, row):  # selected() names it SENDRECV
+    def _pieces_p2p(self, op, call, sptr, rptr, row):  # selected() names it SENDRECV
         """The automatic Alltoallv/w: one C call that exchanges each pair's
         pieces by point-to-point (csrc/p2p.c alltoallv), with no table
         gathered first; a piece whose two ranks disagree on its size
         aborts the job from the rank that receives it."""
         self._talking = True
-        rc, who, sent, wanted = P2P["alltoallv"](self._ctx, _addr(sptr), _addr(rptr), row)
+        rc, who, sent, wanted = P2P["alltoallv"](self._ctx, call, _addr(sptr), _addr(rptr), row)
         if rc:
             self._pieces_failed(select.method(op), rc, (rc, who, sent, wanted))
 

@@ -272,6 +272,61 @@ def test_v_variants_route_never_depends_on_pending_calls():
     assert run_ranks(_rooted_job, 3, True, True, timeout=60) == [[]] * 3
 
 
+def _left_over_pieces(comm):
+    """Pieces of calls that did not complete everywhere: rank 1's Scatterv
+    refused under ERRORS_RETURN after the root sent its piece, and a
+    Gatherv whose two ranks named each other the root (both send, neither
+    receives).  The calls after them get their own pieces."""
+    from shmcoll import MPI
+    comm.Set_errhandler(MPI.ERRORS_RETURN)
+    me, out = comm.rank, []
+    ro = np.zeros(2)
+    ro.flags.writeable = me != 1
+    try:
+        comm.Scatterv([np.arange(4.0), [2, 2]] if me == 0 else None, ro, 0)
+    except BufferError:
+        out.append("refused")
+    comm.Gatherv(np.full(1, 10.0 + me), None, 1 - me)
+    comm.Barrier()
+    got = np.zeros(2)
+    comm.Scatterv([np.arange(4.0) + 4, [2, 2]] if me == 0 else None, got, 0)
+    out.append(got.tolist())
+    every = np.zeros(2) if me == 0 else None
+    comm.Gatherv(np.full(1, 20.0 + me), [every, [1, 1]] if me == 0 else None, 0)
+    out.append(None if every is None else every.tolist())
+    return out
+
+
+def test_a_left_over_piece_is_never_taken_for_a_later_call():
+    """Each routed call sends on a tag of its own number (csrc/p2p.c
+    coll_tag): both calls here took the earlier call's piece."""
+    assert run_ranks(_left_over_pieces, 2, timeout=60) == [[[4.0, 5.0], [20.0, 21.0]], ["refused", [6.0, 7.0], None]]
+
+
+def _huge_displacement(comm, op):
+    """A displacement whose byte offset wraps int64: Python's check names
+    it; the C entries once wrote (or read) before the buffer."""
+    big = np.zeros(8)
+    mine = np.full(1, 100.0 + comm.rank)
+    spec = [big[2:], [1] * comm.size, [(1 << 61) - 1] + [1] * (comm.size - 1), np.float64]
+    try:
+        if op == "Gatherv":
+            comm.Gatherv(mine, spec if comm.rank == 0 else None, 0)
+        else:
+            comm.Scatterv(spec if comm.rank == 0 else None, mine, 0)
+        comm.Barrier()
+    except (ValueError, shmcoll.PeerFailure) as e:
+        return type(e).__name__, "end past" in str(e), big.tolist()
+    return None
+
+
+@pytest.mark.parametrize("op", ["Gatherv", "Scatterv"])
+def test_a_displacement_past_int64_is_refused(op):
+    got = run_ranks(_huge_displacement, 2, op, timeout=30)
+    assert got[0] == ("ValueError", True, [0.0] * 8), got
+    assert got[1] is not None and got[1][0] in ("PeerAborted", "PeerDied"), got
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_v_variants_dtypes(dtype):
     run_cases(_vjob, 3, vtable(3, dtype), topology="2x2", options=SMALL)
