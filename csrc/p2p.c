@@ -86,7 +86,6 @@ struct sc_p2p {
     uint64_t *hd, *rseq, *tl;     /* per peer: our head in its ring, our rendezvous count to it, our tail in its ring, */
     uint64_t *seen;               /* and its tail in our ring when we last read it (room) */
     int start;                    /* ANY_SOURCE scans from here, rotating */
-    uint64_t calls;               /* collectives routed by point-to-point so far (coll_tag) */
     um_t *q, **qend;
     int64_t qbytes;
     out_t *outs;                  /* per destination, NDONE each: staged messages being sent */
@@ -200,8 +199,10 @@ static int help(sc_comm_t *sh);
 /* Wait until this rank's doorbell has moved past seen (who: the rank
  * awaited, -1 any: only its clean exit is an error for us); for at most
  * for_ns if nonzero (a caller that must also advance other engines'
- * work), checking peers at once when it last did a liveness period ago. */
-static int idle_for(sc_comm_t *sh, uint64_t seen, int who, int64_t for_ns)
+ * work), checking peers at once when it last did a liveness period ago.
+ * check: a routed collective's wait, which compares who's arrival record
+ * with its call's, as a schedule's waits do (routed). */
+static int idle_for(sc_comm_t *sh, uint64_t seen, int who, int64_t for_ns, int check)
 {
     static __thread int64_t checked;
     sc_p2p_t *p = sh->p2p;
@@ -213,7 +214,7 @@ static int idle_for(sc_comm_t *sh, uint64_t seen, int who, int64_t for_ns)
         if (moved) return SC_OK;         /* the caller looks again before it waits */
     }
     bell_t *b = bell_of(sh, sh->rank);
-    sc_wait_t w = { .word = &b->bell, .wq = &b->wq, .call = seen + 1, .who = who, .nocheck = 1,
+    sc_wait_t w = { .word = &b->bell, .wq = &b->wq, .call = seen + 1, .who = who, .nocheck = !check || who < 0,
                     .spin_ns = sh->spin_ns, .anyabort = 1 };
     if (aborted_at(sh, sh->call + (1ULL << 62))) return SC_EABORT;
     if (for_ns) {
@@ -228,7 +229,7 @@ static int idle_for(sc_comm_t *sh, uint64_t seen, int who, int64_t for_ns)
     return wait_for(sh, &w);
 }
 
-int sc_p2p_idle(sc_comm_t *sh, uint64_t seen, int who) { return idle_for(sh, seen, who, 0); }
+int sc_p2p_idle(sc_comm_t *sh, uint64_t seen, int who) { return idle_for(sh, seen, who, 0, 0); }
 
 /* -- sending ------------------------------------------------------------------ */
 
@@ -546,7 +547,7 @@ static int copy_rdv(sc_comm_t *sh, const rdv_t *d, char *buf, int64_t k)
         for (;;) {
             uint64_t seen = sc_p2p_bell(sh);
             if (err || atomic_load_explicit(&x->fin, memory_order_acquire) >= pieces) break;
-            if ((rc = idle_for(sh, seen, s, 0))) {
+            if ((rc = idle_for(sh, seen, s, 0, 0))) {
                 sc_shut(sh, (uintptr_t)buf);
                 break;
             }
@@ -838,9 +839,10 @@ static int recv(sc_comm_t *c, int src, int tag, const ahead_t *ahead, char *buf,
 }
 
 /* Send to dest and receive from src together, each advanced as the other
- * waits, so ranks in a ring of Sendrecv never wait on one another's sends. */
-int sc_p2p_sendrecv(sc_comm_t *c, int dest, int stag, const char *sbuf, int64_t sn, int src, int rtag, char *rbuf,
-                    int64_t rcap, int64_t *out)
+ * waits, so ranks in a ring of Sendrecv never wait on one another's sends
+ * (check: a routed collective's, idle_for). */
+static int sendrecv(sc_comm_t *c, int dest, int stag, const char *sbuf, int64_t sn, int src, int rtag, char *rbuf,
+                    int64_t rcap, int64_t *out, int check)
 {
     sc_comm_t *sh = mine(c);
     int64_t seq = -1;             /* -1 not yet in the ring, 0 complete, else a rendezvous in flight */
@@ -860,33 +862,30 @@ int sc_p2p_sendrecv(sc_comm_t *c, int dest, int stag, const char *sbuf, int64_t 
             got = !rc;
         }
         if (got && !seq) return SC_OK;
-        int rc = sc_p2p_idle(sh, seen, got ? dest : st ? st->src : src < 0 ? -1 : src);
+        int rc = idle_for(sh, seen, got ? dest : st ? st->src : src < 0 ? -1 : src, 0, check);
         if (rc) return rc;
     }
 }
 
+int sc_p2p_sendrecv(sc_comm_t *c, int dest, int stag, const char *sbuf, int64_t sn, int src, int rtag, char *rbuf,
+                    int64_t rcap, int64_t *out)
+{
+    return sendrecv(c, dest, stag, sbuf, sn, src, rtag, rbuf, rcap, out, 0);
+}
+
 /* The collectives routed by point-to-point (Alltoallv/w, Gatherv,
- * Scatterv) send on tags below -1, which no user receive matches: one per
- * kind and call, the call being this rank's count of such collectives on
- * the communicator (next_call), the same on every rank of a correct
- * program.  A piece left over from a call that failed on one rank (an
- * error handler that returns), or that ranks disagreed on (their roots),
- * is never taken for a later call's: it waits in the queue, unmatched. */
+ * Scatterv) are calls of the engine too: each first runs its arrival, a
+ * program of no step (routed), which numbers the call and publishes its
+ * arrival record as a schedule's call does, and then sends on tags below
+ * -1, which no user receive matches: one per kind and call number.  So a
+ * piece left over from a call that failed on one rank (an error handler
+ * that returns), or that ranks disagreed on (their roots), is never taken
+ * for a later call's (it waits in the queue, unmatched); and their waits
+ * compare the awaited rank's record with the call's, as a schedule's do. */
 enum { COLL_ALLTOALLV, COLL_GATHERV, COLL_SCATTERV, COLL_KINDS };
 static int coll_tag(int kind, uint64_t call)
 {
     return -2 - (int)(kind + COLL_KINDS * (call & ((1u << 28) - 1)));
-}
-
-/* This rank's next such call (Python numbers a call it checks itself
- * before anything else, so that a call refused on one rank keeps its
- * number: py_next_call). */
-static uint64_t next_call(sc_comm_t *c)
-{
-    pthread_mutex_lock(&c->p2p->mu);
-    uint64_t n = ++c->p2p->calls;
-    pthread_mutex_unlock(&c->p2p->mu);
-    return n;
 }
 
 /* Alltoallv over point-to-point: row holds, in bytes, what this rank
@@ -907,8 +906,7 @@ static int alltoallv(sc_comm_t *c, uint64_t call, const char *sbuf, char *rbuf, 
     for (int k = 1; k < p; k++) {
         int dest = (r + k) % p, src = (r - k + p) % p;
         int64_t got[3] = { 0, 0, 0 };
-        int rc = sc_p2p_sendrecv(c, dest, tag, sbuf + sd[dest], sn[dest], src, tag, rbuf + rd[src], rn[src],
-                                 got);
+        int rc = sendrecv(c, dest, tag, sbuf + sd[dest], sn[dest], src, tag, rbuf + rd[src], rn[src], got, 1);
         if (rc == SC_ETRUNCATE || (!rc && got[2] != rn[src])) {
             out[0] = src, out[1] = got[2], out[2] = rn[src];
             return SC_EMISMATCH;
@@ -972,7 +970,7 @@ static int gatherv(sc_comm_t *c, uint64_t call, int root, const char *sbuf, int6
             sh->side_n = 0;
             continue;
         }
-        int rc = left && !moved ? sc_p2p_idle(sh, seen, first) : SC_OK;
+        int rc = left && !moved ? idle_for(sh, seen, first, 0, 1) : SC_OK;
         if (rc) {
             sh->side_n = 0;
             return rc;
@@ -989,9 +987,17 @@ static int scatterv(sc_comm_t *c, uint64_t call, int root, const char *sbuf, con
     int p = c->size, r = c->rank, left = p - 1, tag = coll_tag(COLL_SCATTERV, call);
     if (r != root) {
         int64_t got[3] = { 0, 0, 0 };
-        int rc = recv(c, root, tag, NULL, rbuf, n, 1, got, NULL);
-        if (rc == SC_ETRUNCATE || (!rc && got[2] != n)) return mismatch(out, root, got[2], n);
-        return rc;
+        void *st = NULL;
+        for (;;) {
+            uint64_t seen = sc_p2p_bell(c);
+            int rc = recv(c, root, tag, NULL, rbuf, n, 0, got, &st);
+            if (rc == 1 || rc == STAGING) {
+                if ((rc = idle_for(mine(c), seen, root, 0, 1))) return rc;
+                continue;
+            }
+            if (rc == SC_ETRUNCATE || (!rc && got[2] != n)) return mismatch(out, root, got[2], n);
+            return rc;
+        }
     }
     const int64_t *sn = row, *sd = row + p;
     if (n != sn[r]) return mismatch(out, r, sn[r], n);
@@ -1024,25 +1030,52 @@ static int scatterv(sc_comm_t *c, uint64_t call, int root, const char *sbuf, con
             own = 0;
             continue;
         }
-        int rc = left && !moved ? sc_p2p_idle(mine(c), seen, first) : SC_OK;
+        int rc = left && !moved ? idle_for(mine(c), seen, first, 0, 1) : SC_OK;
         if (rc) return rc;
     }
     if (own) memmove(rbuf, sbuf + sd[r], (size_t)n);
     return SC_OK;
 }
 
-/* A routed collective (kind: COLL_*), owned by this thread for its
- * length as a schedule's call is (pyfast.c run): a second thread's
- * collective on the communicator meanwhile gets SC_EBUSY. */
-static int routed(sc_comm_t *c, int kind, uint64_t call, int root, const char *sbuf, char *rbuf, int64_t n,
+/* A routed collective (kind: COLL_*): its arrival (a program of no step,
+ * of the call's signature), then its pieces, on the call's tag.  Owned by
+ * this thread for its length as a schedule's call is (pyfast.c run): a
+ * second thread's collective on the communicator meanwhile gets SC_EBUSY.
+ * The thread's context takes the call's number and record (as they were
+ * during the arrival: its end made them the previous call's), so that its
+ * waits compare the awaited rank's record with them.  out[0] -1: the
+ * failure is not a piece's (SC_EMISMATCH: the records differ). */
+static int routed(sc_comm_t *c, int kind, const int64_t *arrival, int root, const char *sbuf, char *rbuf, int64_t n,
                   const int64_t *row, int64_t *out)
 {
+    out[0] = -1;
     if (sc_own(c)) return SC_EBUSY;
-    int rc = kind == COLL_ALLTOALLV ? alltoallv(c, call, sbuf, rbuf, row, out)
-           : kind == COLL_GATHERV ? gatherv(c, call, root, sbuf, n, rbuf, row, out)
-           : scatterv(c, call, root, sbuf, row, rbuf, n, out);
+    uint64_t prev[2] = { c->prev[0], c->prev[1] }, hist = c->hist;
+    int rc = sc_exec_owned(c, arrival, NULL, NULL);
+    sc_comm_t *sh = mine(c);
+    if (rc && sh != c) {            /* the failure's fields, where resume() reads them */
+        sh->err_rank = c->err_rank, sh->err_code = c->err_code, sh->err_when = c->err_when;
+        sh->err_call = c->err_call, sh->err_a = c->err_a, sh->err_b = c->err_b;
+    }
+    if (!rc) {
+        sh->call = c->call, sh->sig[0] = c->sig[0], sh->sig[1] = c->sig[1];
+        sh->prev[0] = prev[0], sh->prev[1] = prev[1], sh->hist = hist;
+        rc = kind == COLL_ALLTOALLV ? alltoallv(c, c->call, sbuf, rbuf, row, out)
+           : kind == COLL_GATHERV ? gatherv(c, c->call, root, sbuf, n, rbuf, row, out)
+           : scatterv(c, c->call, root, sbuf, row, rbuf, n, out);
+    }
     sc_disown(c);
     return rc;
+}
+
+/* The arrival program the communicator's C cache holds for a routed call
+ * of collective cid (select.TABLE's id) and root, NULL if none yet (the
+ * Python method compiles it: Comm._arrival). */
+const int64_t *sc_cache_get(sc_comm_t *c, const int64_t *key);
+static const int64_t *arrival(sc_comm_t *c, int64_t cid, int64_t root)
+{
+    int64_t key[SC_KEY] = { cid, SC_ROUTED_ALG, root, 0, 0, 0, 0 };
+    return sc_cache_get(c, key);
 }
 
 /* Probe (src, tag): out = source, tag, bytes; detach: the message leaves
@@ -1283,24 +1316,16 @@ static PyObject *py_mrecv(PyObject *m, PyObject *const *a, Py_ssize_t n)
     return r;
 }
 
-/* next_call(ctx) -> the number of this rank's next collective routed by point-to-point (next_call) */
-static PyObject *py_next_call(PyObject *m, PyObject *const *a, Py_ssize_t n)
-{
-    sc_comm_t *c;
-    if (!args("next_call", n, 1, a, &c)) return NULL;
-    return PyLong_FromUnsignedLongLong(next_call(c));
-}
-
-/* alltoallv(ctx, call, send address, recv address, row) -> (rc, rank, bytes sent, bytes expected): call
- * from next_call; row an int64 buffer (alltoallv); the addresses those of buffers the caller holds,
- * checked against row by Python */
+/* alltoallv(ctx, arrival, send address, recv address, row) -> (rc, rank, bytes sent, bytes expected):
+ * arrival the address of the call's arrival program (routed); row an int64 buffer (alltoallv); the
+ * addresses those of buffers the caller holds, checked against row by Python */
 static PyObject *py_alltoallv(PyObject *m, PyObject *const *a, Py_ssize_t n)
 {
     sc_comm_t *c;
     Py_buffer row;
     int64_t out[3] = { 0, 0, 0 };
     if (!args("alltoallv", n, 5, a, &c) || !buffer(a[4], &row, 0)) return NULL;
-    uint64_t call = PyLong_AsUnsignedLongLong(a[1]);
+    const int64_t *prog = PyLong_AsVoidPtr(a[1]);
     char *sbuf = PyLong_AsVoidPtr(a[2]), *rbuf = PyLong_AsVoidPtr(a[3]);
     if (PyErr_Occurred() || row.len != 4 * c->size * (Py_ssize_t)sizeof(int64_t)) {
         release(&row);
@@ -1308,15 +1333,15 @@ static PyObject *py_alltoallv(PyObject *m, PyObject *const *a, Py_ssize_t n)
         return NULL;
     }
     sc_comm_t *sh = arm(c);
-    int rc = routed(c, COLL_ALLTOALLV, call, 0, sbuf, rbuf, 0, row.buf, out);
+    int rc = routed(c, COLL_ALLTOALLV, prog, 0, sbuf, rbuf, 0, row.buf, out);
     resume(sh, rc);
     release(&row);
     if (rc == SC_EINTR && PyErr_Occurred()) return NULL;
     return Py_BuildValue("(iLLL)", rc, (long long)out[0], (long long)out[1], (long long)out[2]);
 }
 
-/* rooted(ctx, call, scatter, root, send address, recv address, bytes, row) -> (rc, rank, bytes sent,
- * bytes expected): Gatherv (scatter 0) or Scatterv, call from next_call; bytes this rank's own; row
+/* rooted(ctx, arrival, scatter, root, send address, recv address, bytes, row) -> (rc, rank, bytes sent,
+ * bytes expected): Gatherv (scatter 0) or Scatterv, arrival as alltoallv's; bytes this rank's own; row
  * the root's int64 buffer of 2 * size (gatherv, scatterv), None elsewhere; the addresses those of
  * buffers the caller holds, checked against row by Python */
 static PyObject *py_rooted(PyObject *m, PyObject *const *a, Py_ssize_t n)
@@ -1325,7 +1350,7 @@ static PyObject *py_rooted(PyObject *m, PyObject *const *a, Py_ssize_t n)
     Py_buffer row = { 0 };
     int64_t out[3] = { 0, 0, 0 };
     if (!args("rooted", n, 8, a, &c) || !buffer(a[7], &row, 0)) return NULL;
-    uint64_t call = PyLong_AsUnsignedLongLong(a[1]);
+    const int64_t *prog = PyLong_AsVoidPtr(a[1]);
     int scatter = PyObject_IsTrue(a[2]), root = PyLong_AsLong(a[3]);
     char *sbuf = PyLong_AsVoidPtr(a[4]), *rbuf = PyLong_AsVoidPtr(a[5]);
     int64_t bytes = PyLong_AsLongLong(a[6]);
@@ -1337,7 +1362,7 @@ static PyObject *py_rooted(PyObject *m, PyObject *const *a, Py_ssize_t n)
         return NULL;
     }
     sc_comm_t *sh = arm(c);
-    int rc = routed(c, scatter ? COLL_SCATTERV : COLL_GATHERV, call, root, sbuf, rbuf, bytes, row.buf, out);
+    int rc = routed(c, scatter ? COLL_SCATTERV : COLL_GATHERV, prog, root, sbuf, rbuf, bytes, row.buf, out);
     resume(sh, rc);
     release(&row);
     if (rc == SC_EINTR && PyErr_Occurred()) return NULL;
@@ -1362,16 +1387,17 @@ static PyObject *py_idle(PyObject *m, PyObject *const *a, Py_ssize_t n)
     int64_t for_ns = PyLong_AsLongLong(a[3]);
     if (PyErr_Occurred()) return NULL;
     sc_comm_t *sh = arm(c);
-    return result(sh, idle_for(sh, seen, who, for_ns));
+    return result(sh, idle_for(sh, seen, who, for_ns, 0));
 }
 
 /* -- the fast entries: Send, Recv and Sendrecv of one communicator ---------------
  * Bound per communicator as pyfast.c's collectives are: self = (context,
  * the checked Python method, the error handler, argument names, Status,
- * the status fields' names, kind: FAST_SEND, _RECV, _SENDRECV, ..., and for
+ * the status fields' names, kind: FAST_SEND, _RECV, _SENDRECV, ..., for
  * Isend and Irecv made = (the class of a send complete when made, that of
  * a receive matched when made, made(kind, buf, rank, tag, handle) for one
- * in flight)).  A plain contiguous buffer, an exact int rank and tag in
+ * in flight), and for the routed collectives the collective's id, whose
+ * arrival program they look up (arrival)).  A plain contiguous buffer, an exact int rank and tag in
  * range, no status or a Status, and nothing pending on the communicator:
  * one C call; anything else goes to the Python method, failures to the
  * handler (rc, (rc, source, tag, bytes)). */
@@ -1477,7 +1503,8 @@ static PyObject *fast_alltoallv(PyObject *self, sc_comm_t *c, PyObject *const *a
     int64_t vs[2 * A2AV_MAX], vr[2 * A2AV_MAX], row[4 * A2AV_MAX], out[3] = { 0, 0, 0 };
     Py_buffer sb = { 0 }, rb = { 0 };
     Py_ssize_t si = 0, ri = 0;
-    if (p <= A2AV_MAX && sc_py_parse(args, nargsf, kw, PyTuple_GET_ITEM(self, 3), a) && a[0] && a[1]
+    const int64_t *prog = arrival(c, PyLong_AsLongLong(PyTuple_GET_ITEM(self, 8)), 0);
+    if (prog && p <= A2AV_MAX && sc_py_parse(args, nargsf, kw, PyTuple_GET_ITEM(self, 3), a) && a[0] && a[1]
         && (!a[2] || a[2] == Py_None) && sc_py_vbuffer(a[0], p, 0, vs, &sb, &si)) {
         ok = sc_py_vbuffer(a[1], p, 1, vr, &rb, &ri);
         for (int i = 0; ok && i < p; i++) {
@@ -1493,7 +1520,7 @@ static PyObject *fast_alltoallv(PyObject *self, sc_comm_t *c, PyObject *const *a
         return decline(self, args, nargsf, kw);
     }
     sc_comm_t *sh = arm(c);
-    int rc = routed(c, COLL_ALLTOALLV, next_call(c), 0, sb.buf, rb.buf, 0, row, out);
+    int rc = routed(c, COLL_ALLTOALLV, prog, 0, sb.buf, rb.buf, 0, row, out);
     resume(sh, rc);
     release(&sb), release(&rb);
     if (rc == SC_EINTR && PyErr_Occurred()) return NULL;
@@ -1518,8 +1545,10 @@ static PyObject *fast_rooted(PyObject *self, sc_comm_t *c, int scatter, PyObject
     int64_t vec[2 * ROOTED_MAX], row[2 * ROOTED_MAX], out[3] = { 0, 0, 0 };
     Py_buffer ob = { 0 }, vb = { 0 };       /* this rank's own buffer; the root's v-spec's */
     Py_ssize_t isz = 0;
+    const int64_t *prog = NULL;
     if (p <= ROOTED_MAX && sc_py_parse(args, nargsf, kw, PyTuple_GET_ITEM(self, 3), a) && a[0]
         && (!a[3] || a[3] == Py_None) && int_in(a[2], 0, 0, p - 1, &root)
+        && (prog = arrival(c, PyLong_AsLongLong(PyTuple_GET_ITEM(self, 8)), root))
         && sc_py_buffer(a[scatter], scatter, &ob)) {
         ok = root != c->rank;
         if (!ok && a[!scatter] && sc_py_vbuffer(a[!scatter], p, !scatter, vec, &vb, &isz)) {
@@ -1538,8 +1567,8 @@ static PyObject *fast_rooted(PyObject *self, sc_comm_t *c, int scatter, PyObject
         return decline(self, args, nargsf, kw);
     }
     sc_comm_t *sh = arm(c);
-    int rc = scatter ? routed(c, COLL_SCATTERV, next_call(c), (int)root, vb.buf, ob.buf, ob.len, row, out)
-                     : routed(c, COLL_GATHERV, next_call(c), (int)root, ob.buf, vb.buf, ob.len, row, out);
+    int rc = scatter ? routed(c, COLL_SCATTERV, prog, (int)root, vb.buf, ob.buf, ob.len, row, out)
+                     : routed(c, COLL_GATHERV, prog, (int)root, ob.buf, vb.buf, ob.len, row, out);
     resume(sh, rc);
     release(&ob), release(&vb);
     if (rc == SC_EINTR && PyErr_Occurred()) return NULL;
@@ -1694,7 +1723,7 @@ static PyObject *waitall(PyObject *self, PyObject *const *args, size_t nargsf, P
 static PyMethodDef defs[] = {
     FAST("send", py_send), FAST("sent", py_sent), FAST("recv", py_recv), FAST("probe", py_probe),
     FAST("mrecv", py_mrecv), FAST("bell", py_bell), FAST("idle", py_idle), FAST("alltoallv", py_alltoallv),
-    FAST("rooted", py_rooted), FAST("next_call", py_next_call),
+    FAST("rooted", py_rooted),
     {"entry", (PyCFunction)(void (*)(void))fast, METH_FASTCALL | METH_KEYWORDS, NULL},
     {"Waitall", (PyCFunction)(void (*)(void))waitall, METH_FASTCALL | METH_KEYWORDS, NULL}, {NULL, NULL, 0, NULL},
 };

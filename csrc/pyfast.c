@@ -72,6 +72,9 @@ static const int64_t *lookup(sc_comm_t *c, const int64_t *key)
     return e->prog;
 }
 
+/* For point-to-point's routed calls (p2p.c): the program cached for key, or NULL. */
+const int64_t *sc_cache_get(sc_comm_t *c, const int64_t *key) { return lookup(c, key); }
+
 /* Called by the slow wait every POLL_NS (10 ms) with the GIL released: run Python's
  * signal handlers; nonzero when one raised (the exception stays set). */
 static int poll_signals(sc_comm_t *c)

@@ -31,7 +31,7 @@ from .nonblocking import RESOLVED, Nonblocking
 from .request import Complete
 from .ops import BUILTINS, SUM
 from .p2p import PointToPoint
-from .sched import Call
+from .sched import Call, Schedule
 from .sendmodes import SendModes
 from .words import COUNTS_HASH, INPLACE_OP, field
 
@@ -102,9 +102,7 @@ def _addr(ptr):
 #: What selected() names the automatic Alltoallv/w: pairs of Sendrecv by
 #: point-to-point in one C call (csrc/p2p.c alltoallv), not a schedule;
 #: and the automatic Gatherv/Scatterv: each piece between its rank and the root.
-SENDRECV = "sendrecv (point-to-point)"
-LINEAR = "linear (point-to-point)"
-P2P_ROUTED = {"alltoallv": SENDRECV, "alltoallw": SENDRECV, "gatherv": LINEAR, "scatterv": LINEAR}
+P2P_ROUTED = select.ROUTED
 
 
 class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
@@ -414,11 +412,10 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
         schedule: the root's counts go to every rank first (a small
         Bcast), so each checks its own and all plan the same schedule.
         sendbuf IN_PLACE on the root: its piece is already in recvbuf."""
-        call = self._p2p_route("gatherv", algorithm)
         root = self._args.root(root)
         sendbuf = spec.simple(sendbuf, "sendbuf", False)
-        if call:
-            return self._rooted("Gatherv", call, root, sendbuf, recvbuf, "recvbuf")
+        if self._p2p_route("gatherv", algorithm):
+            return self._rooted("Gatherv", root, sendbuf, recvbuf, "recvbuf")
         if sendbuf is IN_PLACE:
             sendbuf = self._args.own_piece("Gatherv", *self._args.root_spec("Gatherv", recvbuf, "recvbuf", root), root)
         sptr, sbytes, sitem = buffers.view(sendbuf, "sendbuf", writable=False)
@@ -432,11 +429,10 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
         to every rank first, as in Gatherv, but for the automatic call
         (_rooted).  recvbuf IN_PLACE on the root: its piece stays in
         sendbuf."""
-        call = self._p2p_route("scatterv", algorithm)
         root = self._args.root(root)
         recvbuf = spec.simple(recvbuf, "recvbuf", True)
-        if call:
-            return self._rooted("Scatterv", call, root, recvbuf, sendbuf, "sendbuf")
+        if self._p2p_route("scatterv", algorithm):
+            return self._rooted("Scatterv", root, recvbuf, sendbuf, "sendbuf")
         if recvbuf is IN_PLACE:
             recvbuf = self._args.own_piece("Scatterv", *self._args.root_spec("Scatterv", sendbuf, "sendbuf", root),
                                            root, copy=False)
@@ -450,23 +446,21 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
         """sendbuf, recvbuf: mpi4py's v-specs ([buf, (counts, displs),
         datatype], ...; items of the datatype); sendbuf IN_PLACE: recvbuf's
         pieces are sent."""
-        call = self._p2p_route("alltoallv", algorithm)
-        self._pieces("alltoallv", call, self._args.alltoallv(sendbuf, recvbuf), algorithm)
+        self._pieces("alltoallv", self._args.alltoallv(sendbuf, recvbuf), algorithm)
 
     @collective
     def Alltoallw(self, sendbuf, recvbuf, algorithm=None):
         """sendbuf, recvbuf: [buf, (counts, displs), datatypes], a
         (contiguous) datatype per rank, displacements in bytes (MPI's)."""
-        call = self._p2p_route("alltoallw", algorithm)
-        self._pieces("alltoallw", call, self._args.alltoallv(sendbuf, recvbuf, True), algorithm)
+        self._pieces("alltoallw", self._args.alltoallv(sendbuf, recvbuf, True), algorithm)
 
-    def _pieces(self, op, call, checked, algorithm):
+    def _pieces(self, op, checked, algorithm):
         """Run an Alltoallv/w: every rank's row of pieces goes to every rank
         first (one Allgather), so all plan from the same table, and a piece
         whose size its two ranks disagree on raises on every rank alike."""
         sptr, sbytes, rptr, rbytes, row = checked
-        if call:
-            return self._pieces_p2p(op, call, sptr, rptr, row)
+        if self._p2p_route(op, algorithm):
+            return self._pieces_p2p(op, sptr, rptr, row)
         p = self.size
         every = np.empty((p, row.size), np.int64)
         self.Allgather(row, every)
@@ -482,19 +476,29 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
                   _addr(sptr), _addr(rptr), counts=table)
 
     def _p2p_route(self, op, algorithm):
-        """Whether op (Alltoallv/w, Gatherv, Scatterv) goes by point-to-point
-        (when automatic and not a nonblocking call's program): its call's
-        number (csrc/p2p.c coll_tag), else 0.  Taken before any check, so
-        that a call refused on one rank keeps the ranks' numbers alike.
-        Calls still pending end first; the route never depends on them, as
-        a peer's may have ended already."""
+        """Whether op (Alltoallv/w, Gatherv, Scatterv) goes by point-to-point:
+        when automatic and not a nonblocking call's program.  Calls still
+        pending end first; the route never depends on them, as a peer's
+        may have ended already."""
         if algorithm is not None or self._forced.get(op) or self._capture == op:
-            return 0
+            return False
         if self._pending:
             self._complete_pending()
-        return P2P["next_call"](self._ctx)
+        return True
 
-    def _rooted(self, what, call, root, own, given, name):
+    def _arrival(self, op, root):
+        """The address of the arrival program of a call of op routed by
+        point-to-point (csrc/p2p.c routed): no step, the call's signature
+        (its algorithm ROUTED_ALG, no bytes: only a root knows them), so
+        that it is numbered and checked as a schedule's call is; cached,
+        and in the C cache, where the C entries find it."""
+        cid = select.TABLE[op][0]
+        key = isa.key(cid, isa.ROUTED_ALG, root, 0, 0, 0)
+        prog = self._dev.program(key, cid, isa.ROUTED_ALG,
+                                 lambda: Schedule(op, P2P_ROUTED[op], self.size, 0, root, []), 0, 0)
+        return prog.ctypes.data
+
+    def _rooted(self, what, root, own, given, name):
         """The automatic Gatherv/Scatterv: one C call (csrc/p2p.c gatherv,
         scatterv) that moves each piece straight between its rank and the
         root, own being this rank's buffer and given the root's v-spec
@@ -526,17 +530,18 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
                 apart(addr, nbytes, base, total)
         self._talking = True
         s, r = (base, addr) if scatter else (addr, base)
-        rc, who, sent, wanted = P2P["rooted"](self._ctx, call, scatter, root, s, r, nbytes, row)
+        rc, who, sent, wanted = P2P["rooted"](self._ctx, self._arrival(what.lower(), root), scatter, root, s, r,
+                                              nbytes, row)
         if rc:
             self._pieces_failed(what, rc, (rc, who, sent, wanted))
 
-    def _pieces_p2p(self, op, call, sptr, rptr, row):  # selected() names it SENDRECV
+    def _pieces_p2p(self, op, sptr, rptr, row):  # selected() names it P2P_ROUTED's
         """The automatic Alltoallv/w: one C call that exchanges each pair's
         pieces by point-to-point (csrc/p2p.c alltoallv), with no table
         gathered first; a piece whose two ranks disagree on its size
         aborts the job from the rank that receives it."""
         self._talking = True
-        rc, who, sent, wanted = P2P["alltoallv"](self._ctx, call, _addr(sptr), _addr(rptr), row)
+        rc, who, sent, wanted = P2P["alltoallv"](self._ctx, self._arrival(op, 0), _addr(sptr), _addr(rptr), row)
         if rc:
             self._pieces_failed(select.method(op), rc, (rc, who, sent, wanted))
 
@@ -544,7 +549,7 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
         """The p2p Alltoallv's failure (also its C entry's): raise, the job aborted."""
         self._usable()
         self._talking = True
-        if rc == lib.SC_EMISMATCH:
+        if rc == lib.SC_EMISMATCH and got[1] >= 0:     # a piece's size (else the records differ: _fail)
             _, who, sent, wanted = got
             exc = MismatchError(f"{what}: rank {who} sends rank {self.rank} {sent} bytes but rank {self.rank} "
                                 f"receives {wanted} from rank {who}")

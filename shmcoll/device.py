@@ -460,7 +460,7 @@ class Device:
         call_base option."""
         r = lib.sc_deregister(self.c, ok)
         lib.sc_peers_close(self.c)          # no more calls: the peers' arenas go
-        base = self.plan.params["call_base"]
+        base = self.plan.params["call_base"] - 1        # a call counter starts one call before the first
         return None if r < 0 else (r, (lib.sc_calls_of(self.c, r) - base) % (1 << 64), (self.c.call - base) % (1 << 64))
 
     def close(self):

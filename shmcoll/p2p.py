@@ -19,6 +19,7 @@ import warnings
 import numpy as np
 
 from . import buffers, request, spec
+from .coll import select
 from ._core import lib
 from .device import P2P, p2p_entry
 from .errors import ERR_RANK, ERR_REQUEST, ERR_TAG, ERR_TRUNCATE, MPIError
@@ -120,9 +121,11 @@ class PointToPoint:
             if name in ("Alltoallv", "Gatherv", "Scatterv") and self._forced.get(name.lower()):
                 continue                # an algorithm forced by options: the method runs its schedule
             failed = self._pieces_failed if name in ("Alltoallv", "Gatherv", "Scatterv") else self._p2p_failed
+            routed = name in ("Alltoallv", "Gatherv", "Scatterv")
             state = (self._dev.addr, getattr(type(self), name).__get__(self),
                      functools.partial(failed, name), tuple(sys.intern(n) for n in names), Status,
-                     _STATUS_FIELDS, kind, (request.Complete, _Received, self._made))
+                     _STATUS_FIELDS, kind, (request.Complete, _Received, self._made),
+                     select.TABLE[name.lower()][0] if routed else 0)     # whose arrival program it runs
             self.__dict__[name] = p2p_entry(state)
 
     def _made(self, kind, buf, rank, tag, handle):

@@ -8,6 +8,7 @@ import numpy as np
 from .buffers import dtype_code
 from .coll import select
 from .device import TWIN_ALG
+from .isa import ROUTED_ALG
 from .ops import BUILTINS
 
 #: In a reduction's signature, the op of a rank that passed IN_PLACE: a
@@ -59,6 +60,8 @@ def field(what, f, value, when):
         op = select.collective(what)
         if when or op is None:      # an earlier call's collective names the ids
             return f"algorithm id {value}"
+        if value == ROUTED_ALG:
+            return select.ROUTED.get(op, "point-to-point")
         names, alg = select.NAMES[op], value & ~TWIN_ALG
         name = names[alg] if 0 <= alg < len(names) else f"algorithm id {alg}"
         return f"{name} (automatic: single copy or staged, as timed)" if value & TWIN_ALG else name

@@ -42,6 +42,10 @@ TABLE = {
     "alltoallw": (17, alltoallv, "Alltoallw", "", ("sendbuf", "recvbuf", "algorithm")),
 }
 NAMES = {op: list(row[1].ALGORITHMS) for op, row in TABLE.items()}
+#: The automatic calls that are no schedule but point-to-point in one C call
+#: (comm.py, csrc/p2p.c routed), as selected() and messages name them.
+ROUTED = {"alltoallv": "sendrecv (point-to-point)", "alltoallw": "sendrecv (point-to-point)",
+          "gatherv": "linear (point-to-point)", "scatterv": "linear (point-to-point)"}
 IDS = {op: {name: i for i, name in enumerate(names)} for op, names in NAMES.items()}
 OPS = {row[0]: op for op, row in TABLE.items()}
 _BY_METHOD = {row[2]: op for op, row in TABLE.items()}
