@@ -810,9 +810,10 @@ static int finish(sc_comm_t *c, in_t *e, int64_t *out)
 
 /* Receive (src, tag) into buf: SC_OK, 1 nothing matches yet (block 0),
  * or an error.  stage (block 0 only, may be NULL): a staged receive to go
- * on with, and where one that is matched but not full is left (STAGING). */
-static int recv(sc_comm_t *c, int src, int tag, const ahead_t *ahead, char *buf, int64_t cap, int block, int64_t *out,
-                void **stage)
+ * on with, and where one that is matched but not full is left (STAGING).
+ * check: a routed collective's receive (idle_for). */
+static int recv_checked(sc_comm_t *c, int src, int tag, const ahead_t *ahead, char *buf, int64_t cap, int block,
+                        int64_t *out, void **stage, int check)
 {
     sc_comm_t *sh = mine(c);
     in_t *st = stage ? *stage : NULL;
@@ -834,8 +835,14 @@ static int recv(sc_comm_t *c, int src, int tag, const ahead_t *ahead, char *buf,
             cpu_relax();
             continue;
         }
-        if ((rc = sc_p2p_idle(sh, seen, st ? st->src : src < 0 ? -1 : src))) return rc;
+        if ((rc = idle_for(sh, seen, st ? st->src : src < 0 ? -1 : src, 0, check))) return rc;
     }
+}
+
+static int recv(sc_comm_t *c, int src, int tag, const ahead_t *ahead, char *buf, int64_t cap, int block, int64_t *out,
+                void **stage)
+{
+    return recv_checked(c, src, tag, ahead, buf, cap, block, out, stage, 0);
 }
 
 /* Send to dest and receive from src together, each advanced as the other
@@ -987,17 +994,9 @@ static int scatterv(sc_comm_t *c, uint64_t call, int root, const char *sbuf, con
     int p = c->size, r = c->rank, left = p - 1, tag = coll_tag(COLL_SCATTERV, call);
     if (r != root) {
         int64_t got[3] = { 0, 0, 0 };
-        void *st = NULL;
-        for (;;) {
-            uint64_t seen = sc_p2p_bell(c);
-            int rc = recv(c, root, tag, NULL, rbuf, n, 0, got, &st);
-            if (rc == 1 || rc == STAGING) {
-                if ((rc = idle_for(mine(c), seen, root, 0, 1))) return rc;
-                continue;
-            }
-            if (rc == SC_ETRUNCATE || (!rc && got[2] != n)) return mismatch(out, root, got[2], n);
-            return rc;
-        }
+        int rc = recv_checked(c, root, tag, NULL, rbuf, n, 1, got, NULL, 1);
+        if (rc == SC_ETRUNCATE || (!rc && got[2] != n)) return mismatch(out, root, got[2], n);
+        return rc;
     }
     const int64_t *sn = row, *sd = row + p;
     if (n != sn[r]) return mismatch(out, r, sn[r], n);
