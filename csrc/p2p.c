@@ -889,10 +889,9 @@ int sc_p2p_sendrecv(sc_comm_t *c, int dest, int stag, const char *sbuf, int64_t 
  * that returns), or that ranks disagreed on (their roots), is never taken
  * for a later call's (it waits in the queue, unmatched); and their waits
  * compare the awaited rank's record with the call's, as a schedule's do. */
-enum { COLL_ALLTOALLV, COLL_GATHERV, COLL_SCATTERV, COLL_KINDS };
 static int coll_tag(int kind, uint64_t call)
 {
-    return -2 - (int)(kind + COLL_KINDS * (call & ((1u << 28) - 1)));
+    return -2 - (int)(kind + SC_ROUTED_KINDS * (call & ((1u << 28) - 1)));
 }
 
 /* Alltoallv over point-to-point: row holds, in bytes, what this rank
@@ -901,9 +900,10 @@ static int coll_tag(int kind, uint64_t call)
  * (Sendrecv), on its call's tag (coll_tag); its own piece is a copy.
  * A piece that arrives other than its receiver expects is SC_EMISMATCH,
  * out: the sender, the bytes it sent, the bytes expected. */
-static int alltoallv(sc_comm_t *c, uint64_t call, const char *sbuf, char *rbuf, const int64_t *row, int64_t *out)
+static int alltoallv(sc_comm_t *c, uint64_t call, const char *sbuf, char *rbuf, const int64_t *row, int64_t *out,
+                     int check)
 {
-    int p = c->size, r = c->rank, tag = coll_tag(COLL_ALLTOALLV, call);
+    int p = c->size, r = c->rank, tag = coll_tag(SC_ROUTED_ALLTOALLV, call);
     const int64_t *sn = row, *sd = row + p, *rn = row + 2 * p, *rd = row + 3 * p;
     if (sn[r] != rn[r]) {
         out[0] = r, out[1] = sn[r], out[2] = rn[r];
@@ -913,7 +913,7 @@ static int alltoallv(sc_comm_t *c, uint64_t call, const char *sbuf, char *rbuf, 
     for (int k = 1; k < p; k++) {
         int dest = (r + k) % p, src = (r - k + p) % p;
         int64_t got[3] = { 0, 0, 0 };
-        int rc = sendrecv(c, dest, tag, sbuf + sd[dest], sn[dest], src, tag, rbuf + rd[src], rn[src], got, 1);
+        int rc = sendrecv(c, dest, tag, sbuf + sd[dest], sn[dest], src, tag, rbuf + rd[src], rn[src], got, check);
         if (rc == SC_ETRUNCATE || (!rc && got[2] != rn[src])) {
             out[0] = src, out[1] = got[2], out[2] = rn[src];
             return SC_EMISMATCH;
@@ -939,9 +939,9 @@ static int mismatch(int64_t *out, int64_t who, int64_t sent, int64_t wanted)
 }
 
 static int gatherv(sc_comm_t *c, uint64_t call, int root, const char *sbuf, int64_t n, char *rbuf, const int64_t *row,
-                   int64_t *out)
+                   int64_t *out, int check)
 {
-    int p = c->size, r = c->rank, left = p - 1, tag = coll_tag(COLL_GATHERV, call);
+    int p = c->size, r = c->rank, left = p - 1, tag = coll_tag(SC_ROUTED_GATHERV, call);
     if (r != root) {
         int64_t rc = sc_p2p_send(c, root, tag, sbuf, n, 1, 0);
         return rc < 0 ? (int)rc : SC_OK;
@@ -977,7 +977,7 @@ static int gatherv(sc_comm_t *c, uint64_t call, int root, const char *sbuf, int6
             sh->side_n = 0;
             continue;
         }
-        int rc = left && !moved ? idle_for(sh, seen, first, 0, 1) : SC_OK;
+        int rc = left && !moved ? idle_for(sh, seen, first, 0, check) : SC_OK;
         if (rc) {
             sh->side_n = 0;
             return rc;
@@ -989,12 +989,12 @@ static int gatherv(sc_comm_t *c, uint64_t call, int root, const char *sbuf, int6
 }
 
 static int scatterv(sc_comm_t *c, uint64_t call, int root, const char *sbuf, const int64_t *row, char *rbuf, int64_t n,
-                    int64_t *out)
+                    int64_t *out, int check)
 {
-    int p = c->size, r = c->rank, left = p - 1, tag = coll_tag(COLL_SCATTERV, call);
+    int p = c->size, r = c->rank, left = p - 1, tag = coll_tag(SC_ROUTED_SCATTERV, call);
     if (r != root) {
         int64_t got[3] = { 0, 0, 0 };
-        int rc = recv_checked(c, root, tag, NULL, rbuf, n, 1, got, NULL, 1);
+        int rc = recv_checked(c, root, tag, NULL, rbuf, n, 1, got, NULL, check);
         if (rc == SC_ETRUNCATE || (!rc && got[2] != n)) return mismatch(out, root, got[2], n);
         return rc;
     }
@@ -1029,14 +1029,14 @@ static int scatterv(sc_comm_t *c, uint64_t call, int root, const char *sbuf, con
             own = 0;
             continue;
         }
-        int rc = left && !moved ? idle_for(mine(c), seen, first, 0, 1) : SC_OK;
+        int rc = left && !moved ? idle_for(mine(c), seen, first, 0, check) : SC_OK;
         if (rc) return rc;
     }
     if (own) memmove(rbuf, sbuf + sd[r], (size_t)n);
     return SC_OK;
 }
 
-/* A routed collective (kind: COLL_*): its arrival (a program of no step,
+/* A routed collective (kind: SC_ROUTED_*): its arrival (a program of no step,
  * of the call's signature), then its pieces, on the call's tag.  Owned by
  * this thread for its length as a schedule's call is (pyfast.c run): a
  * second thread's collective on the communicator meanwhile gets SC_EBUSY.
@@ -1050,19 +1050,32 @@ static int routed(sc_comm_t *c, int kind, const int64_t *arrival, int root, cons
     out[0] = -1;
     if (sc_own(c)) return SC_EBUSY;
     uint64_t prev[2] = { c->prev[0], c->prev[1] }, hist = c->hist;
-    int rc = sc_exec_owned(c, arrival, NULL, NULL);
     sc_comm_t *sh = mine(c);
+    /* the arrival runs on the communicator's context (it may wait: a rank
+     * past its records' ring, the check option): it lets the GIL go and
+     * polls signals as the thread's context does (arm), and takes the GIL
+     * back before the pieces go */
+    c->gil_ns = sh->gil_ns, c->hooks.release = sh->hooks.release, c->hooks.poll = sh->hooks.poll;
+    int rc = sc_exec_owned(c, arrival, NULL, NULL);
+    if (sh != c) {
+        if (c->hooks.saved) PyEval_RestoreThread(c->hooks.saved);
+        memset(&c->hooks, 0, sizeof c->hooks);
+    }
     if (rc && sh != c) {            /* the failure's fields, where resume() reads them */
         sh->err_rank = c->err_rank, sh->err_code = c->err_code, sh->err_when = c->err_when;
         sh->err_call = c->err_call, sh->err_a = c->err_a, sh->err_b = c->err_b;
     }
-    if (!rc) {
+    /* a thread past the shadows shares the communicator's context, whose
+     * record fields moved on with the arrival's end: its waits check nothing */
+    int check = sh != c;
+    if (!rc && check) {
         sh->call = c->call, sh->sig[0] = c->sig[0], sh->sig[1] = c->sig[1];
         sh->prev[0] = prev[0], sh->prev[1] = prev[1], sh->hist = hist;
-        rc = kind == COLL_ALLTOALLV ? alltoallv(c, c->call, sbuf, rbuf, row, out)
-           : kind == COLL_GATHERV ? gatherv(c, c->call, root, sbuf, n, rbuf, row, out)
-           : scatterv(c, c->call, root, sbuf, row, rbuf, n, out);
     }
+    if (!rc)
+        rc = kind == SC_ROUTED_ALLTOALLV ? alltoallv(c, c->call, sbuf, rbuf, row, out, check)
+           : kind == SC_ROUTED_GATHERV ? gatherv(c, c->call, root, sbuf, n, rbuf, row, out, check)
+           : scatterv(c, c->call, root, sbuf, row, rbuf, n, out, check);
     sc_disown(c);
     return rc;
 }
@@ -1315,53 +1328,31 @@ static PyObject *py_mrecv(PyObject *m, PyObject *const *a, Py_ssize_t n)
     return r;
 }
 
-/* alltoallv(ctx, arrival, send address, recv address, row) -> (rc, rank, bytes sent, bytes expected):
- * arrival the address of the call's arrival program (routed); row an int64 buffer (alltoallv); the
+/* routed(ctx, kind, arrival, root, send address, recv address, bytes, row) -> (rc, rank, bytes sent,
+ * bytes expected): a routed call of kind SC_ROUTED_* (Alltoallv, Gatherv, Scatterv) whose arrival program
+ * is at address arrival; bytes this rank's own piece (Gatherv, Scatterv); row an int64 buffer, 4 *
+ * size for alltoallv, 2 * size on a Gatherv/Scatterv root (gatherv, scatterv), None elsewhere; the
  * addresses those of buffers the caller holds, checked against row by Python */
-static PyObject *py_alltoallv(PyObject *m, PyObject *const *a, Py_ssize_t n)
-{
-    sc_comm_t *c;
-    Py_buffer row;
-    int64_t out[3] = { 0, 0, 0 };
-    if (!args("alltoallv", n, 5, a, &c) || !buffer(a[4], &row, 0)) return NULL;
-    const int64_t *prog = PyLong_AsVoidPtr(a[1]);
-    char *sbuf = PyLong_AsVoidPtr(a[2]), *rbuf = PyLong_AsVoidPtr(a[3]);
-    if (PyErr_Occurred() || row.len != 4 * c->size * (Py_ssize_t)sizeof(int64_t)) {
-        release(&row);
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "alltoallv: row must hold 4 * size int64");
-        return NULL;
-    }
-    sc_comm_t *sh = arm(c);
-    int rc = routed(c, COLL_ALLTOALLV, prog, 0, sbuf, rbuf, 0, row.buf, out);
-    resume(sh, rc);
-    release(&row);
-    if (rc == SC_EINTR && PyErr_Occurred()) return NULL;
-    return Py_BuildValue("(iLLL)", rc, (long long)out[0], (long long)out[1], (long long)out[2]);
-}
-
-/* rooted(ctx, arrival, scatter, root, send address, recv address, bytes, row) -> (rc, rank, bytes sent,
- * bytes expected): Gatherv (scatter 0) or Scatterv, arrival as alltoallv's; bytes this rank's own; row
- * the root's int64 buffer of 2 * size (gatherv, scatterv), None elsewhere; the addresses those of
- * buffers the caller holds, checked against row by Python */
-static PyObject *py_rooted(PyObject *m, PyObject *const *a, Py_ssize_t n)
+static PyObject *py_routed(PyObject *m, PyObject *const *a, Py_ssize_t n)
 {
     sc_comm_t *c;
     Py_buffer row = { 0 };
     int64_t out[3] = { 0, 0, 0 };
-    if (!args("rooted", n, 8, a, &c) || !buffer(a[7], &row, 0)) return NULL;
-    const int64_t *prog = PyLong_AsVoidPtr(a[1]);
-    int scatter = PyObject_IsTrue(a[2]), root = PyLong_AsLong(a[3]);
+    if (!args("routed", n, 8, a, &c) || !buffer(a[7], &row, 0)) return NULL;
+    int kind = PyLong_AsLong(a[1]), root = PyLong_AsLong(a[3]);
+    const int64_t *prog = PyLong_AsVoidPtr(a[2]);
     char *sbuf = PyLong_AsVoidPtr(a[4]), *rbuf = PyLong_AsVoidPtr(a[5]);
     int64_t bytes = PyLong_AsLongLong(a[6]);
-    if (!PyErr_Occurred() && (c->size > ROOTED_MAX || root < 0 || root >= c->size
-                              || (root == c->rank && row.len != 2 * c->size * (Py_ssize_t)sizeof(int64_t))))
-        PyErr_SetString(PyExc_ValueError, "rooted: a root in range, and on it a row of 2 * size int64");
+    int64_t want = kind == SC_ROUTED_ALLTOALLV ? 4 * c->size : root == c->rank ? 2 * c->size : 0;
+    if (!PyErr_Occurred() && (kind < 0 || kind >= SC_ROUTED_KINDS || c->size > ROOTED_MAX || root < 0
+                              || root >= c->size || (want && row.len != want * (Py_ssize_t)sizeof(int64_t))))
+        PyErr_SetString(PyExc_ValueError, "routed: a kind, a root in range, and the kind's row of int64");
     if (PyErr_Occurred()) {
         release(&row);
         return NULL;
     }
     sc_comm_t *sh = arm(c);
-    int rc = routed(c, scatter ? COLL_SCATTERV : COLL_GATHERV, prog, root, sbuf, rbuf, bytes, row.buf, out);
+    int rc = routed(c, kind, prog, root, sbuf, rbuf, bytes, row.buf, out);
     resume(sh, rc);
     release(&row);
     if (rc == SC_EINTR && PyErr_Occurred()) return NULL;
@@ -1519,7 +1510,7 @@ static PyObject *fast_alltoallv(PyObject *self, sc_comm_t *c, PyObject *const *a
         return decline(self, args, nargsf, kw);
     }
     sc_comm_t *sh = arm(c);
-    int rc = routed(c, COLL_ALLTOALLV, prog, 0, sb.buf, rb.buf, 0, row, out);
+    int rc = routed(c, SC_ROUTED_ALLTOALLV, prog, 0, sb.buf, rb.buf, 0, row, out);
     resume(sh, rc);
     release(&sb), release(&rb);
     if (rc == SC_EINTR && PyErr_Occurred()) return NULL;
@@ -1566,8 +1557,8 @@ static PyObject *fast_rooted(PyObject *self, sc_comm_t *c, int scatter, PyObject
         return decline(self, args, nargsf, kw);
     }
     sc_comm_t *sh = arm(c);
-    int rc = scatter ? routed(c, COLL_SCATTERV, prog, (int)root, vb.buf, ob.buf, ob.len, row, out)
-                     : routed(c, COLL_GATHERV, prog, (int)root, ob.buf, vb.buf, ob.len, row, out);
+    int rc = scatter ? routed(c, SC_ROUTED_SCATTERV, prog, (int)root, vb.buf, ob.buf, ob.len, row, out)
+                     : routed(c, SC_ROUTED_GATHERV, prog, (int)root, ob.buf, vb.buf, ob.len, row, out);
     resume(sh, rc);
     release(&ob), release(&vb);
     if (rc == SC_EINTR && PyErr_Occurred()) return NULL;
@@ -1721,8 +1712,7 @@ static PyObject *waitall(PyObject *self, PyObject *const *args, size_t nargsf, P
 #define FAST(name, f) {name, (PyCFunction)(void (*)(void))f, METH_FASTCALL, NULL}
 static PyMethodDef defs[] = {
     FAST("send", py_send), FAST("sent", py_sent), FAST("recv", py_recv), FAST("probe", py_probe),
-    FAST("mrecv", py_mrecv), FAST("bell", py_bell), FAST("idle", py_idle), FAST("alltoallv", py_alltoallv),
-    FAST("rooted", py_rooted),
+    FAST("mrecv", py_mrecv), FAST("bell", py_bell), FAST("idle", py_idle), FAST("routed", py_routed),
     {"entry", (PyCFunction)(void (*)(void))fast, METH_FASTCALL | METH_KEYWORDS, NULL},
     {"Waitall", (PyCFunction)(void (*)(void))waitall, METH_FASTCALL | METH_KEYWORDS, NULL}, {NULL, NULL, 0, NULL},
 };

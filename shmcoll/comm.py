@@ -494,8 +494,13 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
         and in the C cache, where the C entries find it."""
         cid = select.TABLE[op][0]
         key = isa.key(cid, isa.ROUTED_ALG, root, 0, 0, 0)
-        prog = self._dev.program(key, cid, isa.ROUTED_ALG,
-                                 lambda: Schedule(op, P2P_ROUTED[op], self.size, 0, root, []), 0, 0)
+        if lib.sc_own(self._c):         # another thread is in a call: its program stays (as _run)
+            self._fail(lib.SC_EBUSY, select.method(op))
+        try:
+            prog = self._dev.program(key, cid, isa.ROUTED_ALG,
+                                     lambda: Schedule(op, P2P_ROUTED[op], self.size, 0, root, []), 0, 0)
+        finally:
+            lib.sc_disown(self._c)
         return prog.ctypes.data
 
     def _rooted(self, what, root, own, given, name):
@@ -530,7 +535,8 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
                 apart(addr, nbytes, base, total)
         self._talking = True
         s, r = (base, addr) if scatter else (addr, base)
-        rc, who, sent, wanted = P2P["rooted"](self._ctx, self._arrival(what.lower(), root), scatter, root, s, r,
+        op = what.lower()
+        rc, who, sent, wanted = P2P["routed"](self._ctx, isa.ROUTED_KIND[op], self._arrival(op, root), root, s, r,
                                               nbytes, row)
         if rc:
             self._pieces_failed(what, rc, (rc, who, sent, wanted))
@@ -541,7 +547,8 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
         gathered first; a piece whose two ranks disagree on its size
         aborts the job from the rank that receives it."""
         self._talking = True
-        rc, who, sent, wanted = P2P["alltoallv"](self._ctx, self._arrival(op, 0), _addr(sptr), _addr(rptr), row)
+        rc, who, sent, wanted = P2P["routed"](self._ctx, isa.ROUTED_KIND[op], self._arrival(op, 0), 0, _addr(sptr),
+                                              _addr(rptr), 0, row)
         if rc:
             self._pieces_failed(select.method(op), rc, (rc, who, sent, wanted))
 
@@ -788,5 +795,5 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
         if other is not None:
             r, theirs, ours = other
             raise MismatchError(f"Free: the ranks made different numbers of calls: rank {r} left after {theirs}, "
-                                f"rank {self.rank} after {ours} (a root's calls wait on no one, so one's extra "
-                                f"calls reached no one)")
+                                f"rank {self.rank} after {ours} (calls that wait on no one, a root's or a "
+                                f"point-to-point Gatherv's, reached no one)")

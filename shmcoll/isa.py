@@ -96,6 +96,8 @@ SIG_ID = {f.name: i + 1 for i, f in enumerate(SIG)}
 SIG_FIELD = {f.name: f for f in SIG}
 TWIN_ALG = 0x80         # in the algorithm field: a twin (the automatic choice, single copy or staged)
 ROUTED_ALG = 0x40       # and the arrival of a call routed by point-to-point (csrc/p2p.c routed)
+#: What csrc/p2p.c routed() runs for each collective routed by point-to-point.
+ROUTED_KIND = {"alltoallv": 0, "alltoallw": 0, "gatherv": 1, "scatterv": 2}
 
 #: The fast entries' program cache key (csrc/pyfast.c builds it from the
 #: arguments, comm.py the same from the parsed ones).
@@ -107,7 +109,9 @@ KEY_INPLACE = -2        # send: IN_PLACE
 #: Constants with no field of their own.
 CONSTANTS = {"SC_INSN": INSN, "SC_HEAD": HEAD, "SC_OP_STREAMED": 1 << _STREAMED.lo, "SC_KEY": len(KEY),
              "SC_KEY_OP_SHIFT": KEY_OP_SHIFT, "SC_KEY_NONE": KEY_NONE, "SC_KEY_INPLACE": KEY_INPLACE,
-             "SC_ROUTED_ALG": ROUTED_ALG}
+             "SC_ROUTED_ALG": ROUTED_ALG, "SC_ROUTED_ALLTOALLV": ROUTED_KIND["alltoallv"],
+             "SC_ROUTED_GATHERV": ROUTED_KIND["gatherv"], "SC_ROUTED_SCATTERV": ROUTED_KIND["scatterv"],
+             "SC_ROUTED_KINDS": len(set(ROUTED_KIND.values()))}
 
 
 def _mask(f):

@@ -310,6 +310,76 @@ def test_a_left_over_piece_is_never_taken_for_a_later_call(case):
     assert "MismatchError" in got and set(got) <= {"MismatchError", "PeerAborted"}, got
 
 
+def _ahead_of_a_late_root(comm):
+    """Rank 1's thread makes Gathervs on one Dup as a non-root and runs
+    ahead of the root until its records' ring stops it in an arrival; its
+    main thread sends, once the first has returned, the message that rank
+    0 waits for on another Dup before it makes its Gathervs.  The arrival's wait must let the GIL
+    go, or the send never runs (a legal THREAD_MULTIPLE program)."""
+    import threading
+    a, b = comm.Dup(), comm.Dup()
+    ahead = threading.Event()
+    out = []
+
+    def gathers():
+        for i in range(20):
+            got = np.zeros(2) if comm.rank == 0 else None
+            a.Gatherv(np.full(1, 10.0 * i + comm.rank), [got, [1, 1]] if comm.rank == 0 else None, 0)
+            out.append(got is None or got.tolist() == [10.0 * i, 10.0 * i + 1])
+            ahead.set()
+    if comm.rank == 1:
+        t = threading.Thread(target=gathers)
+        t.start()
+        ahead.wait()
+        b.Send(np.ones(1), 0, 7)
+        t.join()
+    else:
+        b.Recv(np.zeros(1), 1, 7)
+        gathers()
+    a.Free()
+    b.Free()
+    return out
+
+
+def test_an_arrival_lets_the_gil_go():
+    assert run_ranks(_ahead_of_a_late_root, 2, timeout=60, options={"timeout": 30}) == [[True] * 20] * 2
+
+
+def _thread_per_call(comm, n):
+    """Rank 0 makes each Gatherv and Allreduce from a thread of its own that
+    stays alive: past the 64 thread contexts, threads share the
+    communicator's, whose record fields the arrival moves on."""
+    import threading
+    done, out = threading.Event(), []
+
+    def one(i, fin):
+        got = np.zeros(2) if comm.rank == 0 else None
+        comm.Gatherv(np.full(1, float(i + comm.rank)), [got, [1, 1]] if comm.rank == 0 else None, 0)
+        x = np.ones(2)
+        comm.Allreduce(shmcoll.IN_PLACE, x)
+        out.append((got is None or got.tolist() == [i, i + 1.0]) and x.tolist() == [2.0, 2.0])
+        fin.set()
+        done.wait()
+    threads = []
+    for i in range(n):
+        fin = threading.Event()
+        if comm.rank == 0:
+            threads.append(threading.Thread(target=one, args=(i, fin), daemon=True))
+            threads[-1].start()
+            fin.wait()
+        else:
+            comm.Gatherv(np.full(1, float(i + 1)), None, 0)
+            x = np.ones(2)
+            comm.Allreduce(shmcoll.IN_PLACE, x)
+            out.append(x.tolist() == [2.0, 2.0])
+    done.set()
+    return out
+
+
+def test_past_the_thread_contexts_no_call_is_lost_from_the_history():
+    assert run_ranks(_thread_per_call, 2, 70, timeout=120, options={"timeout": 30}) == [[True] * 70] * 2
+
+
 def _huge_displacement(comm, op):
     """A displacement whose byte offset wraps int64: Python's check names
     it; the C entries once wrote (or read) before the buffer."""
