@@ -127,6 +127,7 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
             self._probe_cma()
         else:                       # a communicator made from another: its verdict holds for any subset
             self._c.cma = cma
+        self._dev.started = int(self._c.call)       # Free counts the calls made after these (Device.deregister)
         self._nb_resolvers, self._nb_known = {}, {}
         self._spare()
         for op, (cid, _, name, roles, argnames) in select.TABLE.items():

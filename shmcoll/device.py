@@ -262,6 +262,7 @@ class Device:
     def __init__(self, plan, rank, segment):
         self.plan, self.rank, self.segment = plan, rank, segment
         self.c, self._keep = self._context(plan, rank)
+        self.started = (plan.params["call_base"] - 1) % (1 << 64)     # the call counter's start (Comm: after start-up)
         self._base = ffi.from_buffer(segment.mmap)
         self._programs = {}
         self._twins = {}            # program key -> (twin block, the staged program, the call's bytes)
@@ -456,11 +457,11 @@ class Device:
     def deregister(self, ok=True):
         """Leave; (rank, its calls, ours) of the lowest rank that left
         before with another number of calls, or None (ok: this rank's calls
-        all succeeded, so its count compares).  Calls count from the
-        call_base option."""
+        all succeeded, so its count compares).  Calls count from the first
+        after the communicator's own start-up calls (started)."""
         r = lib.sc_deregister(self.c, ok)
         lib.sc_peers_close(self.c)          # no more calls: the peers' arenas go
-        base = self.plan.params["call_base"] - 1        # a call counter starts one call before the first
+        base = self.started
         return None if r < 0 else (r, (lib.sc_calls_of(self.c, r) - base) % (1 << 64), (self.c.call - base) % (1 << 64))
 
     def close(self):

@@ -1161,25 +1161,29 @@ def test_calls_its_peers_never_made_fail_the_job(n, kind, extra):
         run_ranks(_extra_calls, n, kind, extra, timeout=T)
 
 
-def _extra_on_dup(comm, kind):
-    """On a Dup (no call of its own yet), rank 1 alone makes one call that
-    waits on no one: a Bcast root's, or the automatic Gatherv's (point-
-    to-point, a non-root's); then both leave."""
-    d = comm.Dup()
+def _extra_on_dup(comm, kind, dup):
+    """On a Dup (no call of its own yet) or the world (its start-up calls
+    not counted), rank 1 alone makes one call that waits on no one: a
+    Bcast root's, or the automatic Gatherv's (point-to-point, a
+    non-root's); then both leave."""
+    d = comm.Dup() if dup else comm
     if comm.rank == 1:
         if kind == "bcast":
             d.Bcast(np.zeros(4), root=1)
         else:
             d.Gatherv(np.zeros(1), None, root=0)
-    d.Free()
+    if dup:
+        d.Free()
 
 
+@pytest.mark.parametrize("dup", [True, False])
 @pytest.mark.parametrize("kind", ["bcast", "gatherv"])
-def test_free_counts_the_calls_each_rank_made(kind):
-    """The counts Free names are the calls made (a rank that made none
-    read 2^64 - 1), and a routed call (the automatic Gatherv) is one."""
+def test_free_counts_the_calls_each_rank_made(kind, dup):
+    """The counts Free names are the calls the program made (a rank that
+    made none read 2^64 - 1 on a Dup, 3 on the world), and a routed call
+    (the automatic Gatherv) is one."""
     with pytest.raises(shmcoll.MismatchError, match="rank [01] left after [01], rank [01] after [01] "):
-        run_ranks(_extra_on_dup, 2, kind, timeout=T)
+        run_ranks(_extra_on_dup, 2, kind, dup, timeout=T)
 
 
 def _same_calls(comm, delay_rank):
