@@ -880,6 +880,14 @@ int sc_p2p_sendrecv(sc_comm_t *c, int dest, int stag, const char *sbuf, int64_t 
     return sendrecv(c, dest, stag, sbuf, sn, src, rtag, rbuf, rcap, out, 0);
 }
 
+/* A failure's fields (Python's message reads them: device.failure), from
+ * one context of the communicator to another. */
+static void failure_to(sc_comm_t *to, const sc_comm_t *from)
+{
+    to->err_rank = from->err_rank, to->err_code = from->err_code, to->err_when = from->err_when;
+    to->err_call = from->err_call, to->err_a = from->err_a, to->err_b = from->err_b;
+}
+
 /* The collectives routed by point-to-point (Alltoallv/w, Gatherv,
  * Scatterv) are calls of the engine too: each first runs its arrival, a
  * program of no step (routed), which numbers the call and publishes its
@@ -894,6 +902,14 @@ static int coll_tag(int kind, uint64_t call)
     return -2 - (int)(kind + SC_ROUTED_KINDS * (call & ((1u << 28) - 1)));
 }
 
+/* A piece that arrived other than its receiver expects: out = the
+ * sender, the bytes it sent, the bytes expected. */
+static int mismatch(int64_t *out, int64_t who, int64_t sent, int64_t wanted)
+{
+    out[0] = who, out[1] = sent, out[2] = wanted;
+    return SC_EMISMATCH;
+}
+
 /* Alltoallv over point-to-point: row holds, in bytes, what this rank
  * sends each rank, where from, what it receives from each, where to.  At
  * step k it sends to rank + k and receives from rank - k together
@@ -905,19 +921,13 @@ static int alltoallv(sc_comm_t *c, uint64_t call, const char *sbuf, char *rbuf, 
 {
     int p = c->size, r = c->rank, tag = coll_tag(SC_ROUTED_ALLTOALLV, call);
     const int64_t *sn = row, *sd = row + p, *rn = row + 2 * p, *rd = row + 3 * p;
-    if (sn[r] != rn[r]) {
-        out[0] = r, out[1] = sn[r], out[2] = rn[r];
-        return SC_EMISMATCH;
-    }
+    if (sn[r] != rn[r]) return mismatch(out, r, sn[r], rn[r]);
     if (sn[r]) memmove(rbuf + rd[r], sbuf + sd[r], (size_t)sn[r]);
     for (int k = 1; k < p; k++) {
         int dest = (r + k) % p, src = (r - k + p) % p;
         int64_t got[3] = { 0, 0, 0 };
         int rc = sendrecv(c, dest, tag, sbuf + sd[dest], sn[dest], src, tag, rbuf + rd[src], rn[src], got, check);
-        if (rc == SC_ETRUNCATE || (!rc && got[2] != rn[src])) {
-            out[0] = src, out[1] = got[2], out[2] = rn[src];
-            return SC_EMISMATCH;
-        }
+        if (rc == SC_ETRUNCATE || (!rc && got[2] != rn[src])) return mismatch(out, src, got[2], rn[src]);
         if (rc) return rc;
     }
     return SC_OK;
@@ -932,11 +942,6 @@ static int alltoallv(sc_comm_t *c, uint64_t call, const char *sbuf, char *rbuf, 
  * there, whatever their order.  A piece that arrives other than its
  * receiver expects is SC_EMISMATCH, out as alltoallv's. */
 #define ROOTED_MAX 1024
-static int mismatch(int64_t *out, int64_t who, int64_t sent, int64_t wanted)
-{
-    out[0] = who, out[1] = sent, out[2] = wanted;
-    return SC_EMISMATCH;
-}
 
 static int gatherv(sc_comm_t *c, uint64_t call, int root, const char *sbuf, int64_t n, char *rbuf, const int64_t *row,
                    int64_t *out, int check)
@@ -1061,10 +1066,7 @@ static int routed(sc_comm_t *c, int kind, const int64_t *arrival, int root, cons
         if (c->hooks.saved) PyEval_RestoreThread(c->hooks.saved);
         memset(&c->hooks, 0, sizeof c->hooks);
     }
-    if (rc && sh != c) {            /* the failure's fields, where resume() reads them */
-        sh->err_rank = c->err_rank, sh->err_code = c->err_code, sh->err_when = c->err_when;
-        sh->err_call = c->err_call, sh->err_a = c->err_a, sh->err_b = c->err_b;
-    }
+    if (rc && sh != c) failure_to(sh, c);       /* where resume() reads them */
     /* a thread past the shadows shares the communicator's context, whose
      * record fields moved on with the arrival's end: its waits check nothing */
     int check = sh != c;
@@ -1169,11 +1171,8 @@ static void resume(sc_comm_t *sh, int64_t rc)
 {
     if (sh->hooks.saved) PyEval_RestoreThread(sh->hooks.saved);
     memset(&sh->hooks, 0, sizeof sh->hooks);
-    if (rc < 0 && rc != SC_EAGAIN && rc != SC_ETRUNCATE && sh->p2p && sh->p2p->main != sh) {
-        sc_comm_t *m = sh->p2p->main;
-        m->err_rank = sh->err_rank, m->err_code = sh->err_code, m->err_when = sh->err_when;
-        m->err_call = sh->err_call, m->err_a = sh->err_a, m->err_b = sh->err_b;
-    }
+    if (rc < 0 && rc != SC_EAGAIN && rc != SC_ETRUNCATE && sh->p2p && sh->p2p->main != sh)
+        failure_to(sh->p2p->main, sh);
 }
 
 /* rc back to Python: an int, or NULL if a signal handler raised. */
@@ -1387,8 +1386,9 @@ static PyObject *py_idle(PyObject *m, PyObject *const *a, Py_ssize_t n)
  * Isend and Irecv made = (the class of a send complete when made, that of
  * a receive matched when made, made(kind, buf, rank, tag, handle) for one
  * in flight), and for the routed collectives the collective's id, whose
- * arrival program they look up (arrival)).  A plain contiguous buffer, an exact int rank and tag in
- * range, no status or a Status, and nothing pending on the communicator:
+ * arrival program they look up (arrival)).  A plain contiguous buffer,
+ * an exact int rank and tag in range, no status or a Status, and nothing
+ * pending on the communicator:
  * one C call; anything else goes to the Python method, failures to the
  * handler (rc, (rc, source, tag, bytes)). */
 enum { FAST_SEND, FAST_RECV, FAST_SENDRECV, FAST_ALLTOALLV, FAST_ISEND, FAST_IRECV, FAST_GATHERV, FAST_SCATTERV };
@@ -1481,6 +1481,12 @@ static int apart_pieces(const int64_t *n, const int64_t *d, int p)
     return 1;
 }
 
+/* Two buffers that share no byte (an empty one shares none). */
+static int apart(const Py_buffer *a, const Py_buffer *b)
+{
+    return (char *)a->buf + a->len <= (char *)b->buf || (char *)b->buf + b->len <= (char *)a->buf || !a->len || !b->len;
+}
+
 /* Alltoallv(sendbuf, recvbuf) of v-specs of plain buffers, each piece
  * inside its buffer and the received ones apart (apart_pieces), the two
  * buffers apart, no algorithm named: one C call (alltoallv); anything
@@ -1501,9 +1507,7 @@ static PyObject *fast_alltoallv(PyObject *self, sc_comm_t *c, PyObject *const *a
             ok = inside(vs[i], vs[p + i], si, sb.len) && inside(vr[i], vr[p + i], ri, rb.len);
             row[i] = vs[i] * si, row[p + i] = vs[p + i] * si, row[2 * p + i] = vr[i] * ri, row[3 * p + i] = vr[p + i] * ri;
         }
-        ok = ok && apart_pieces(row + 2 * p, row + 3 * p, p)
-             && ((char *)sb.buf + sb.len <= (char *)rb.buf || (char *)rb.buf + rb.len <= (char *)sb.buf
-                 || !sb.len || !rb.len);
+        ok = ok && apart_pieces(row + 2 * p, row + 3 * p, p) && apart(&sb, &rb);
     }
     if (!ok) {
         release(&sb), release(&rb);
@@ -1522,10 +1526,10 @@ static PyObject *fast_alltoallv(PyObject *self, sc_comm_t *c, PyObject *const *a
 /* Gatherv(sendbuf, recvbuf, root) and Scatterv(sendbuf, recvbuf, root):
  * this rank's buffer plain, the root's a v-spec of plain data (read on the
  * root only) whose pieces lie inside it (Gatherv's apart: apart_pieces),
- * its own piece as long as its
- * count says and apart from it, no algorithm named: one C call (gatherv,
- * scatterv); anything else goes to the Python method (IN_PLACE
- * included), failures to the handler as alltoallv's. */
+ * its own piece as long as its count says and apart from it, no
+ * algorithm named: one C call (gatherv, scatterv); anything else goes to
+ * the Python method (IN_PLACE included), failures to the handler as
+ * alltoallv's. */
 static PyObject *fast_rooted(PyObject *self, sc_comm_t *c, int scatter, PyObject *const *args, size_t nargsf,
                              PyObject *kw)
 {
@@ -1547,9 +1551,7 @@ static PyObject *fast_rooted(PyObject *self, sc_comm_t *c, int scatter, PyObject
                 ok = inside(vec[i], vec[p + i], isz, vb.len);
                 row[i] = vec[i] * isz, row[p + i] = vec[p + i] * isz;
             }
-            ok = ok && row[root] == ob.len && (scatter || apart_pieces(row, row + p, p))
-                 && ((char *)ob.buf + ob.len <= (char *)vb.buf || (char *)vb.buf + vb.len <= (char *)ob.buf
-                     || !ob.len || !vb.len);
+            ok = ok && row[root] == ob.len && (scatter || apart_pieces(row, row + p, p)) && apart(&ob, &vb);
         }
     }
     if (!ok) {

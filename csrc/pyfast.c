@@ -384,6 +384,13 @@ static int ints(PyObject *seq, int n, int64_t *out)
     return 1;
 }
 
+/* vec's n displacements (after its n counts): packed, in rank order. */
+static void packed(int64_t *vec, int n)
+{
+    int64_t at = 0;
+    for (int i = 0; i < n; at += vec[i++]) vec[n + i] = at;
+}
+
 /* The first fields of numpy's PyArray_Descr, the same in numpy 1.x and
  * 2.x (ndarraytypes.h): the scalar type, kind, typecode and byte order. */
 typedef struct {
@@ -511,8 +518,7 @@ static PyObject *vspec(PyObject *v, int n, int64_t *vec, int *tix)
     if (displs) {
         if (!ints(displ, n, vec + n)) return NULL;
     } else {
-        int64_t at = 0;
-        for (int i = 0; i < n; at += vec[i++]) vec[n + i] = at;
+        packed(vec, n);
     }
     return it[0];
 }
@@ -706,7 +712,7 @@ static PyObject *entry(PyObject *self, PyObject *const *args, size_t nargsf, PyO
         }
         case 'c':       /* Reduce_scatter's recvcounts (the same on every rank), displacements packed */
             if (c->size > 1024 || !v || !ints(v, c->size, vec)) { ok = 0; break; }
-            for (int64_t at = 0, q = 0; q < c->size; at += vec[q++]) vec[c->size + q] = at;
+            packed(vec, c->size);
             key[SC_K_COUNTS] = sc_fingerprint(vec, c->size);
             break;
         case 'r':

@@ -99,12 +99,6 @@ def _addr(ptr):
     return 0 if ptr is None else buffers.address(ptr)
 
 
-#: What selected() names the automatic Alltoallv/w: pairs of Sendrecv by
-#: point-to-point in one C call (csrc/p2p.c alltoallv), not a schedule;
-#: and the automatic Gatherv/Scatterv: each piece between its rank and the root.
-P2P_ROUTED = select.ROUTED
-
-
 class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
     """A communicator: the collectives here, point-to-point (p2p.py,
     sendmodes.py), new communicators (comms.py), nonblocking and persistent collectives
@@ -236,11 +230,11 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
     def selected(self, op, nbytes, root=0, dtype=None):
         """The algorithm that algorithm=None uses for op at nbytes (a
         reduction's: of that dtype; twins: the single-copy program's;
-        Alltoallv/w, Gatherv, Scatterv: P2P_ROUTED's, by point-to-point): a str
+        Alltoallv/w, Gatherv, Scatterv: select.ROUTED's, by point-to-point): a str
         whose .source (option, tuning, model, rules) and .why say where
         the choice came from (select.Selected)."""
-        if op in P2P_ROUTED and not self._forced.get(op):
-            return select.Selected(P2P_ROUTED[op], "rules", f"the automatic {select.method(op)}: point-to-point")
+        if op in select.ROUTED and not self._forced.get(op):
+            return select.Selected(select.ROUTED[op], "rules", f"the automatic {select.method(op)}: point-to-point")
         return self._resolve(op, nbytes, root, None, dtype)[0]
 
     def schedule(self, op, nbytes=0, root=0, algorithm=None, dtype=None):
@@ -499,7 +493,7 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
             self._fail(lib.SC_EBUSY, select.method(op))
         try:
             prog = self._dev.program(key, cid, isa.ROUTED_ALG,
-                                     lambda: Schedule(op, P2P_ROUTED[op], self.size, 0, root, []), 0, 0)
+                                     lambda: Schedule(op, select.ROUTED[op], self.size, 0, root, []), 0, 0)
         finally:
             lib.sc_disown(self._c)
         return prog.ctypes.data
@@ -542,7 +536,7 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
         if rc:
             self._pieces_failed(what, rc, (rc, who, sent, wanted))
 
-    def _pieces_p2p(self, op, sptr, rptr, row):  # selected() names it P2P_ROUTED's
+    def _pieces_p2p(self, op, sptr, rptr, row):
         """The automatic Alltoallv/w: one C call that exchanges each pair's
         pieces by point-to-point (csrc/p2p.c alltoallv), with no table
         gathered first; a piece whose two ranks disagree on its size
@@ -554,7 +548,8 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
             self._pieces_failed(select.method(op), rc, (rc, who, sent, wanted))
 
     def _pieces_failed(self, what, rc, got):
-        """The p2p Alltoallv's failure (also its C entry's): raise, the job aborted."""
+        """A routed call's failure (Alltoallv/w, Gatherv, Scatterv; also their
+        C entries'): raise, the job aborted."""
         self._usable()
         self._talking = True
         if rc == lib.SC_EMISMATCH and got[1] >= 0:     # a piece's size (else the records differ: _fail)

@@ -118,10 +118,10 @@ class PointToPoint:
         """Send, Recv, Sendrecv, Alltoallv, Gatherv, Scatterv (point-to-point underneath), Isend and Irecv of this
         instance: C entries for plain buffers (csrc/p2p.c fast()), the methods for anything else."""
         for kind, (name, names) in enumerate(_ENTRIES):
-            if name in ("Alltoallv", "Gatherv", "Scatterv") and self._forced.get(name.lower()):
+            routed = select.collective(name) in select.ROUTED
+            if routed and self._forced.get(name.lower()):
                 continue                # an algorithm forced by options: the method runs its schedule
-            failed = self._pieces_failed if name in ("Alltoallv", "Gatherv", "Scatterv") else self._p2p_failed
-            routed = name in ("Alltoallv", "Gatherv", "Scatterv")
+            failed = self._pieces_failed if routed else self._p2p_failed
             state = (self._dev.addr, getattr(type(self), name).__get__(self),
                      functools.partial(failed, name), tuple(sys.intern(n) for n in names), Status,
                      _STATUS_FIELDS, kind, (request.Complete, _Received, self._made),
