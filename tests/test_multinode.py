@@ -110,6 +110,29 @@ def test_user_messages_never_match_the_legs(env):
 
 
 @pytest.mark.parametrize("env", envs())
+@pytest.mark.parametrize("nodes,split,undefined,dup_of_split", [
+    ("2,2", [[1, 1]] * 4, [None, [1, 2], [1, 2], [1, 2]], [[2, 1], [2, 1], [2, 1], [1]]),
+    ("3,1", [[2], [1, 1], [2], [1, 1]], [None, [2, 1], [2, 1], [2, 1]], [[3], [3], [3], [1]])])
+def test_communicators_made_from_the_face_world_are_hierarchical(env, nodes, split, undefined, dup_of_split):
+    """Under `from shmcoll import MPI`, COMM_WORLD's Dup, Clone, Split,
+    Split_type, Create and Create_group (and a Dup of a Split) are
+    hierarchical over the nodes their ranks are on, give MPI's results,
+    and Free as MPI's do (they were MPI's own, every collective flat)."""
+    rc, out, _ = mpiexec(env, 4, "hier_comms.py", nodes=nodes, extra={"SHMCOLL_FLAT_BELOW": "0"}, timeout=180)
+    assert rc == 0, out[-3000:]
+    line = [x for x in out.splitlines() if x.startswith("ok ")]
+    assert line, out[-3000:]
+    seen = eval(line[0][3:])
+    whole = [int(x) for x in nodes.split(",")]
+    for rank, got in enumerate(seen):
+        assert got["Dup"] == got["Clone"] == got["Split_type"] == whole, got
+        assert (got["Split"], got["Split_undefined"], got["Dup_of_Split"]) == \
+            (split[rank], undefined[rank], dup_of_split[rank]), (rank, got)
+        assert got["Create"] == (split[rank] if rank % 2 == 0 else None), (rank, got)
+        assert got.get("Create_group") == (split[rank] if rank % 2 == 0 else None), (rank, got)
+
+
+@pytest.mark.parametrize("env", envs())
 def test_what_mpi_refuses_is_refused_on_every_rank(env):
     """A dtype the MPI legs cannot carry (a struct, void or unicode array),
     a root that names no rank, an op the dtype has not, send and receive

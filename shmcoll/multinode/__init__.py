@@ -30,8 +30,17 @@ def from_mpi(comm=None, *, options=None, abort_on_error=True, flat_below=None, n
     comm = MPI.COMM_WORLD if comm is None else comm
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
         raise TypeError(f"shmcoll.from_mpi(): an mpi4py intracommunicator, not {comm!r}")
-    node_mpi, crowded, one_machine = node_split(comm)
-    own = comm.Dup()                # MPI's own calls, and the user's through this communicator
+    hier = build(comm.Dup(), options, flat, network)     # MPI's own calls, and the user's, on the duplicate
+    if abort_on_error and hier.size > 1:
+        _abort_on_error(hier)
+    return hier
+
+
+def build(own, options, flat, network):
+    """The hierarchical communicator over own, an MPI communicator it then
+    owns (frees with itself); collective over own."""
+    MPI = mpi()
+    node_mpi, crowded, one_machine = node_split(own)
     p2p = own.Dup()                 # the legs' point-to-point: never matched by the user's messages
     local = node_mpi.Get_rank()
     leaders = own.Split(0 if local == 0 else MPI.UNDEFINED, own.Get_rank())
@@ -39,11 +48,8 @@ def from_mpi(comm=None, *, options=None, abort_on_error=True, flat_below=None, n
     index = node_mpi.bcast(leaders.Get_rank() if local == 0 else None, root=0)
     where = np.array(own.allgather((index, local)), np.int64).reshape(-1, 2)
     node = node_comm(node_mpi, options, crowded)
-    hier = Hier(own, node_mpi, leaders if local == 0 else None, up, node, where[:, 0], where[:, 1], flat, p2p,
-                not one_machine if network is None else bool(network))
-    if abort_on_error and hier.size > 1:
-        _abort_on_error(hier)
-    return hier
+    return Hier(own, node_mpi, leaders if local == 0 else None, up, node, where[:, 0], where[:, 1], flat, p2p,
+                not one_machine if network is None else bool(network), options)
 
 
 def _abort_on_error(hier):

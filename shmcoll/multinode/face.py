@@ -4,7 +4,8 @@ communicator.  Between nodes the program needs the MPI library anyway, so
 it gets mpi4py's whole surface (datatypes, ops, requests, statuses: one
 set of objects, nothing translated), and COMM_WORLD's blocking
 collectives run as shmcoll legs within each node and MPI legs between
-them; its other calls are MPI's on a duplicate of MPI's COMM_WORLD."""
+them, as do those of the communicators made from it; their other calls
+are MPI's on a duplicate of MPI's communicator."""
 import os
 import types
 
@@ -48,18 +49,56 @@ def module(name):
         raise ImportError(f"shmcoll.MPI: this job's ranks are on several nodes, and between nodes shmcoll runs "
                           f"through the job's MPI library: install mpi4py built against it (pip install mpi4py; "
                           f"docs/multinode.md) ({e})") from None
-    from . import from_mpi
-    hier = from_mpi(MPI.COMM_WORLD)
+    from . import Hier, from_mpi
 
     class Intracomm(MPI.Intracomm):
-        """MPI's COMM_WORLD, its blocking collectives hierarchical (bound
-        on the instance: what Dup or Split make of it, mpi4py makes of
-        this class, and those are MPI's own)."""
+        """An MPI communicator whose blocking collectives are its
+        hierarchical communicator's (bound on the instance), as are the
+        communicators made from it."""
 
-    world = Intracomm(hier.mpi)
-    world.hier = hier
-    for call in COLLECTIVES:
-        setattr(world, call, getattr(hier, call))
+        def Dup(self, info=None):
+            return face(self.hier.Dup(info))
+
+        def Dup_with_info(self, info):
+            return face(self.hier.Dup_with_info(info))
+
+        def Clone(self):
+            return face(self.hier.Clone())
+
+        def Split(self, color=0, key=0):
+            return face(self.hier.Split(color, key))
+
+        def Split_type(self, split_type, key=0, info=MPI.INFO_NULL):
+            return face(self.hier.Split_type(split_type, key, info))
+
+        def Create(self, group):
+            return face(self.hier.Create(group))
+
+        def Create_group(self, group, tag=0):
+            return face(self.hier.Create_group(group, tag))
+
+        def Free(self):
+            """MPI's Free (COMM_WORLD's refused, as MPI refuses it), then the
+            hierarchical communicator's, and the collectives are MPI's
+            again: on COMM_NULL they raise MPI's error."""
+            hier = self.__dict__.get("hier")
+            if self is world or hier is None or hier.freed:
+                return (MPI.COMM_WORLD if self is world else super()).Free()
+            hier.Free(keep=True)        # the handle this object shares is freed next, through it
+            super().Free()
+            for call in COLLECTIVES:
+                self.__dict__.pop(call, None)
+
+    def face(hier):
+        if not isinstance(hier, Hier):
+            return hier                 # COMM_NULL
+        comm = Intracomm(hier.mpi)
+        comm.hier = hier
+        for call in COLLECTIVES:
+            setattr(comm, call, getattr(hier, call))
+        return comm
+
+    world = face(from_mpi(MPI.COMM_WORLD))
     m = _Module(name, __doc__)
     m._mpi, m.COMM_WORLD = MPI, world
     m.__all__ = [n for n in dir(MPI) if not n.startswith("_")]

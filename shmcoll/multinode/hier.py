@@ -12,9 +12,10 @@ ranks, then MPI among the leaders), so a result is the same from run to
 run.  Nodes must hold consecutive ranks of the communicator for the
 layouts that assume it (the usual block placement); otherwise, and for
 what the legs cannot express (derived datatypes, user-defined ops), the
-call is MPI's own on the whole communicator.  Everything else
-(point-to-point, communicator calls, object collectives) is the MPI
-communicator's."""
+call is MPI's own on the whole communicator.  Communicators made from
+this one (Dup, Split, ...) are hierarchical too; everything else
+(point-to-point, the other communicator calls, object collectives) is the
+MPI communicator's."""
 import functools
 import os
 import sys
@@ -101,8 +102,9 @@ class Hier:
     run hierarchically.  node: this node's shmcoll communicator; leaders:
     MPI among each node's local rank 0 (None on the others)."""
 
-    def __init__(self, mpi_comm, node_mpi, leaders, up, node, node_of, local_of, flat_below, p2p, network=True):
-        self.up, self.network = up, network
+    def __init__(self, mpi_comm, node_mpi, leaders, up, node, node_of, local_of, flat_below, p2p, network=True,
+                 options=None):
+        self.up, self.network, self.options, self._table = up, network, options, flat_below
         self._below = {k: float("inf") if v is None else v for k, v in flat_below.items()}
         self._ip, self._sum = mpi().IN_PLACE, mpi().SUM       # looked up once: the checks below are per call
         self.p2p = p2p          # a duplicate of mpi_comm: the user's Send/Recv on this one (mpi_comm's) never match it
@@ -633,14 +635,47 @@ class Hier:
             else:
                 self.node.Scatterv(None, r, root=0)
 
-    def Free(self):
+    # -- communicators made from this one are hierarchical too: MPI's call
+    # makes the MPI communicator (collective over this one, as MPI's), and
+    # the new one is built over it (collective over its ranks)
+
+    def _derived(self, comm):
+        if comm == mpi().COMM_NULL:
+            return comm
+        from . import build
+        return build(comm, self.options, self._table, self.network)
+
+    def Dup(self, info=None):
+        return self._derived(self.mpi.Dup(info))
+
+    def Dup_with_info(self, info):
+        return self._derived(self.mpi.Dup_with_info(info))
+
+    def Clone(self):
+        return self._derived(self.mpi.Clone())
+
+    def Split(self, color=0, key=0):
+        return self._derived(self.mpi.Split(color, key))
+
+    def Split_type(self, split_type, key=0, info=None):
+        return self._derived(self.mpi.Split_type(split_type, key, mpi().INFO_NULL if info is None else info))
+
+    def Create(self, group):
+        return self._derived(self.mpi.Create(group))
+
+    def Create_group(self, group, tag=0):
+        return self._derived(self.mpi.Create_group(group, tag))
+
+    def Free(self, keep=False):
         """Free the node's communicator and the MPI communicators made for
-        this one (collective)."""
+        this one (collective); keep: not self.mpi, whose handle a face's
+        communicator shares and frees itself (then self.mpi is COMM_NULL)."""
         flatc.uninstall(self)
         self.freed = True
         self.node.Free()
-        for c in (self.leaders, self.up, self.node_mpi, self.p2p, self.mpi):
+        for c in (self.leaders, self.up, self.node_mpi, self.p2p, None if keep else self.mpi):
             if c is not None:
                 c.Free()
         self.leaders = None
-
+        if keep:
+            self.mpi = mpi().COMM_NULL
