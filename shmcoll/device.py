@@ -319,9 +319,13 @@ class Device:
     def made(cls, plan, name=None):
         """A communicator made after the ranks exist: its rank 0 creates the
         segment (as create) and this is rank 0's view of it."""
-        creator = cls.create(plan, name)
-        ffi.release(creator._base)
-        return cls(plan, 0, creator.segment)
+        return cls.create(plan, name).as_rank(0)
+
+    def as_rank(self, rank):
+        """The creator's mapping as rank `rank`'s view, the creator's own
+        view released (it makes no call), so that the view's close unmaps."""
+        ffi.release(self._base)
+        return Device(self.plan, rank, self.segment)
 
     @staticmethod
     def _placement(plan, c):

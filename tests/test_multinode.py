@@ -133,6 +133,12 @@ def test_communicators_made_from_the_face_world_are_hierarchical(env, nodes, spl
 
 
 @pytest.mark.parametrize("env", envs())
+def test_a_node_that_cannot_make_its_memory_fails_the_dup_everywhere(env):
+    rc, out, _ = mpiexec(env, 4, "hier_dupfail.py", nodes="2,2", timeout=90)
+    assert rc == 0 and "ok" in out.split(), out[-3000:]
+
+
+@pytest.mark.parametrize("env", envs())
 def test_what_mpi_refuses_is_refused_on_every_rank(env):
     """A dtype the MPI legs cannot carry (a struct, void or unicode array),
     a root that names no rank, an op the dtype has not, send and receive
@@ -195,7 +201,8 @@ def test_kill_ends_the_job(env, victim, tmp_path):
 def test_a_node_peer_death_is_named_when_mpiexec_waits(env, tmp_path):
     """Under MPICH's -disable-auto-cleanup the launcher leaves the others
     running: shmcoll sees the death in a node leg, names the rank (in the
-    world's numbering) and aborts the MPI job."""
+    communicator's numbering, and the world's where they differ: a Split
+    of the hierarchical world) and aborts the MPI job."""
     if LIBS[env] != "MPICH":
         pytest.skip("MPICH's Hydra flag")
     # a non-leader in Barrier: only its node's leader waits on it, in a node
@@ -204,13 +211,14 @@ def test_a_node_peer_death_is_named_when_mpiexec_waits(env, tmp_path):
     # reports only the killed rank, or fails itself: "control_cb ... assert
     # (!closed) failed"; every time with other work on the CPUs, now and
     # then without): the run is tried up to 3 times for the line
-    for _ in range(3):
-        rc, out, took = mpiexec(env, 4, "hier_victim.py", "barrier", 1, 50, tmp_path / "note", nodes="2,2",
-                                timeout=60, flags=["-disable-auto-cleanup"])
-        assert rc != 0 and took < 30, out[-3000:]
-        if "shmcoll: rank" in out:
-            break
-    assert "shmcoll: rank 1 failed: PeerDied" in out, out[-3000:]
+    for order, victim, named in (("", 1, "rank 1 failed"), ("reversed", 0, "rank 3 (COMM_WORLD rank 0) failed")):
+        for _ in range(3):
+            rc, out, took = mpiexec(env, 4, "hier_victim.py", "barrier", victim, 50, tmp_path / "note", order,
+                                    nodes="2,2", timeout=60, flags=["-disable-auto-cleanup"])
+            assert rc != 0 and took < 30, out[-3000:]
+            if "shmcoll: rank" in out:
+                break
+        assert f"shmcoll: {named}: PeerDied" in out, out[-3000:]
 
 
 @pytest.mark.parametrize("env", envs())

@@ -7,7 +7,7 @@ import traceback
 import numpy as np
 
 from .hier import Hier, flat_table
-from .layout import node_comm, node_split, virtual_nodes
+from .layout import close_node, node_comm, node_split, virtual_nodes
 from .specs import mpi
 
 __all__ = ["Hier", "from_mpi", "virtual_nodes"]
@@ -38,16 +38,32 @@ def from_mpi(comm=None, *, options=None, abort_on_error=True, flat_below=None, n
 
 def build(own, options, flat, network):
     """The hierarchical communicator over own, an MPI communicator it then
-    owns (frees with itself); collective over own."""
+    owns (frees with itself); collective over own.  Where a node cannot
+    set up its shared memory, every rank of own raises (and what was made
+    is freed, own too)."""
     MPI = mpi()
     node_mpi, crowded, one_machine = node_split(own)
-    p2p = own.Dup()                 # the legs' point-to-point: never matched by the user's messages
+    p2p = own.Split(0, own.Get_rank())          # the legs' point-to-point (a Dup would copy the user's attributes)
     local = node_mpi.Get_rank()
     leaders = own.Split(0 if local == 0 else MPI.UNDEFINED, own.Get_rank())
     up = own.Split(local, own.Get_rank())       # each node's local rank l, over the nodes: HAN's "up" level
     index = node_mpi.bcast(leaders.Get_rank() if local == 0 else None, root=0)
     where = np.array(own.allgather((index, local)), np.int64).reshape(-1, 2)
-    node = node_comm(node_mpi, options, crowded)
+    node = err = None
+    try:
+        node = node_comm(node_mpi, options, crowded)
+    except (OSError, RuntimeError, ValueError) as e:
+        err = f"{type(e).__name__}: {e}"
+    failed = [(r, m) for r, m in enumerate(own.allgather(err)) if m]
+    if failed:
+        if node is not None:
+            node.Free()
+            close_node(node)
+        for c in (leaders, up, node_mpi, p2p, own):
+            if c != MPI.COMM_NULL:
+                c.Free()
+        raise RuntimeError(f"shmcoll: no hierarchical communicator: on rank {failed[0][0]} of its "
+                           f"{len(where)}, {failed[0][1]}")
     return Hier(own, node_mpi, leaders if local == 0 else None, up, node, where[:, 0], where[:, 1], flat, p2p,
                 not one_machine if network is None else bool(network), options)
 

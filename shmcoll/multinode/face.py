@@ -5,7 +5,7 @@ it gets mpi4py's whole surface (datatypes, ops, requests, statuses: one
 set of objects, nothing translated), and COMM_WORLD's blocking
 collectives run as shmcoll legs within each node and MPI legs between
 them, as do those of the communicators made from it; their other calls
-are MPI's on a duplicate of MPI's communicator."""
+are MPI's."""
 import os
 import types
 
@@ -54,51 +54,74 @@ def module(name):
     class Intracomm(MPI.Intracomm):
         """An MPI communicator whose blocking collectives are its
         hierarchical communicator's (bound on the instance), as are the
-        communicators made from it."""
+        communicators made from it.  One made otherwise (Idup's, which
+        mpi4py makes of this class) is MPI's own, and so are those made
+        from it."""
+
+        def _made(self, call, *args):
+            hier = self.__dict__.get("hier")
+            if hier is None:
+                return getattr(MPI.Intracomm, call)(self, *args)
+            return face(getattr(hier, call)(*args))
 
         def Dup(self, info=None):
-            return face(self.hier.Dup(info))
+            return self._made("Dup", info)
 
         def Dup_with_info(self, info):
-            return face(self.hier.Dup_with_info(info))
+            return self._made("Dup_with_info", info)
 
         def Clone(self):
-            return face(self.hier.Clone())
+            return self._made("Clone")
 
         def Split(self, color=0, key=0):
-            return face(self.hier.Split(color, key))
+            return self._made("Split", color, key)
 
         def Split_type(self, split_type, key=0, info=MPI.INFO_NULL):
-            return face(self.hier.Split_type(split_type, key, info))
+            return self._made("Split_type", split_type, key, info)
 
         def Create(self, group):
-            return face(self.hier.Create(group))
+            return self._made("Create", group)
 
         def Create_group(self, group, tag=0):
-            return face(self.hier.Create_group(group, tag))
+            return self._made("Create_group", group, tag)
 
         def Free(self):
             """MPI's Free (COMM_WORLD's refused, as MPI refuses it), then the
             hierarchical communicator's, and the collectives are MPI's
             again: on COMM_NULL they raise MPI's error."""
+            self._release(MPI.Intracomm.Free)
+
+        def Disconnect(self):
+            self._release(MPI.Intracomm.Disconnect)
+
+        def __reduce__(self):
+            """COMM_WORLD pickles as this module's (mpi4py pickles only the predefined communicators)."""
+            return "COMM_WORLD" if self == MPI.COMM_WORLD else MPI.Intracomm.__reduce__(self)
+
+        def _release(self, free):
             hier = self.__dict__.get("hier")
-            if self is world or hier is None or hier.freed:
-                return (MPI.COMM_WORLD if self is world else super()).Free()
+            if hier is None or hier.freed or self == MPI.COMM_WORLD:
+                return free(self)
             hier.Free(keep=True)        # the handle this object shares is freed next, through it
-            super().Free()
+            free(self)
             for call in COLLECTIVES:
                 self.__dict__.pop(call, None)
 
-    def face(hier):
+    Intracomm.__module__ = name
+
+    def face(hier, handle=None):
+        """hier's face: an Intracomm of its MPI communicator's handle (or
+        handle's, COMM_WORLD's own: its name, ==, pickling and refusals
+        are MPI's), its collectives hier's."""
         if not isinstance(hier, Hier):
             return hier                 # COMM_NULL
-        comm = Intracomm(hier.mpi)
+        comm = Intracomm(hier.mpi if handle is None else handle)
         comm.hier = hier
         for call in COLLECTIVES:
             setattr(comm, call, getattr(hier, call))
         return comm
 
-    world = face(from_mpi(MPI.COMM_WORLD))
+    world = face(from_mpi(MPI.COMM_WORLD), MPI.COMM_WORLD)
     m = _Module(name, __doc__)
     m._mpi, m.COMM_WORLD = MPI, world
     m.__all__ = [n for n in dir(MPI) if not n.startswith("_")]

@@ -25,6 +25,7 @@ import numpy as np
 from ..buffers import IN_PLACE as SHM_IN_PLACE
 from ..errors import PeerFailure
 from . import flatc
+from .layout import close_node
 from .specs import Fallback, displacements, in_place, mpi, offsets, op_pair, packed, reducible, simple, unpack, vector
 
 TAG = 7                 # point-to-point legs run on a communicator of their own (p2p): any tag serves
@@ -145,8 +146,12 @@ class Hier:
         """A node peer failed: name it by its rank in this communicator
         (the reason's ranks are the node's local ones), end the job."""
         who = int(self.nodes[self.me][exc.rank]) if 0 <= exc.rank < self.counts[self.me] else exc.rank
-        print(f"shmcoll: rank {who} failed: {type(exc).__name__}: {exc} (local ranks of node {self.me}, seen by "
-              f"rank {self.rank}); aborting the MPI job", file=sys.stderr, flush=True)
+        MPI, named = mpi(), ["", ""]
+        if MPI.Comm.Compare(self.mpi, MPI.COMM_WORLD) != MPI.CONGRUENT:       # a Split's, say: the world's too
+            world = MPI.Group.Translate_ranks(self.mpi.Get_group(), [who, self.rank], MPI.COMM_WORLD.Get_group())
+            named = [f" (COMM_WORLD rank {w})" for w in world]
+        print(f"shmcoll: rank {who}{named[0]} failed: {type(exc).__name__}: {exc} (local ranks of node {self.me}, "
+              f"seen by rank {self.rank}{named[1]}); aborting the MPI job", file=sys.stderr, flush=True)
         self.mpi.Abort(1)
 
     def _flat(self, op, nbytes):
@@ -672,10 +677,18 @@ class Hier:
         communicator shares and frees itself (then self.mpi is COMM_NULL)."""
         flatc.uninstall(self)
         self.freed = True
-        self.node.Free()
+        try:
+            self.node.Free()
+        finally:
+            close_node(self.node)
         for c in (self.leaders, self.up, self.node_mpi, self.p2p, None if keep else self.mpi):
             if c is not None:
                 c.Free()
         self.leaders = None
         if keep:
             self.mpi = mpi().COMM_NULL
+
+    def Disconnect(self):
+        """MPI's Disconnect of an intracommunicator: its Free (pending calls
+        are all blocking here)."""
+        self.Free()

@@ -11,6 +11,7 @@ import os
 
 import numpy as np
 
+from .. import segment
 from ..comm import Comm
 from ..device import Device
 from ..segment import Segment
@@ -71,7 +72,7 @@ def node_comm(node_mpi, options=None, crowded=False):
     if node_mpi.Get_rank() == 0:
         try:
             job = Job(node_mpi.Get_size(), bind="none", options=options)
-            dev = job.device.for_rank(0)
+            dev = job.device.as_rank(0)
             dev.job = job                   # the segment's fd lives as long as the communicator
             record = (os.getpid(), job.device.segment.fd, job.plan)
         except (OSError, ValueError, RuntimeError) as e:
@@ -87,6 +88,18 @@ def node_comm(node_mpi, options=None, crowded=False):
     failed = node_mpi.allgather(None if err is None else f"{type(err).__name__}: {err}")
     bad = [(r, m) for r, m in enumerate(failed) if m]
     if bad:
-        raise RuntimeError(f"shmcoll.from_mpi(): node-local rank {bad[0][0]} could not set up the node's shared "
-                           f"memory: {bad[0][1]}")
+        if dev is not None:
+            dev.close()
+        raise RuntimeError(f"node-local rank {bad[0][0]} could not set up the node's shared memory: {bad[0][1]}")
     return Comm(dev)
+
+
+def close_node(comm):
+    """Unmap a freed node communicator's segment: node_comm's is a world,
+    whose Free leaves it mapped (a launcher's world is the rank's own
+    until it exits), and a hierarchical communicator's Free must not."""
+    dev = comm._dev
+    dev.close()
+    job = getattr(dev, "job", None)
+    if job is not None:             # names its ranks' communicators may have left (a rank killed mid-Dup)
+        segment.sweep(job.plan.job)

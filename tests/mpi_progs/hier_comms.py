@@ -3,9 +3,14 @@ every size): under `from shmcoll import MPI`, the communicators made from
 COMM_WORLD (Dup, Clone, Split, Split_type, Create, Create_group, and a Dup
 of a Split) are hierarchical, their collectives give what MPI's own give
 on the same group, their point-to-point is MPI's, Free makes them
-COMM_NULL and their collectives then raise MPI's error, and COMM_WORLD's
-Free is refused as MPI refuses it.  Rank 0 prints "ok" and, per
-communicator made, the node sizes of each rank's."""
+COMM_NULL and their collectives then raise MPI's error (Disconnect too),
+a Dup and Free in a loop leaves no descriptor or mapping behind, a
+communicator from Idup (MPI's own) still Dups, and COMM_WORLD is MPI's
+own handle (its name, ==, pickling; Free refused).  Rank 0
+prints "ok" and, per communicator made, the node sizes of each rank's."""
+import os
+import pickle
+
 import numpy as np
 from mpi4py import MPI as plain
 
@@ -70,7 +75,7 @@ def check(name, c, ref):
     c.Sendrecv(np.full(2, float(r)), right, 5, got, left, 5)
     assert list(got) == [left, left], (name, "Sendrecv", got)
     counts = [int(x) for x in c.hier.counts]
-    c.Free()
+    (c.Disconnect if name == "Clone" else c.Free)()
     assert c == MPI.COMM_NULL and c.hier.freed, name
     try:
         c.Bcast(np.zeros(1), root=0)
@@ -82,6 +87,13 @@ def check(name, c, ref):
     return counts
 
 
+def held():
+    """This process's descriptors, and its mappings of shared memory (the
+    heap's anonymous ones may grow)."""
+    with open("/proc/self/maps") as f:
+        return len(os.listdir("/proc/self/fd")), sum("/dev/shm" in line or "/memfd:" in line for line in f)
+
+
 seen = {}
 for name, c, ref in made():
     seen[name] = check(name, c, ref)
@@ -91,6 +103,22 @@ except plain.Exception:
     pass
 else:
     raise AssertionError("COMM_WORLD.Free() did not raise")
+assert world == plain.COMM_WORLD and world.Get_name() == "MPI_COMM_WORLD", world.Get_name()
+assert pickle.loads(pickle.dumps(world)) is world
+c = world.Dup()
+c.Free()
+before = held()
+for _ in range(10):
+    c = world.Split(me % 2)
+    c.Barrier()
+    c.Free()
+assert held() == before, (before, held())
+c, req = world.Idup()
+req.Wait()
+d = c.Dup()
+assert not hasattr(d, "hier") and d.Get_size() == p, d
+d.Free()
+c.Free()
 b = np.full(4, float(me))
 world.Bcast(b, root=p - 1)
 assert list(b) == [p - 1] * 4, b

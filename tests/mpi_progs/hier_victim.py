@@ -1,6 +1,8 @@
 """Run under mpiexec: a hierarchical collective (argv[1]) in a loop of
 1 MiB calls; rank argv[2] kills itself (SIGKILL) at call argv[3], having
-written the time and its pid to argv[4].  The job must end."""
+written the time and its pid to argv[4].  The job must end.  argv[5]
+"reversed": the communicator is a Split of the hierarchical world in
+reverse rank order (argv[2] is then a rank of COMM_WORLD)."""
 import os
 import signal
 import sys
@@ -13,6 +15,9 @@ import shmcoll
 
 h = shmcoll.from_mpi(MPI.COMM_WORLD, flat_below=0)
 op, victim, at, note = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+if sys.argv[5:] == ["reversed"]:
+    victim = h.Get_size() - 1 - victim
+    h = h.Split(0, -h.Get_rank())
 p, k = h.Get_size(), 1 << 14
 x, y = np.ones(k * p), np.empty(k * p)
 calls = {"bcast": lambda: h.Bcast(x[:k], root=p - 1), "allreduce": lambda: h.Allreduce(x[:k], y[:k]),
