@@ -79,6 +79,19 @@ def test_collectives_match_mpi(env, nodes, n):
 
 
 @pytest.mark.parametrize("env", envs())
+@pytest.mark.parametrize("nodes,n", [("2,2", 4), ("1,2", 3)])
+def test_large_calls_in_pieces_match_mpi(env, nodes, n):
+    """A Bcast, Reduce or Allreduce from twice hier.PIECE runs its legs
+    piece by piece (here pieces of 1000 bytes, of the node's rank count's
+    multiple of items where the node's ranks share the MPI leg, the last
+    the rest): MPI's results."""
+    rc, out, _ = mpiexec(env, n, "hier_collectives.py", "1,7,1000,70000", 0, 1000, nodes=nodes, timeout=300)
+    assert rc == 0, out[-3000:]
+    counts = [line.split()[1:] for line in out.splitlines() if line.startswith("ok ")]
+    assert len(counts) == 1 and len(counts[0]) == n and len(set(counts[0])) == 1, out[-3000:]
+
+
+@pytest.mark.parametrize("env", envs())
 @pytest.mark.parametrize("nodes,n", [("2,2", 4), ("3,1", 4)])
 def test_small_collectives_from_c_match_mpi(env, nodes, n):
     """MPI's own call reached from C (csrc/mpiflat.c: every size below

@@ -16,6 +16,8 @@ w = MPI.COMM_WORLD
 # every size, never MPI's own; past the sizes, MPI's own at every size,
 # reached from C (csrc/mpiflat.c) for plain arrays
 FLAT = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+if len(sys.argv) > 3:       # argv[3]: the bytes of a piece of a large Bcast, Reduce, Allreduce (hier.PIECE)
+    shmcoll.multinode.hier.PIECE = int(sys.argv[3])
 h = shmcoll.from_mpi(w, flat_below=FLAT)
 hn = shmcoll.from_mpi(w, flat_below=FLAT, network=True)     # its legs as across a network (Allgather's differ)
 p, me = h.Get_size(), h.Get_rank()
