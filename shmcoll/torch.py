@@ -132,7 +132,7 @@ def _array(t):
     if not t.is_cpu:
         raise ValueError(f"the shmcoll backend moves CPU tensors; this one is on {t.device}")
     if not t.is_contiguous():
-        raise ValueError("the shmcoll backend needs contiguous tensors (as gloo does)")
+        raise ValueError("the shmcoll backend needs contiguous tensors (.contiguous() first)")
     if t.requires_grad:
         t = t.detach()
     bf16 = t.dtype == torch.bfloat16
@@ -153,6 +153,13 @@ def _array(t):
     return a.view(ops.BF16) if bf16 else a
 
 
+def _raw(t):
+    """_array(t) for point-to-point, which moves bytes: bfloat16's as
+    int16 (a buffer cannot carry ml_dtypes' bfloat16, 'E')."""
+    a = _array(t)
+    return a.view(np.int16) if t.dtype == torch.bfloat16 else a
+
+
 def _op(opts):
     op = opts.reduceOp
     for theirs, ours, avg in _OPS:
@@ -161,11 +168,44 @@ def _op(opts):
     raise ValueError(f"the shmcoll backend has no reduction {getattr(op, 'op', op)} (PREMUL_SUM)")
 
 
-def _averageable(tensors):
-    """Checked before the call, which would otherwise change the tensors and raise on some ranks only."""
+def _reduction(opts, tensors):
+    """(shmcoll's op, whether to average) of opts' reduction of tensors,
+    checked here, before the call, on every rank alike: a refusal inside a
+    collective ends its communicator (a peer may be waiting in it), where
+    gloo's refusals leave the group usable.  bool SUM and PRODUCT are
+    gloo's OR and AND."""
+    op, avg = _op(opts)
     for t in tensors:
-        if not (t.is_floating_point() or t.is_complex()):
+        if avg and not (t.is_floating_point() or t.is_complex()):
             raise ValueError(f"ReduceOp.AVG of {t.dtype} tensors: torch averages floating point only")
+        if t.dtype == torch.bool:
+            op = {ops.SUM: ops.MAX, ops.PROD: ops.MIN}.get(op, op)
+        dt = _numpy_dtype(t.dtype)
+        if dt is not None:
+            ops.kernel(op, dt)
+    return op, avg
+
+
+@functools.lru_cache(maxsize=None)
+def _numpy_dtype(dtype):
+    """numpy's dtype of torch's, None where numpy has none (float8, complex32: _array refuses them)."""
+    if dtype == torch.bfloat16:
+        return ops.BF16
+    try:
+        return torch.empty(0, dtype=dtype).numpy().dtype
+    except TypeError:
+        return None
+
+
+def _same(what, tensors, like, count=None):
+    """tensors (count of them, where given) of like's dtype and number of
+    elements, as gloo checks them; a ValueError before the call if not."""
+    if count is not None and len(tensors) != count:
+        raise ValueError(f"{what}: {len(tensors)} tensors, not one per rank ({count})")
+    for t in tensors:
+        if t.dtype != like.dtype or t.numel() != like.numel():
+            raise ValueError(f"{what}: a tensor of {t.numel()} {t.dtype} where the input has {like.numel()} "
+                             f"{like.dtype} (invalid tensor size or type)")
 
 
 def _average(tensors, size):
@@ -384,9 +424,7 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
         return _Done(value)
 
     def allreduce(self, tensors, opts):
-        op, avg = _op(opts)
-        if avg:
-            _averageable(tensors)
+        op, avg = _reduction(opts, tensors)
 
         def start(blocking):
             call = self.comm.Allreduce if blocking else self.comm.Iallreduce
@@ -404,6 +442,9 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
         return self._launch(tensors, sum(t.nbytes for t in tensors), start)
 
     def _allgather_base(self, output, input, opts=None):
+        if output.dtype != input.dtype or output.numel() != input.numel() * self.comm.size:
+            raise ValueError(f"all_gather_into_tensor: an output of {output.numel()} {output.dtype} for "
+                             f"{self.comm.size} inputs of {input.numel()} {input.dtype} (invalid tensor size or type)")
         out, inp = _array(output), _array(input)
         if not np.may_share_memory(out, inp):
             args = (inp, out)
@@ -421,6 +462,8 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
 
     def allgather(self, outputs, inputs, opts=None):
         for outs, t in zip(outputs, inputs):
+            _same("all_gather", outs, t, self.comm.size)
+        for outs, t in zip(outputs, inputs):
             a = _array(t)
             got = np.empty((self.comm.size,) + a.shape, a.dtype)
             self.comm.Allgather(a, got)
@@ -429,9 +472,11 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
         return _Done([o for outs in outputs for o in outs])
 
     def _reduce_scatter_base(self, output, input, opts):
-        op, avg = _op(opts)
-        if avg:
-            _averageable([output])
+        op, avg = _reduction(opts, [output])
+        if output.dtype != input.dtype or input.numel() != output.numel() * self.comm.size:
+            raise ValueError(f"reduce_scatter_tensor: an input of {input.numel()} {input.dtype} for "
+                             f"{self.comm.size} outputs of {output.numel()} {output.dtype} (invalid tensor size or "
+                             f"type)")
         inp, out = _array(input), _array(output)
         # in place (output a block of input): MPI's IN_PLACE would put the result in the first block
         inp = inp.copy() if np.may_share_memory(inp, out) else inp
@@ -444,9 +489,9 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
     reduce_scatter_single = _reduce_scatter_base     # torch 2.13's name for reduce_scatter_tensor's
 
     def reduce_scatter(self, outputs, inputs, opts):
-        op, avg = _op(opts)
-        if avg:
-            _averageable(outputs)
+        op, avg = _reduction(opts, outputs)
+        for out, ins in zip(outputs, inputs):
+            _same("reduce_scatter", ins, out, self.comm.size)
         for out, ins in zip(outputs, inputs):
             self.comm.Reduce_scatter_block(np.stack([_array(t) for t in ins]), _array(out), op=op)
         if avg:
@@ -454,9 +499,7 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
         return _Done(outputs)
 
     def reduce(self, tensors, opts):
-        op, avg = _op(opts)
-        if avg:
-            _averageable(tensors)
+        op, avg = _reduction(opts, tensors)
         root = opts.rootRank
         for t in tensors:
             a = _array(t)
@@ -468,6 +511,9 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
 
     def gather(self, outputs, inputs, opts):
         root = opts.rootRank
+        if self.comm.rank == root:
+            for outs, t in zip(outputs, inputs):
+                _same("gather", outs, t, self.comm.size)
         for i, t in enumerate(inputs):
             a = _array(t)
             got = np.empty((self.comm.size,) + a.shape, a.dtype) if self.comm.rank == root else None
@@ -475,16 +521,31 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
             if got is not None:
                 for o, g in zip(outputs[i], got):
                     _array(o)[...] = g
-        return _Done(outputs)
+        return _Done([o for outs in outputs for o in outs])
 
     def scatter(self, outputs, inputs, opts):
         root = opts.rootRank
+        if self.comm.rank == root:
+            for t, ins in zip(outputs, inputs):
+                _same("scatter", ins, t, self.comm.size)
         for i, t in enumerate(outputs):
             send = np.stack([_array(x) for x in inputs[i]]) if self.comm.rank == root else None
             self.comm.Scatter(send, _array(t), root=root)
         return _Done(outputs)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        p = self.comm.size
+        for name, t, splits in (("input", input, input_split_sizes), ("output", output, output_split_sizes)):
+            rows = t.shape[0] if t.dim() else 1
+            if splits and (len(splits) != p or sum(splits) != rows or min(splits) < 0):
+                raise ValueError(f"all_to_all_single: {name} split sizes {list(splits)} do not split its {rows} "
+                                 f"rows among {p} ranks (split sizes doesn't match total dim 0 size)")
+            if not splits and rows % p:
+                raise ValueError(f"all_to_all_single: {name} of {rows} rows does not split evenly among {p} ranks")
+        if output.dtype != input.dtype or not (input_split_sizes or output_split_sizes) and \
+                output.numel() != input.numel():
+            raise ValueError(f"all_to_all_single: an output of {output.numel()} {output.dtype} for an input of "
+                             f"{input.numel()} {input.dtype}")
         out, inp = _array(output), _array(input)
         if np.may_share_memory(out, inp):      # in place (all_to_all_single(x, x)): send from a copy
             inp = inp.copy()
@@ -493,7 +554,6 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
             return _Done([output])
         row_in = inp.size // max(inp.shape[0], 1) if inp.ndim else 1
         row_out = out.size // max(out.shape[0], 1) if out.ndim else 1
-        p = self.comm.size
         sc = [s * row_in for s in (input_split_sizes or [inp.shape[0] // p] * p)]
         rc = [s * row_out for s in (output_split_sizes or [out.shape[0] // p] * p)]
         self.comm.Alltoallv([inp.reshape(-1), (sc, np.cumsum([0] + sc[:-1]).tolist())],
@@ -502,7 +562,7 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
 
     def alltoall(self, outputs, inputs, opts=None):
         for i, t in enumerate(inputs):
-            self.comm.Sendrecv(_array(t), i, 0, _array(outputs[i]), i, 0) if i != self.comm.rank else \
+            self.comm.Sendrecv(_raw(t), i, 0, _raw(outputs[i]), i, 0) if i != self.comm.rank else \
                 _array(outputs[i]).__setitem__(Ellipsis, _array(t))
         return _Done(outputs)
 
@@ -511,17 +571,17 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
         return _Done([])
 
     def send(self, tensors, dst, tag):
-        return _Done(tensors, [self.comm.Isend(_array(t), dst, tag) for t in tensors])
+        return _Done(tensors, [self.comm.Isend(_raw(t), dst, tag) for t in tensors])
 
     def recv(self, tensors, src, tag):
-        return _Done(tensors, [self.comm.Irecv(_array(t), src, tag) for t in tensors])
+        return _Done(tensors, [self.comm.Irecv(_raw(t), src, tag) for t in tensors])
 
     def recv_anysource(self, tensors, tag):
         """recv without src: from whichever rank sends first; the Work's
         source_rank() names it."""
         if len(tensors) != 1:
             raise ValueError(f"recv_anysource takes one tensor, not {len(tensors)} (as gloo)")
-        return _Done(tensors, [self.comm.Irecv(_array(tensors[0]), ANY_SOURCE, tag)])
+        return _Done(tensors, [self.comm.Irecv(_raw(tensors[0]), ANY_SOURCE, tag)])
 
 
 def _create(backend_opts, pg_opts=None):

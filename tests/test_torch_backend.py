@@ -35,6 +35,19 @@ def test_collectives_give_gloos_results(n, tmp_path):
 
 
 @pytest.mark.parametrize("n", [2, 3])
+def test_refusals_and_edge_dtypes_as_gloos(n, tmp_path):
+    """What gloo refuses raises on every rank and leaves the group usable
+    (shmcoll's communicator ended); bool SUM/PRODUCT, a small bfloat16
+    send/recv and gather's future as gloo's."""
+    got = {}
+    for backend in ("shmcoll", "gloo"):
+        torchrun("refusals.py", n, backend, tmp_path / backend)
+        got[backend] = [(tmp_path / f"{backend}.{r}").read_text() for r in range(n)]
+    assert got["shmcoll"] == got["gloo"]
+    assert got["gloo"][0].count("'raised'") == 6, got["gloo"][0]
+
+
+@pytest.mark.parametrize("n", [2, 3])
 def test_storages_that_come_back_move_into_the_arena(n):
     assert torchrun("arena.py", n, "shmcoll") == [f"ok {r}" for r in range(n)]
 

@@ -1,0 +1,61 @@
+"""What gloo refuses, and what it takes that shmcoll refused, on one
+backend (argv[1]); each rank writes what happened to the file
+argv[2].RANK (tests/test_torch_backend.py compares with gloo).  Every
+call that gloo refuses raises, on every rank, and leaves the group
+usable: the next all_reduce gives its sum (a refusal inside shmcoll's
+collective ended the communicator).  bool SUM and PRODUCT reduce as
+gloo's (OR, AND), a small bfloat16 tensor goes by send/recv, and
+gather's future holds the gathered tensors as gloo's does."""
+import sys
+
+import torch
+import torch.distributed as dist
+
+backend = sys.argv[1]
+if backend == "shmcoll":
+    import shmcoll.torch  # noqa: F401
+dist.init_process_group(backend)
+r, n = dist.get_rank(), dist.get_world_size()
+out = []
+bad = {
+    "band_of_float": lambda: dist.all_reduce(torch.ones(3), dist.ReduceOp.BAND),
+    "all_gather_into_larger": lambda: dist.all_gather([torch.empty(5) for _ in range(n)], torch.ones(1)),
+    "all_gather_into_tensor_size": lambda: dist.all_gather_into_tensor(torch.empty(n + 1), torch.ones(1)),
+    "all_gather_into_tensor_dtype": lambda: dist.all_gather_into_tensor(torch.empty(n, dtype=torch.int64),
+                                                                        torch.ones(1)),
+    "reduce_scatter_tensor_dtypes": lambda: dist.reduce_scatter_tensor(torch.empty(2), torch.ones(2 * n, dtype=torch.int64)),
+    "all_to_all_single_splits": lambda: dist.all_to_all_single(torch.empty(2 * n), torch.ones(2 * n),
+                                                               [2] * n, [1] * n),
+}
+for name, call in bad.items():
+    try:
+        call()
+        what = "returned"
+    except Exception:       # gloo's are RuntimeError or ValueError; what matters is that it raised
+        what = "raised"
+    t = torch.full((2,), float(r + 1))
+    dist.all_reduce(t)
+    out.append((name, what, t.tolist()))
+for op in (dist.ReduceOp.SUM, dist.ReduceOp.PRODUCT, dist.ReduceOp.MAX, dist.ReduceOp.MIN):
+    t = torch.tensor([r == 0, True, False, r % 2 == 1])
+    dist.all_reduce(t, op)
+    out.append(("bool", str(op), t.tolist()))
+    t = torch.tensor([r == 0, True, False, r % 2 == 1])
+    dist.reduce(t, 0, op)
+    out.append(("bool reduce", str(op), t.tolist() if r == 0 else None))
+if r < 2:
+    t = torch.arange(3, dtype=torch.bfloat16) + r
+    if r == 0:
+        dist.send(t, 1)
+    else:
+        dist.recv(t, 0)
+    out.append(("bf16 send/recv", t.float().tolist()))
+gl = [torch.empty(2) for _ in range(n)] if r == 0 else None
+work = dist.gather(torch.full((2,), float(r)), gl, dst=0, async_op=True)
+work.wait()
+value = work.get_future().value()
+out.append(("gather future", [x.tolist() for x in value] if r == 0 else None))
+dist.barrier()
+with open(f"{sys.argv[2]}.{r}", "w") as f:
+    f.write("\n".join(map(repr, out)) + "\n")
+dist.destroy_process_group()
