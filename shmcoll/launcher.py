@@ -547,6 +547,24 @@ def init():
     return _world
 
 
+def _torch_env(nprocs, given):
+    """The variables torchrun gives its ranks (RANK and LOCAL_RANK are each
+    rank's), so that torch.distributed's default init_process_group()
+    works under `shmcoll run` as under torchrun; MASTER_ADDR and
+    MASTER_PORT where neither the environment nor the caller gives them (a
+    free port of this machine, as torchrun's standalone mode takes one)."""
+    env = {"WORLD_SIZE": str(nprocs), "LOCAL_WORLD_SIZE": str(nprocs)}
+    have = {**os.environ, **(given or {})}
+    if "MASTER_ADDR" not in have:
+        env["MASTER_ADDR"] = "127.0.0.1"
+    if "MASTER_PORT" not in have:
+        import socket
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            env["MASTER_PORT"] = str(s.getsockname()[1])
+    return env
+
+
 def run(nprocs, cmd, *, bind="core", map="compact", topology=None, timeout=None, options=None, grace=3.0,
         fork=False, env=None, tag=None):
     """mpiexec: run cmd on every rank; return the first failing rank's exit
@@ -573,7 +591,7 @@ def run(nprocs, cmd, *, bind="core", map="compact", topology=None, timeout=None,
     try:
         plan_fd = _plan_fd(job.plan)
         env = dict(os.environ, **(env or {}), SHMCOLL_SIZE=str(nprocs), SHMCOLL_FD=str(job.device.segment.fd),
-                   SHMCOLL_PLAN_FD=str(plan_fd), SHMCOLL_LAUNCHER_PID=str(parent))
+                   SHMCOLL_PLAN_FD=str(plan_fd), SHMCOLL_LAUNCHER_PID=str(parent), **_torch_env(nprocs, env))
         if fork:
             gate, gate_w = os.pipe()    # the ranks start once all are forked (see _wait_gate)
         for rank in range(nprocs):
@@ -582,9 +600,11 @@ def run(nprocs, cmd, *, bind="core", map="compact", topology=None, timeout=None,
                 _pin(job, rank)
             if fork:
                 closing = [gate_w] + [f.fileno() for p in procs for f in (p.stdout, p.stderr)]
-                procs.append(forkrun.start(list(cmd), dict(env, SHMCOLL_RANK=str(rank)), prep, gate, closing))
+                procs.append(forkrun.start(list(cmd), dict(env, SHMCOLL_RANK=str(rank), RANK=str(rank),
+                                                           LOCAL_RANK=str(rank)), prep, gate, closing))
             else:
-                procs.append(subprocess.Popen(cmd, env=dict(env, SHMCOLL_RANK=str(rank)), stdout=subprocess.PIPE,
+                procs.append(subprocess.Popen(cmd, env=dict(env, SHMCOLL_RANK=str(rank), RANK=str(rank),
+                                                            LOCAL_RANK=str(rank)), stdout=subprocess.PIPE,
                                               stderr=subprocess.PIPE, pass_fds=(job.device.segment.fd, plan_fd),
                                               preexec_fn=prep))
         # forwarders only now: a fork while one held sys.stdout's lock would

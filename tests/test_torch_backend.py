@@ -47,6 +47,20 @@ def test_refusals_and_edge_dtypes_as_gloos(n, tmp_path):
     assert got["gloo"][0].count("'raised'") == 6, got["gloo"][0]
 
 
+def test_the_default_init_under_shmcoll_run(tmp_path):
+    """`shmcoll run` gives its ranks torchrun's variables (RANK, WORLD_SIZE,
+    MASTER_ADDR, a free MASTER_PORT, ...), so dist.init_process_group()
+    with no arguments works there as under torchrun: gloo's results."""
+    p = subprocess.run([sys.executable, "-m", "shmcoll", "run", "-n", "2", sys.executable,
+                        os.path.join(HERE, "torch_progs", "collectives.py"), "shmcoll", tmp_path / "shmcoll"],
+                       env=dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                       timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    torchrun("collectives.py", 2, "gloo", tmp_path / "gloo")
+    for r in range(2):
+        assert (tmp_path / f"shmcoll.{r}").read_text() == (tmp_path / f"gloo.{r}").read_text()
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_storages_that_come_back_move_into_the_arena(n):
     assert torchrun("arena.py", n, "shmcoll") == [f"ok {r}" for r in range(n)]
