@@ -21,6 +21,7 @@ import functools
 import os
 import queue
 import threading
+import time
 
 import numpy as np
 import torch
@@ -213,6 +214,11 @@ def _average(tensors, size):
         t.div_(size)
 
 
+def _seconds(timeout):
+    """A timedelta's seconds (or a number's); None or 0: no limit."""
+    return timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
+
+
 class _Done(dist._Work):
     """A call's Work.  The collectives complete before they return; a
     point-to-point call (reqs: shmcoll requests) is in flight until waited
@@ -236,6 +242,13 @@ class _Done(dist._Work):
     def wait(self, timeout=None):
         if self._reqs:
             st = self._status = Status()
+            seconds = _seconds(timeout)
+            if seconds:                 # as gloo's: raise once it passes (the call stays in flight)
+                end = time.monotonic() + seconds
+                while not all(r.Get_status() for r in self._reqs):
+                    if time.monotonic() > end:
+                        raise RuntimeError(f"shmcoll backend: the Work did not complete within {seconds} s")
+                    os.sched_yield()
             for r in self._reqs:
                 r.Wait(st)              # a receive's is the one kept: recv_anysource has no other
             self._ended()
@@ -312,7 +325,7 @@ class _Later(_Done):
     def wait(self, timeout=None):
         if self._completer.runs_here():
             self._finish()
-        seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
+        seconds = _seconds(timeout)
         if not self._ended.wait(seconds if seconds else None):
             raise RuntimeError(f"shmcoll backend: the Work did not complete within {seconds} s")
         self._future.wait()             # raises what _finish set, once its callbacks ran
@@ -598,8 +611,11 @@ def _create(backend_opts, pg_opts=None):
         raise RuntimeError(f"shmcoll backend: torch's group spans {backend_opts.group_size} ranks, but shmcoll's "
                            f"node has {world.size}: shmcoll does not yet talk between nodes")
     gid = str(backend_opts.group_id)
-    return ProcessGroupShmcoll(world if not ranks else world.Create_group(world.Get_group().Incl(ranks),
-                                                                          tag=int(gid) if gid.isdigit() else 0), gid)
+    comm = world if not ranks else world.Create_group(world.Get_group().Incl(ranks), tag=int(gid) if gid.isdigit() else 0)
+    seconds = _seconds(getattr(backend_opts, "timeout", None))
+    if seconds and "SHMCOLL_TIMEOUT" not in os.environ:      # init_process_group's, new_group's timeout=
+        comm._c.timeout_ns = int(seconds * 1e9)
+    return ProcessGroupShmcoll(comm, gid)
 
 
 if NAME not in dist.Backend.backend_list:

@@ -61,6 +61,16 @@ def test_the_default_init_under_shmcoll_run(tmp_path):
         assert (tmp_path / f"shmcoll.{r}").read_text() == (tmp_path / f"gloo.{r}").read_text()
 
 
+def test_torchs_timeouts(tmp_path):
+    """Work.wait(timeout) raises once it passes, the receive still posted;
+    init_process_group's timeout bounds a collective whose peer never
+    comes (it waited for SHMCOLL_TIMEOUT's 1800 s)."""
+    torchrun("timeouts.py", 2, tmp_path / "t")
+    assert (tmp_path / "t.0").read_text().split("\n")[:3] == ["0 wait raised True", "0 got [5.0, 5.0, 5.0]",
+                                                              "0 all_reduce raised PeerTimeout True"]
+    assert (tmp_path / "t.1").read_text() == "1 raised PeerAborted\n"
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_storages_that_come_back_move_into_the_arena(n):
     assert torchrun("arena.py", n, "shmcoll") == [f"ok {r}" for r in range(n)]
