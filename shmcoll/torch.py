@@ -501,6 +501,27 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
 
     reduce_scatter_single = _reduce_scatter_base     # torch 2.13's name for reduce_scatter_tensor's
 
+    # coalesced calls (all_gather_coalesced, _coalescing_manager): each
+    # pair in turn, as gloo's are; the Work is done when they all are
+
+    def allgather_coalesced(self, output_lists, inputs, opts=None):
+        for i, t in enumerate(inputs):
+            self.allgather([[outs[i] for outs in output_lists]], [t], opts)
+        return _Done([o for outs in output_lists for o in outs])
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        for o, i in zip(outputs, inputs):
+            self._allgather_base(o, i, opts).wait()
+        return _Done(list(outputs))
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts):
+        for o, i in zip(outputs, inputs):
+            self._reduce_scatter_base(o, i, opts).wait()
+        return _Done(list(outputs))
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced       # torch 2.13's names
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+
     def reduce_scatter(self, outputs, inputs, opts):
         op, avg = _reduction(opts, outputs)
         for out, ins in zip(outputs, inputs):

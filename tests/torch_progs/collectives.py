@@ -56,6 +56,19 @@ if r == 0:      # from any source: whoever sends first; recv returns the sender
     out.append(("anysource", sorted(got)))
 else:
     dist.send(torch.full((3,), 10.0 * r), 0, tag=7)
+ins = [torch.full((3,), float(r)), torch.full((2,), r + 10.0)]
+outs = [[torch.empty(3), torch.empty(2)] for _ in range(n)]
+dist.all_gather_coalesced(outs, ins); out.append(("ag coalesced", [[x.tolist() for x in o] for o in outs]))
+o = [torch.empty(2 * n) for _ in range(2)]
+with dist._coalescing_manager():
+    for k in range(2):
+        dist.all_gather_into_tensor(o[k], torch.full((2,), r + 3.0 * k))
+out.append(("agit coalesced", [x.tolist() for x in o]))
+o = [torch.empty(2) for _ in range(2)]
+with dist._coalescing_manager():
+    for k in range(2):
+        dist.reduce_scatter_tensor(o[k], torch.arange(2.0 * n) * (r + k + 1))
+out.append(("rst coalesced", [x.tolist() for x in o]))
 g = dist.new_group([0, 1]) if n > 1 else None
 if r < 2:
     t = torch.ones(2) * (r + 1); dist.all_reduce(t, group=g); out.append(("group", t.tolist()))
