@@ -154,6 +154,20 @@ def _array(t):
     return a.view(ops.BF16) if bf16 else a
 
 
+def _dense(tensors):
+    """Contiguous stand-ins for tensors (a strided one's copy, else
+    itself), and the function that copies the results back into the
+    strided ones (None where none is): all_reduce, broadcast and reduce
+    take strided tensors, as gloo's do."""
+    dense = [t if t.is_contiguous() else t.contiguous() for t in tensors]
+
+    def back():
+        for t, d in zip(tensors, dense):
+            if d is not t:
+                t.copy_(d)
+    return dense, back if any(d is not t for t, d in zip(tensors, dense)) else None
+
+
 def _raw(t):
     """_array(t) for point-to-point, which moves bytes: bfloat16's as
     int16 (a buffer cannot carry ml_dtypes' bfloat16, 'E')."""
@@ -438,21 +452,29 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
 
     def allreduce(self, tensors, opts):
         op, avg = _reduction(opts, tensors)
+        dense, back = _dense(tensors)
 
         def start(blocking):
             call = self.comm.Allreduce if blocking else self.comm.Iallreduce
-            return [call(IN_PLACE, _array(t), op=op) for t in tensors]
-        return self._launch(tensors, sum(t.nbytes for t in tensors), start,
-                            functools.partial(_average, tensors, self.comm.size) if avg else None)
+            return [call(IN_PLACE, _array(t), op=op) for t in dense]
+
+        def finish():
+            if avg:
+                _average(dense, self.comm.size)
+            if back:
+                back()
+        return self._launch(tensors, sum(t.nbytes for t in tensors), start, finish if avg or back else None)
 
     def allreduce_coalesced(self, tensors, opts):
         return self.allreduce(tensors, opts)
 
     def broadcast(self, tensors, opts):
+        dense, back = _dense(tensors)
+
         def start(blocking):
             call = self.comm.Bcast if blocking else self.comm.Ibcast
-            return [call(_array(t), root=opts.rootRank) for t in tensors]
-        return self._launch(tensors, sum(t.nbytes for t in tensors), start)
+            return [call(_array(t), root=opts.rootRank) for t in dense]
+        return self._launch(tensors, sum(t.nbytes for t in tensors), start, back)
 
     def _allgather_base(self, output, input, opts=None):
         if output.dtype != input.dtype or output.numel() != input.numel() * self.comm.size:
@@ -535,12 +557,16 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
     def reduce(self, tensors, opts):
         op, avg = _reduction(opts, tensors)
         root = opts.rootRank
-        for t in tensors:
+        dense, back = _dense(tensors)
+        for t in dense:
             a = _array(t)
             self.comm.Reduce(IN_PLACE, a, op=op, root=root) if self.comm.rank == root else \
                 self.comm.Reduce(a, None, op=op, root=root)
-        if avg and self.comm.rank == root:
-            _average(tensors, self.comm.size)
+        if self.comm.rank == root:
+            if avg:
+                _average(dense, self.comm.size)
+            if back:
+                back()
         return _Done(tensors)
 
     def gather(self, outputs, inputs, opts):

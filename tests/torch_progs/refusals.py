@@ -4,8 +4,10 @@ argv[2].RANK (tests/test_torch_backend.py compares with gloo).  Every
 call that gloo refuses raises, on every rank, and leaves the group
 usable: the next all_reduce gives its sum (a refusal inside shmcoll's
 collective ended the communicator).  bool SUM and PRODUCT reduce as
-gloo's (OR, AND), a small bfloat16 tensor goes by send/recv, and
-gather's future holds the gathered tensors as gloo's does."""
+gloo's (OR, AND), a small bfloat16 tensor goes by send/recv, gather's
+future holds the gathered tensors as gloo's does, and strided tensors are
+reduced and broadcast (where gloo gets them right, as gloo; elsewhere
+against the sums: gloo reads a strided slice as contiguous memory)."""
 import sys
 
 import torch
@@ -43,6 +45,25 @@ for op in (dist.ReduceOp.SUM, dist.ReduceOp.PRODUCT, dist.ReduceOp.MAX, dist.Red
     t = torch.tensor([r == 0, True, False, r % 2 == 1])
     dist.reduce(t, 0, op)
     out.append(("bool reduce", str(op), t.tolist() if r == 0 else None))
+t = (torch.arange(12.0).reshape(3, 4) + r).t()         # strided: gloo reduces it right
+dist.all_reduce(t)
+out.append(("transposed all_reduce", t.tolist()))
+if backend == "shmcoll":        # strided slices, which gloo reduces as if contiguous: against the sums
+    base = torch.zeros(4, 6)
+    t = base[:, ::2]
+    t.copy_(torch.arange(12.0).reshape(4, 3) * (r + 1))
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.arange(12.0).reshape(4, 3) * sum(range(1, n + 1))) and not base[:, 1::2].any()
+    base = torch.zeros(4, 6)
+    t = base[1:, ::3]
+    t.copy_(torch.full((3, 2), 7.0) if r == n - 1 else torch.zeros(3, 2))
+    dist.broadcast(t, n - 1)
+    assert (t == 7).all() and base.sum() == 42
+    base = torch.zeros(4, 6)
+    t = base.t()[::2]
+    t.copy_(torch.ones(3, 4) * (r + 1))
+    dist.reduce(t, 0, dist.ReduceOp.MAX)
+    assert r != 0 or (t == n).all() and base.sum() == 12 * n
 if r < 2:
     t = torch.arange(3, dtype=torch.bfloat16) + r
     if r == 0:
