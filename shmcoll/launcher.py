@@ -598,13 +598,12 @@ def run(nprocs, cmd, *, bind="core", map="compact", topology=None, timeout=None,
             def prep(rank=rank):
                 _die_with_parent(parent)
                 _pin(job, rank)
+            mine = dict(env, SHMCOLL_RANK=str(rank), RANK=str(rank), LOCAL_RANK=str(rank))
             if fork:
                 closing = [gate_w] + [f.fileno() for p in procs for f in (p.stdout, p.stderr)]
-                procs.append(forkrun.start(list(cmd), dict(env, SHMCOLL_RANK=str(rank), RANK=str(rank),
-                                                           LOCAL_RANK=str(rank)), prep, gate, closing))
+                procs.append(forkrun.start(list(cmd), mine, prep, gate, closing))
             else:
-                procs.append(subprocess.Popen(cmd, env=dict(env, SHMCOLL_RANK=str(rank), RANK=str(rank),
-                                                            LOCAL_RANK=str(rank)), stdout=subprocess.PIPE,
+                procs.append(subprocess.Popen(cmd, env=mine, stdout=subprocess.PIPE,
                                               stderr=subprocess.PIPE, pass_fds=(job.device.segment.fd, plan_fd),
                                               preexec_fn=prep))
         # forwarders only now: a fork while one held sys.stdout's lock would

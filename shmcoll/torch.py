@@ -223,6 +223,14 @@ def _same(what, tensors, like, count=None):
                              f"{like.dtype} (invalid tensor size or type)")
 
 
+def _whole(what, whole, block, size):
+    """whole holds size blocks of block's dtype, as gloo checks them; a
+    ValueError before the call if not."""
+    if whole.dtype != block.dtype or whole.numel() != block.numel() * size:
+        raise ValueError(f"{what}: {whole.numel()} {whole.dtype} for {size} blocks of {block.numel()} {block.dtype} "
+                         f"(invalid tensor size or type)")
+
+
 def _average(tensors, size):
     for t in tensors:
         t.div_(size)
@@ -477,9 +485,7 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
         return self._launch(tensors, sum(t.nbytes for t in tensors), start, back)
 
     def _allgather_base(self, output, input, opts=None):
-        if output.dtype != input.dtype or output.numel() != input.numel() * self.comm.size:
-            raise ValueError(f"all_gather_into_tensor: an output of {output.numel()} {output.dtype} for "
-                             f"{self.comm.size} inputs of {input.numel()} {input.dtype} (invalid tensor size or type)")
+        _whole("all_gather_into_tensor", output, input, self.comm.size)
         out, inp = _array(output), _array(input)
         if not np.may_share_memory(out, inp):
             args = (inp, out)
@@ -508,10 +514,7 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
 
     def _reduce_scatter_base(self, output, input, opts):
         op, avg = _reduction(opts, [output])
-        if output.dtype != input.dtype or input.numel() != output.numel() * self.comm.size:
-            raise ValueError(f"reduce_scatter_tensor: an input of {input.numel()} {input.dtype} for "
-                             f"{self.comm.size} outputs of {output.numel()} {output.dtype} (invalid tensor size or "
-                             f"type)")
+        _whole("reduce_scatter_tensor", input, output, self.comm.size)
         inp, out = _array(input), _array(output)
         # in place (output a block of input): MPI's IN_PLACE would put the result in the first block
         inp = inp.copy() if np.may_share_memory(inp, out) else inp
@@ -658,7 +661,8 @@ def _create(backend_opts, pg_opts=None):
         raise RuntimeError(f"shmcoll backend: torch's group spans {backend_opts.group_size} ranks, but shmcoll's "
                            f"node has {world.size}: shmcoll does not yet talk between nodes")
     gid = str(backend_opts.group_id)
-    comm = world if not ranks else world.Create_group(world.Get_group().Incl(ranks), tag=int(gid) if gid.isdigit() else 0)
+    comm = world if not ranks else world.Create_group(world.Get_group().Incl(ranks),
+                                                      tag=int(gid) if gid.isdigit() else 0)
     seconds = _seconds(getattr(backend_opts, "timeout", None))
     if seconds and "SHMCOLL_TIMEOUT" not in os.environ:      # init_process_group's, new_group's timeout=
         comm._c.timeout_ns = int(seconds * 1e9)
