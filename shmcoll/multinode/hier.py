@@ -39,9 +39,9 @@ K, M = 1 << 10, 1 << 20
 # one of them MPI's own) outweigh what the node legs save.  None: always
 # MPI's own (the legs never won).  from_mpi(flat_below=) overrides.
 FLAT_BELOW = {
-    "MPICH": {"barrier": 0, "bcast": 64 * K, "reduce": 16 * K, "allreduce": 16 * K, "allgather": 16 * K,
+    "MPICH": {"barrier": 0, "bcast": 64 * K, "reduce": 4 * K, "allreduce": 16 * K, "allgather": 16 * K,
               "gather": 16 * K, "scatter": 16 * M, "alltoall": 4 * M, "reduce_scatter": None},
-    "Open MPI": {"barrier": None, "bcast": 256 * K, "reduce": M, "allreduce": 16 * K, "allgather": 64 * K,
+    "Open MPI": {"barrier": None, "bcast": 256 * K, "reduce": 256 * K, "allreduce": 16 * K, "allgather": 64 * K,
                  "gather": 4 * M, "scatter": 256 * K, "alltoall": 256 * K, "reduce_scatter": 256 * K},
 }
 
@@ -354,16 +354,33 @@ class Hier:
             part = r if me_root else self._scratch(s.size, s.dtype)
             self.node.Reduce(SHM_IN_PLACE if in_place(s) else s, part, op=s_op, root=0)
             if self.many:
-                if self.me == rn:
-                    self.leaders.Reduce(mpi().IN_PLACE, part, op=m_op, root=rn)
-                else:
-                    self.leaders.Reduce(part, None, op=m_op, root=rn)
+                self._tree_reduce(part, m_op, rn)
             if self.me == rn and rl != 0:
                 self.node.Send(part, dest=rl, tag=TAG)
         else:
             self.node.Reduce(r if in_place(s) else s, None, op=s_op, root=0)
             if me_root:
                 self.node.Recv(r, source=0, tag=TAG)
+
+    def _tree_reduce(self, part, m_op, rn):
+        """Leaders: every node's part reduced into node rn's leader's,
+        by a binomial tree of sends, each leader folding what it receives
+        into its part with the MPI library's own kernel (as MPICH's
+        binomial Reduce does, in its order: received op own).  MPICH's
+        Reduce between two leaders took 1,414 us at 1 MiB, seven times its
+        Allreduce and ten times a Send (bench/README.md "Issue 47: the
+        Reduce's leaders")."""
+        n = self.leaders.Get_size()
+        v, mask = (self.me - rn) % n, 1
+        while mask < n:
+            if v & mask:
+                self.leaders.Send(part, dest=(v - mask + rn) % n, tag=TAG)
+                return
+            if v + mask < n:
+                got = self._scratch(part.size, part.dtype, slot=1)
+                self.leaders.Recv(got, source=(v + mask + rn) % n, tag=TAG)
+                m_op.Reduce_local(got, part)
+            mask <<= 1
 
     @_legs
     def _Allreduce(self, sendbuf, recvbuf, op):
