@@ -69,7 +69,7 @@ def test_virtual_nodes_parse():
 
 
 @pytest.mark.parametrize("env", envs())
-@pytest.mark.parametrize("nodes,n", [("2,2", 4), ("3,1", 4), ("1,2", 3), ("2,2,2", 6), ("", 3)])
+@pytest.mark.parametrize("nodes,n", [("2,2", 4), ("3,1", 4), ("1,2", 3), ("2,2,2", 6), ("1,1,1,1", 4), ("", 3)])
 def test_collectives_match_mpi(env, nodes, n):
     """Every hierarchical collective gives MPI's own result, on every rank."""
     rc, out, _ = mpiexec(env, n, "hier_collectives.py", "0,1,7,1000,70000", nodes=nodes, timeout=300)

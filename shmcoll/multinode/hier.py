@@ -41,7 +41,7 @@ K, M = 1 << 10, 1 << 20
 FLAT_BELOW = {
     "MPICH": {"barrier": 0, "bcast": 64 * K, "reduce": 4 * K, "allreduce": 16 * K, "allgather": 16 * K,
               "gather": 16 * K, "scatter": 16 * M, "alltoall": 4 * M, "reduce_scatter": None},
-    "Open MPI": {"barrier": None, "bcast": 256 * K, "reduce": 256 * K, "allreduce": 16 * K, "allgather": 64 * K,
+    "Open MPI": {"barrier": None, "bcast": 256 * K, "reduce": 256 * K, "allreduce": 128 * K, "allgather": 64 * K,
                  "gather": 4 * M, "scatter": 256 * K, "alltoall": 256 * K, "reduce_scatter": 256 * K},
 }
 
@@ -55,6 +55,9 @@ SPREAD = 16 * K       # from here an Allreduce's MPI leg is spread over the node
 # 0.42, 0.72 -> 0.44, 0.80 -> 0.40; 1 MiB pieces measured alike, 4 MiB
 # worse at 4 MiB calls; bench/README.md "Issue 47: large calls in pieces")
 PIECE = 2 * M
+
+
+EXCHANGE = (16 * K, 512 * K)     # the bytes of one node's part that an Allreduce's MPI leg exchanges (_allreduce_among)
 
 
 SUM_ARG = object()      # an op left out: SUM, as mpi4py's default (None is refused, as mpi4py refuses it)
@@ -403,15 +406,35 @@ class Hier:
         if spread:
             part = self._scratch(r.size // P, r.dtype)
             self.node.Reduce_scatter_block(r if in_place(s) else s, part, op=s_op)
-            self.up.Allreduce(mpi().IN_PLACE, part, op=m_op)
+            self._allreduce_among(self.up, part, m_op)
             self.node.Allgather(part, r)
             return
         if self.local == 0:
             self.node.Reduce(SHM_IN_PLACE if in_place(s) else s, r, op=s_op, root=0)
-            self.leaders.Allreduce(mpi().IN_PLACE, r, op=m_op)
+            self._allreduce_among(self.leaders, r, m_op)
         else:
             self.node.Reduce(r if in_place(s) else s, None, op=s_op, root=0)
         self.node.Bcast(r, root=0)
+
+    def _allreduce_among(self, comm, part, m_op):
+        """part reduced over comm's ranks (one per node) into every one's
+        part.  Between EXCHANGE's sizes on a power of two of them, by
+        recursive doubling of Sendrecvs and MPI's own Reduce_local (what
+        MPICH's own does for a commutative op, every predefined one is):
+        MPICH's Allreduce between two leaders took 33.4 us at 32 KiB and
+        47 at 128 KiB against 21.6 and 40 for the exchange (Open MPI's
+        21.7 and 34.8 against 15.4 and 29.5); at 8 and 512 KiB MPI's own
+        was as fast or faster (bench/README.md "Issue 47: the
+        Allreduce's exchange")."""
+        n = comm.Get_size()
+        if n & (n - 1) or not EXCHANGE[0] <= part.nbytes < EXCHANGE[1]:
+            return comm.Allreduce(mpi().IN_PLACE, part, op=m_op)
+        me, mask = comm.Get_rank(), 1
+        got = self._scratch(part.size, part.dtype, slot=1)
+        while mask < n:
+            comm.Sendrecv(part, me ^ mask, TAG, got, me ^ mask, TAG)
+            m_op.Reduce_local(got, part)
+            mask <<= 1
 
     @_legs
     def _Allgather(self, sendbuf, recvbuf):
