@@ -157,8 +157,8 @@ def _array(t):
 def _dense(tensors):
     """Contiguous stand-ins for tensors (a strided one's copy, else
     itself), and the function that copies the results back into the
-    strided ones (None where none is): all_reduce, broadcast and reduce
-    take strided tensors, as gloo's do."""
+    strided ones (None where none is): the collectives take strided
+    tensors, as gloo's do (all_to_all_single a strided output only)."""
     dense = [t if t.is_contiguous() else t.contiguous() for t in tensors]
 
     def back():
@@ -166,6 +166,28 @@ def _dense(tensors):
             if d is not t:
                 t.copy_(d)
     return dense, back if any(d is not t for t, d in zip(tensors, dense)) else None
+
+
+def _in(t):
+    """An input tensor's array: a strided one's contiguous copy's."""
+    return _array(t if t.is_contiguous() else t.contiguous())
+
+
+def _fill(outputs, got):
+    """Each of outputs (strided ones too) set to its block of got."""
+    dense, back = _dense(outputs)
+    for o, g in zip(dense, got):
+        _array(o)[...] = g
+    if back:
+        back()
+
+
+def _contiguous(t):
+    """t, which point-to-point takes contiguous only, as gloo's does (its RuntimeError)."""
+    if not t.is_contiguous():
+        raise RuntimeError("the shmcoll backend's send and recv take contiguous tensors only, as gloo's "
+                           "(input tensor has to be contiguous)")
+    return t
 
 
 def _raw(t):
@@ -486,7 +508,8 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
 
     def _allgather_base(self, output, input, opts=None):
         _whole("all_gather_into_tensor", output, input, self.comm.size)
-        out, inp = _array(output), _array(input)
+        (dense,), back = _dense([output])
+        out, inp = _array(dense), _in(input)
         if not np.may_share_memory(out, inp):
             args = (inp, out)
         elif inp.ctypes.data == out.ctypes.data + self.comm.rank * inp.nbytes and \
@@ -497,7 +520,7 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
 
         def start(blocking):
             return [(self.comm.Allgather if blocking else self.comm.Iallgather)(*args)]
-        return self._launch(list(output.chunk(self.comm.size)), out.nbytes, start)
+        return self._launch(list(output.chunk(self.comm.size)), out.nbytes, start, back)
 
     all_gather_single = _allgather_base         # torch 2.13's name for all_gather_into_tensor's call
 
@@ -505,24 +528,29 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
         for outs, t in zip(outputs, inputs):
             _same("all_gather", outs, t, self.comm.size)
         for outs, t in zip(outputs, inputs):
-            a = _array(t)
+            a = _in(t)
             got = np.empty((self.comm.size,) + a.shape, a.dtype)
             self.comm.Allgather(a, got)
-            for o, g in zip(outs, got):
-                _array(o)[...] = g
+            _fill(outs, got)
         return _Done([o for outs in outputs for o in outs])
 
     def _reduce_scatter_base(self, output, input, opts):
         op, avg = _reduction(opts, [output])
         _whole("reduce_scatter_tensor", input, output, self.comm.size)
-        inp, out = _array(input), _array(output)
+        (dense,), back = _dense([output])
+        inp, out = _in(input), _array(dense)
         # in place (output a block of input): MPI's IN_PLACE would put the result in the first block
         inp = inp.copy() if np.may_share_memory(inp, out) else inp
 
         def start(blocking):
             return [(self.comm.Reduce_scatter_block if blocking else self.comm.Ireduce_scatter_block)(inp, out, op=op)]
-        return self._launch([output], inp.nbytes, start,
-                            functools.partial(_average, [output], self.comm.size) if avg else None)
+
+        def finish():
+            if avg:
+                _average([dense], self.comm.size)
+            if back:
+                back()
+        return self._launch([output], inp.nbytes, start, finish if avg or back else None)
 
     reduce_scatter_single = _reduce_scatter_base     # torch 2.13's name for reduce_scatter_tensor's
 
@@ -551,10 +579,13 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
         op, avg = _reduction(opts, outputs)
         for out, ins in zip(outputs, inputs):
             _same("reduce_scatter", ins, out, self.comm.size)
-        for out, ins in zip(outputs, inputs):
-            self.comm.Reduce_scatter_block(np.stack([_array(t) for t in ins]), _array(out), op=op)
+        dense, back = _dense(outputs)
+        for out, ins in zip(dense, inputs):
+            self.comm.Reduce_scatter_block(np.stack([_in(t) for t in ins]), _array(out), op=op)
         if avg:
-            _average(outputs, self.comm.size)
+            _average(dense, self.comm.size)
+        if back:
+            back()
         return _Done(outputs)
 
     def reduce(self, tensors, opts):
@@ -578,12 +609,11 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
             for outs, t in zip(outputs, inputs):
                 _same("gather", outs, t, self.comm.size)
         for i, t in enumerate(inputs):
-            a = _array(t)
+            a = _in(t)
             got = np.empty((self.comm.size,) + a.shape, a.dtype) if self.comm.rank == root else None
             self.comm.Gather(a, got, root=root)
             if got is not None:
-                for o, g in zip(outputs[i], got):
-                    _array(o)[...] = g
+                _fill(outputs[i], got)
         return _Done([o for outs in outputs for o in outs])
 
     def scatter(self, outputs, inputs, opts):
@@ -591,9 +621,12 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
         if self.comm.rank == root:
             for t, ins in zip(outputs, inputs):
                 _same("scatter", ins, t, self.comm.size)
-        for i, t in enumerate(outputs):
-            send = np.stack([_array(x) for x in inputs[i]]) if self.comm.rank == root else None
+        dense, back = _dense(outputs)
+        for i, t in enumerate(dense):
+            send = np.stack([_in(x) for x in inputs[i]]) if self.comm.rank == root else None
             self.comm.Scatter(send, _array(t), root=root)
+        if back:
+            back()
         return _Done(outputs)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
@@ -609,24 +642,37 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
                 output.numel() != input.numel():
             raise ValueError(f"all_to_all_single: an output of {output.numel()} {output.dtype} for an input of "
                              f"{input.numel()} {input.dtype}")
-        out, inp = _array(output), _array(input)
+        if not input.is_contiguous():
+            raise ValueError("all_to_all_single: the input must be contiguous, as gloo's (Tensors must be contiguous)")
+        (dense,), back = _dense([output])     # gloo writes a strided output as if contiguous
+        out, inp = _array(dense), _array(input)
         if np.may_share_memory(out, inp):      # in place (all_to_all_single(x, x)): send from a copy
             inp = inp.copy()
         if not output_split_sizes and not input_split_sizes:
             self.comm.Alltoall(inp, out)
-            return _Done([output])
+        else:
+            self._alltoallv(inp, out, output_split_sizes, input_split_sizes)
+        if back:
+            back()
+        return _Done([output])
+
+    def _alltoallv(self, inp, out, output_split_sizes, input_split_sizes):
+        p = self.comm.size
         row_in = inp.size // max(inp.shape[0], 1) if inp.ndim else 1
         row_out = out.size // max(out.shape[0], 1) if out.ndim else 1
         sc = [s * row_in for s in (input_split_sizes or [inp.shape[0] // p] * p)]
         rc = [s * row_out for s in (output_split_sizes or [out.shape[0] // p] * p)]
         self.comm.Alltoallv([inp.reshape(-1), (sc, np.cumsum([0] + sc[:-1]).tolist())],
                             [out.reshape(-1), (rc, np.cumsum([0] + rc[:-1]).tolist())])
-        return _Done([output])
 
     def alltoall(self, outputs, inputs, opts=None):
+        dense, back = _dense(outputs)
         for i, t in enumerate(inputs):
-            self.comm.Sendrecv(_raw(t), i, 0, _raw(outputs[i]), i, 0) if i != self.comm.rank else \
-                _array(outputs[i]).__setitem__(Ellipsis, _array(t))
+            t = t if t.is_contiguous() else t.contiguous()
+            self.comm.Sendrecv(_raw(t), i, 0, _raw(dense[i]), i, 0) if i != self.comm.rank else \
+                _array(dense[i]).__setitem__(Ellipsis, _array(t))
+        if back:
+            back()
         return _Done(outputs)
 
     def barrier(self, opts=None):
@@ -634,17 +680,17 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
         return _Done([])
 
     def send(self, tensors, dst, tag):
-        return _Done(tensors, [self.comm.Isend(_raw(t), dst, tag) for t in tensors])
+        return _Done(tensors, [self.comm.Isend(_raw(_contiguous(t)), dst, tag) for t in tensors])
 
     def recv(self, tensors, src, tag):
-        return _Done(tensors, [self.comm.Irecv(_raw(t), src, tag) for t in tensors])
+        return _Done(tensors, [self.comm.Irecv(_raw(_contiguous(t)), src, tag) for t in tensors])
 
     def recv_anysource(self, tensors, tag):
         """recv without src: from whichever rank sends first; the Work's
         source_rank() names it."""
         if len(tensors) != 1:
             raise ValueError(f"recv_anysource takes one tensor, not {len(tensors)} (as gloo)")
-        return _Done(tensors, [self.comm.Irecv(_raw(tensors[0]), ANY_SOURCE, tag)])
+        return _Done(tensors, [self.comm.Irecv(_raw(_contiguous(tensors[0])), ANY_SOURCE, tag)])
 
 
 def _create(backend_opts, pg_opts=None):

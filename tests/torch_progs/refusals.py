@@ -5,9 +5,10 @@ call that gloo refuses raises, on every rank, and leaves the group
 usable: the next all_reduce gives its sum (a refusal inside shmcoll's
 collective ended the communicator).  bool SUM and PRODUCT reduce as
 gloo's (OR, AND), a small bfloat16 tensor goes by send/recv, gather's
-future holds the gathered tensors as gloo's does, and strided tensors are
-reduced and broadcast (where gloo gets them right, as gloo; elsewhere
-against the sums: gloo reads a strided slice as contiguous memory)."""
+future holds the gathered tensors as gloo's does, and strided tensors go
+into every collective but all_to_all_single (where gloo gets them right,
+as gloo; elsewhere against the sums: gloo reads a strided slice as
+contiguous memory)."""
 import sys
 
 import torch
@@ -28,6 +29,8 @@ bad = {
     "reduce_scatter_tensor_dtypes": lambda: dist.reduce_scatter_tensor(torch.empty(2), torch.ones(2 * n, dtype=torch.int64)),
     "all_to_all_single_splits": lambda: dist.all_to_all_single(torch.empty(2 * n), torch.ones(2 * n),
                                                                [2] * n, [1] * n),
+    "all_to_all_single_strided": lambda: dist.all_to_all_single(torch.empty(2 * n, 3), torch.ones(3, 2 * n).t()),
+    "send_strided": lambda: dist.send(torch.ones(3, 2).t(), (r + 1) % n),
 }
 for name, call in bad.items():
     try:
@@ -48,6 +51,37 @@ for op in (dist.ReduceOp.SUM, dist.ReduceOp.PRODUCT, dist.ReduceOp.MAX, dist.Red
 t = (torch.arange(12.0).reshape(3, 4) + r).t()         # strided: gloo reduces it right
 dist.all_reduce(t)
 out.append(("transposed all_reduce", t.tolist()))
+
+
+def tr(base=0):         # a transposed (strided) 4 x 3 tensor of this rank's
+    return (torch.arange(12.0).reshape(3, 4) + 100 * r + base).t()
+
+
+def zt(rows=4):
+    return torch.zeros(3, rows).t()
+
+
+outs = [zt() for _ in range(n)]                     # the other collectives take strided tensors too, as gloo's
+dist.all_gather(outs, tr())
+out.append(("transposed all_gather", [o.tolist() for o in outs]))
+o = zt(4 * n)
+dist.all_gather_into_tensor(o, tr())
+out.append(("transposed all_gather_into_tensor", o.tolist()))
+outs = [zt() for _ in range(n)] if r == 0 else None
+dist.gather(tr(), outs, dst=0)
+out.append(("transposed gather", [o.tolist() for o in outs] if r == 0 else None))
+o = zt()
+dist.scatter(o, [tr(10 * i) for i in range(n)] if r == n - 1 else None, src=n - 1)
+out.append(("transposed scatter", o.tolist()))
+o = zt()
+dist.reduce_scatter(o, [tr(10 * i) for i in range(n)])
+out.append(("transposed reduce_scatter", o.tolist()))
+o = zt()
+dist.reduce_scatter_tensor(o, (torch.arange(12.0 * n).reshape(3, 4 * n) + r).t())
+out.append(("transposed reduce_scatter_tensor", o.tolist()))
+outs = [zt() for _ in range(n)]
+dist.all_to_all(outs, [tr(10 * i) for i in range(n)])
+out.append(("transposed all_to_all", [o.tolist() for o in outs]))
 if backend == "shmcoll":        # strided slices, which gloo reduces as if contiguous: against the sums
     base = torch.zeros(4, 6)
     t = base[:, ::2]
@@ -64,6 +98,9 @@ if backend == "shmcoll":        # strided slices, which gloo reduces as if conti
     t.copy_(torch.ones(3, 4) * (r + 1))
     dist.reduce(t, 0, dist.ReduceOp.MAX)
     assert r != 0 or (t == n).all() and base.sum() == 12 * n
+    o = torch.zeros(3, 2 * n).t()          # all_to_all_single's strided output, which gloo fills as if contiguous
+    dist.all_to_all_single(o, torch.arange(6.0 * n).reshape(2 * n, 3) + 100 * r)
+    assert torch.equal(o, torch.cat([torch.arange(6.0 * r, 6.0 * r + 6).reshape(2, 3) + 100 * i for i in range(n)]))
 if r < 2:
     t = torch.arange(3, dtype=torch.bfloat16) + r
     if r == 0:
