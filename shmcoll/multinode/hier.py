@@ -345,7 +345,7 @@ class Hier:
         r = simple(recvbuf, "recvbuf", True) if me_root else None
         s = simple(sendbuf, "sendbuf")
         x = r if in_place(s) else s
-        reducible(s_op, x.dtype)
+        reducible(m_op, s_op, x.dtype)
         self._flat("reduce", x.nbytes)
         for lo, hi in self._pieces(x.size, x.itemsize, 1):
             self._reduce(s if in_place(s) else s[lo:hi], r if r is None else r[lo:hi], m_op, s_op, root)
@@ -389,7 +389,7 @@ class Hier:
     def _Allreduce(self, sendbuf, recvbuf, op):
         m_op, s_op = op_pair(op)
         r, s = simple(recvbuf, "recvbuf", True), simple(sendbuf, "sendbuf")
-        reducible(s_op, r.dtype)
+        reducible(m_op, s_op, r.dtype)
         self._alike(s, r, r.size, folded=True)
         self._flat("allreduce", r.nbytes)
         if not self.many:
@@ -406,21 +406,22 @@ class Hier:
         if spread:
             part = self._scratch(r.size // P, r.dtype)
             self.node.Reduce_scatter_block(r if in_place(s) else s, part, op=s_op)
-            self._allreduce_among(self.up, part, m_op)
-            self.node.Allgather(part, r)
+            self.node.Allgather(self._allreduce_among(self.up, part, m_op), r)
             return
         if self.local == 0:
             self.node.Reduce(SHM_IN_PLACE if in_place(s) else s, r, op=s_op, root=0)
-            self._allreduce_among(self.leaders, r, m_op)
+            got = self._allreduce_among(self.leaders, r, m_op)
+            if got is not r:
+                r[...] = got
         else:
             self.node.Reduce(r if in_place(s) else s, None, op=s_op, root=0)
         self.node.Bcast(r, root=0)
 
     def _allreduce_among(self, comm, part, m_op):
         """part reduced over comm's ranks (one per node) into every one's
-        part.  Between EXCHANGE's sizes on a power of two of them, by
-        recursive doubling of Sendrecvs and MPI's own Reduce_local (what
-        MPICH's own does for a commutative op, every predefined one is):
+        part, or into the scratch buffer it returns (the result is where
+        it returns).  Between EXCHANGE's sizes on a power of two of them, by
+        recursive doubling of Sendrecvs and MPI's own Reduce_local:
         MPICH's Allreduce between two leaders took 33.4 us at 32 KiB and
         47 at 128 KiB against 21.6 and 40 for the exchange (Open MPI's
         21.7 and 34.8 against 15.4 and 29.5); at 8 and 512 KiB MPI's own
@@ -428,13 +429,23 @@ class Hier:
         Allreduce's exchange")."""
         n = comm.Get_size()
         if n & (n - 1) or not EXCHANGE[0] <= part.nbytes < EXCHANGE[1]:
-            return comm.Allreduce(mpi().IN_PLACE, part, op=m_op)
+            comm.Allreduce(mpi().IN_PLACE, part, op=m_op)
+            return part
         me, mask = comm.Get_rank(), 1
-        got = self._scratch(part.size, part.dtype, slot=1)
+        cur, other = part, self._scratch(part.size, part.dtype, slot=1)
         while mask < n:
-            comm.Sendrecv(part, me ^ mask, TAG, got, me ^ mask, TAG)
-            m_op.Reduce_local(got, part)
+            peer = me ^ mask
+            comm.Sendrecv(cur, peer, TAG, other, peer, TAG)
+            # both partners fold the lower rank's into the higher's, so
+            # that every rank gets the same bits (MAX of -0.0 and 0.0, or
+            # of a NaN, depends on the order, as does a NaN's sign in a SUM)
+            if peer < me:
+                m_op.Reduce_local(other, cur)
+            else:
+                m_op.Reduce_local(cur, other)
+                cur, other = other, cur
             mask <<= 1
+        return cur
 
     @_legs
     def _Allgather(self, sendbuf, recvbuf):
@@ -672,7 +683,7 @@ class Hier:
         by node, node Scatter (Scatterv where the counts differ)."""
         self._need_blocks()
         m_op, s_op = op_pair(op)
-        reducible(s_op, s.dtype)
+        reducible(m_op, s_op, s.dtype)
         k = int(counts[0])
         if self.many and self.even and (counts == k).all():
             # HAN's: node Reduce_scatter_block (local rank l: blocks l N ..

@@ -138,19 +138,22 @@ def op_pair(op):
 _REDUCIBLE = {}
 
 
-def reducible(s_op, dtype):
-    """Fallback unless the node legs fold dtype with shmcoll's op s_op.
-    Their refusal (a TypeError: MAX of complex, LAND of floats) would come
-    from inside a node leg, which leaves the node's communicator unusable,
-    so the next call ends the job; MPI's own call refuses it on every rank
-    (or folds it) and the communicator goes on."""
-    key = (s_op.code, dtype)
+def reducible(m_op, s_op, dtype):
+    """Fallback unless the node legs fold dtype with shmcoll's op s_op and
+    the MPI legs with MPI's m_op (Reduce_local of one item: MPI refuses
+    MAX of bool, which shmcoll folds).  A refusal would come from inside a
+    leg on some ranks only: from a node leg it leaves the node's
+    communicator unusable, from an MPI leg it leaves the other ranks
+    waiting; MPI's own call refuses it on every rank (or folds it) and the
+    communicator goes on."""
+    key = (s_op.code, m_op.py2f(), dtype)
     ok = _REDUCIBLE.get(key)
     if ok is None:
         try:
             shm_ops.kernel(s_op, dtype)
+            m_op.Reduce_local(np.zeros(1, dtype), np.zeros(1, dtype))
             ok = True
-        except TypeError:
+        except Exception:       # shmcoll's TypeError, MPI's error, mpi4py's for a type it cannot map
             ok = False
         _REDUCIBLE[key] = ok
     if not ok:

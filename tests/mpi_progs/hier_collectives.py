@@ -3,6 +3,7 @@ collective of shmcoll.from_mpi against MPI's own on COMM_WORLD, same
 inputs, results compared exactly (integer-valued data, so every order of
 a sum is exact), and reductions repeated to show they are the same from
 call to call.  Rank 0 prints "ok <checks of each rank>" at the end."""
+import hashlib
 import sys
 
 import numpy as np
@@ -94,6 +95,21 @@ for n in SIZES:
             w.Allreduce(x, ref, op=op)
             same(got, ref, f"Allreduce {tag} {op}")
             same(again, got, f"Allreduce {tag} {op} repeated")
+        if np.dtype(dt).kind == "f":
+            # NaNs and signed zeros: every rank gets the same bits wherever
+            # MPI's own call gives them (MPICH's recursive doubling, at
+            # small sizes, does not: each partner folds the other's first)
+            x = np.resize(np.array([np.nan, -0.0, 2.0] if me % 2 == 0 else [1.0, 0.0, -np.nan], dt), n)
+            for op in (MPI.MAX, MPI.MIN, MPI.SUM):
+                kinds = []
+                for c in (h, w):
+                    got = np.zeros(n, dt)
+                    c.Allreduce(x, got, op=op)
+                    kinds.append(len(set(w.allgather(hashlib.sha1(got.tobytes()).hexdigest()))))
+                if kinds[0] > kinds[1]:
+                    raise AssertionError(f"rank {me}: Allreduce {tag} {op} of NaNs and signed zeros: "
+                                         f"{kinds[0]} different results among the ranks, MPI's own {kinds[1]}")
+                checks += 1
         x = data(n, dt)
         got = x.copy()
         h.Allreduce(MPI.IN_PLACE, got)

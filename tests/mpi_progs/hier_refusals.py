@@ -1,6 +1,7 @@
 """Run under mpiexec with SHMCOLL_VIRTUAL_NODES=2,2: what MPI's own call
 refuses on every rank (a dtype MPI cannot carry, a root that is no rank, an
-op the dtype has not, send and receive buffers that do not agree) the hierarchical call refuses on every rank with
+op the dtype has not, MPI's or shmcoll's, send and receive buffers that do
+not agree) the hierarchical call refuses on every rank with
 MPI's exception, and the communicator goes on; MPI's pair types and WCHAR
 in a spec give MPI's result.  Rank 0 prints "ok" at the end."""
 import sys
@@ -65,6 +66,25 @@ cases = {
 for name, call in cases.items():
     mpi_exc, hier_exc = refused(call)
     assert mpi_exc is not None and hier_exc is mpi_exc, (me, name, mpi_exc, hier_exc)
+# ops shmcoll folds on a dtype and MPI may not (MAX of bool: MPICH refuses
+# it): the hierarchical call does what MPI's own does, on every rank (its
+# MPI legs raised on the leaders that fold, and the others waited)
+for op in (MPI.MAX, MPI.MIN, MPI.BAND, MPI.SUM):
+    for name, call in (("Reduce", lambda c, x, y: c.Reduce(x, y, op=op, root=1)),
+                       ("Allreduce", lambda c, x, y: c.Allreduce(x, y, op=op)),
+                       ("Reduce_scatter_block", lambda c, x, y: c.Reduce_scatter_block(x, y[:len(x) // p], op=op))):
+        seen = []
+        for c in (w, h):
+            x, y = np.arange(8 * p) % 3 == me % 2, np.zeros(8 * p, bool)
+            try:
+                call(c, x, y)
+                seen.append(y[:8].tolist() if name != "Reduce" or me == 1 else None)
+            except Exception as e:
+                seen.append(type(e))
+            x = np.ones(4)
+            h.Allreduce(MPI.IN_PLACE, x)        # usable after
+            assert x[0] == p
+        assert seen[0] == seen[1], (me, name, op, seen)
 for t in ("TWOINT", "DOUBLE_INT", "SHORT_INT", "WCHAR"):
     dt = getattr(MPI, t)
     n = 3 * dt.Get_extent()[1]
