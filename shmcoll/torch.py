@@ -164,9 +164,10 @@ def _dense(tensors):
     dense = [t if t.is_contiguous() else t.contiguous() for t in tensors]
 
     def back():
-        for t, d in zip(tensors, dense):
-            if d is not t:
-                t.copy_(d)
+        with torch.no_grad():           # a tensor that requires grad takes the result as its data, as gloo's
+            for t, d in zip(tensors, dense):
+                if d is not t:
+                    t.copy_(d)
     return dense, back if any(d is not t for t, d in zip(tensors, dense)) else None
 
 
@@ -227,16 +228,20 @@ def _reduction(opts, tensors):
 
 
 def _checked(opts, tensors):
-    op, avg = _op(opts)
+    given, avg = _op(opts)
+    ours = set()
     for t in tensors:
         if avg and not (t.is_floating_point() or t.is_complex()):
             raise ValueError(f"ReduceOp.AVG of {t.dtype} tensors: torch averages floating point only")
-        if t.dtype == torch.bool:
-            op = {ops.SUM: ops.MAX, ops.PROD: ops.MIN}.get(op, op)
+        op = {ops.SUM: ops.MAX, ops.PROD: ops.MIN}.get(given, given) if t.dtype == torch.bool else given
         dt = _numpy_dtype(t.dtype)
         if dt is not None:
             ops.kernel(op, dt)
-    return op, avg
+        ours.add(op)
+    if len(ours) > 1:       # one op for the call: bool's OR or AND would reduce the others
+        raise ValueError(f"one {given.name} of bool and other tensors together (as gloo, which refuses tensors "
+                         f"of different types in one call)")
+    return ours.pop() if ours else given, avg
 
 
 @functools.lru_cache(maxsize=None)
@@ -270,8 +275,9 @@ def _whole(what, whole, block, size):
 
 
 def _average(tensors, size):
-    for t in tensors:
-        t.div_(size)
+    with torch.no_grad():
+        for t in tensors:
+            t.div_(size)
 
 
 def _seconds(timeout):

@@ -45,7 +45,7 @@ def test_refusals_and_edge_dtypes_as_gloos(n, tmp_path):
         torchrun("refusals.py", n, backend, tmp_path / backend)
         got[backend] = [(tmp_path / f"{backend}.{r}").read_text() for r in range(n)]
     assert got["shmcoll"] == got["gloo"]
-    assert got["gloo"][0].count("'raised'") == 8, got["gloo"][0]
+    assert got["gloo"][0].count("'raised'") == 9, got["gloo"][0]
 
 
 def test_the_default_init_under_shmcoll_run(tmp_path):

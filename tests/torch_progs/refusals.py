@@ -32,6 +32,15 @@ bad = {
     "all_to_all_single_strided": lambda: dist.all_to_all_single(torch.empty(2 * n, 3), torch.ones(3, 2 * n).t()),
     "send_strided": lambda: dist.send(torch.ones(3, 2).t(), (r + 1) % n),
 }
+
+
+def coalesced_bool_and_float():           # one reduction of both: gloo refuses tensors of two types
+    with dist._coalescing_manager():
+        dist.all_reduce(torch.tensor([r == 0, False]))
+        dist.all_reduce(torch.tensor([1.5, 2.0 + r]))
+
+
+bad["coalesced_bool_and_float"] = coalesced_bool_and_float
 for name, call in bad.items():
     try:
         call()
@@ -51,6 +60,24 @@ for op in (dist.ReduceOp.SUM, dist.ReduceOp.PRODUCT, dist.ReduceOp.MAX, dist.Red
 t = (torch.arange(12.0).reshape(3, 4) + r).t()         # strided: gloo reduces it right
 dist.all_reduce(t)
 out.append(("transposed all_reduce", t.tolist()))
+# tensors that require grad take the result as their data (gloo's AVG
+# raises there: its division is an in-place op on a leaf; shmcoll's is
+# checked against the sums)
+for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG) if backend == "shmcoll" else (dist.ReduceOp.SUM,):
+    x = torch.empty_strided((4, 3), (1, 4), requires_grad=True)
+    with torch.no_grad():
+        x.copy_((torch.arange(12.0).reshape(3, 4) + r).t())
+    dist.all_reduce(x, op)
+    v = torch.ones(3, 4, requires_grad=True).t()      # a view of one
+    dist.all_reduce(v, op)
+    c = torch.full((4,), float(r), requires_grad=True)
+    dist.all_reduce(c, op)
+    if op == dist.ReduceOp.SUM:
+        out.append(("requires grad", x.tolist(), v.tolist(), c.tolist()))
+    else:
+        k = sum(range(n)) / n
+        assert torch.equal(x.detach(), (torch.arange(12.0).reshape(3, 4) + k).t()) and (v == 1).all() and \
+            (c == k).all(), (x, v, c)
 
 
 def tr(base=0):         # a transposed (strided) 4 x 3 tensor of this rank's
