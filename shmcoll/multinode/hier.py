@@ -41,7 +41,7 @@ K, M = 1 << 10, 1 << 20
 FLAT_BELOW = {
     "MPICH": {"barrier": 0, "bcast": 64 * K, "reduce": 4 * K, "allreduce": 16 * K, "allgather": 16 * K,
               "gather": 16 * K, "scatter": 16 * M, "alltoall": 4 * M, "reduce_scatter": None},
-    "Open MPI": {"barrier": None, "bcast": 256 * K, "reduce": 256 * K, "allreduce": 128 * K, "allgather": 64 * K,
+    "Open MPI": {"barrier": None, "bcast": 256 * K, "reduce": M, "allreduce": 128 * K, "allgather": 64 * K,
                  "gather": 4 * M, "scatter": 256 * K, "alltoall": 256 * K, "reduce_scatter": 256 * K},
 }
 
