@@ -166,6 +166,20 @@ def test_what_mpi_refuses_is_refused_on_every_rank(env):
 
 
 @pytest.mark.parametrize("env", envs())
+def test_what_mpi4py_refuses_on_some_ranks_raises_there(env):
+    """Under the hierarchical world, a Gather or Scatter root's buffer of
+    no whole blocks and a Reduce_scatter recvbuf of another count than
+    its rank's raise mpi4py's ValueError on those ranks (the legs took
+    them), before any leg; a strided buffer raises mpi4py's BufferError
+    (it was ValueError); the world goes on."""
+    for case in ("gather", "scatter", "reduce_scatter", "strided", "strided recvbuf"):
+        rc, out, _ = mpiexec(env, 4, "hier_mpi4py_errors.py", case, nodes="2,2", extra={"SHMCOLL_FLAT_BELOW": "0"},
+                             timeout=90)
+        assert rc == 0 and sorted(x for x in out.split("\n") if x.startswith("ok ")) == [f"ok {r}" for r in range(4)], \
+            (case, out[-3000:])
+
+
+@pytest.mark.parametrize("env", envs())
 def test_init_gives_the_virtual_node(env):
     """shmcoll.init() under mpiexec takes SHMCOLL_VIRTUAL_NODES as from_mpi
     does: 3+1 gives a communicator of 3 and one of 1, and says the job

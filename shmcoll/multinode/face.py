@@ -59,10 +59,11 @@ def module(name):
         from it."""
 
         def _made(self, call, *args):
+            """MPI's call on this communicator's own handle (COMM_WORLD's
+            attributes copied to a Dup, say), hierarchical over it."""
+            made = getattr(MPI.Intracomm, call)(self, *args)
             hier = self.__dict__.get("hier")
-            if hier is None:
-                return getattr(MPI.Intracomm, call)(self, *args)
-            return face(getattr(hier, call)(*args))
+            return made if hier is None else face(hier._derived(made))
 
         def Dup(self, info=None):
             return self._made("Dup", info)

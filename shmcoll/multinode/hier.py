@@ -514,6 +514,8 @@ class Hier:
         me_root = self.rank == root
         s = simple(sendbuf, "sendbuf")
         r = simple(recvbuf, "recvbuf", True, self.size) if me_root else None
+        if me_root and r.size % self.size:
+            raise Fallback              # mpi4py's ValueError, at the root
         k = r.size // self.size if me_root else s.size
         self._flat("gather", k * (r if me_root else s).itemsize)
         rn, rl = int(self.node_of[root]), int(self.local_of[root])
@@ -538,6 +540,8 @@ class Hier:
         me_root = self.rank == root
         r = simple(recvbuf, "recvbuf", True)
         s = simple(sendbuf, "sendbuf", False, self.size) if me_root else None
+        if me_root and s.size % self.size:
+            raise Fallback              # mpi4py's ValueError, at the root
         k = s.size // self.size if me_root else r.size
         self._flat("scatter", k * (s if me_root else r).itemsize)
         rn, rl = int(self.node_of[root]), int(self.local_of[root])
@@ -672,6 +676,8 @@ class Hier:
         counts = np.asarray(recvcounts, np.int64).reshape(-1)
         if counts.size != self.size:
             raise ValueError(f"Reduce_scatter: {counts.size} recvcounts for {self.size} ranks")
+        if not in_place(s) and r.size != counts[self.rank]:
+            raise Fallback              # mpi4py's ValueError (mismatch in receive count), on this rank
         self._flat("reduce_scatter", int(counts.max(initial=0)) * r.itemsize)
         self._reduce_scatter(r.copy() if in_place(s) else s, r[:counts[self.rank]], counts, op)
 

@@ -77,8 +77,12 @@ def carried(a):
 
 def _array(x, what, writable):
     """Any buffer shmcoll takes (the buffer protocol, DLPack, Fortran
-    order) as a flat numpy array over the same memory."""
-    b = buffers.checked(x, what, writable)[0]
+    order) as a flat numpy array over the same memory; else Fallback:
+    MPI's own call raises mpi4py's error (BufferError for a strided one)."""
+    try:
+        b = buffers.checked(x, what, writable)[0]
+    except ValueError:
+        raise Fallback from None
     return carried((b if isinstance(b, np.ndarray) else np.asarray(b)).reshape(-1))
 
 

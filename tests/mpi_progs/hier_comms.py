@@ -6,7 +6,7 @@ on the same group, their point-to-point is MPI's, Free makes them
 COMM_NULL and their collectives then raise MPI's error (Disconnect too),
 a Dup and Free in a loop leaves no descriptor or mapping behind, a
 communicator from Idup (MPI's own) still Dups, and COMM_WORLD is MPI's
-own handle (its name, ==, pickling; Free refused).  Rank 0
+own handle (its name, ==, pickling, attributes a Dup copies; Free refused).  Rank 0
 prints "ok" and, per communicator made, the node sizes of each rank's."""
 import os
 import pickle
@@ -105,8 +105,13 @@ else:
     raise AssertionError("COMM_WORLD.Free() did not raise")
 assert world == plain.COMM_WORLD and world.Get_name() == "MPI_COMM_WORLD", world.Get_name()
 assert pickle.loads(pickle.dumps(world)) is world
+key = MPI.Comm.Create_keyval(copy_fn=lambda o, k, v: v)     # COMM_WORLD's attributes go to its Dup, as MPI's
+world.Set_attr(key, "copied")
 c = world.Dup()
+assert c.Get_attr(key) == "copied" and hasattr(c, "hier"), c.Get_attr(key)
 c.Free()
+world.Delete_attr(key)
+MPI.Comm.Free_keyval(key)
 before = held()
 for _ in range(10):
     c = world.Split(me % 2)
