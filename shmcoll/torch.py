@@ -280,6 +280,21 @@ def _average(tensors, size):
             t.div_(size)
 
 
+def _finish(dense, back, avg, size):
+    """What a reduction runs once its calls completed: AVG's division of
+    the contiguous stand-ins, then the copy back into strided tensors
+    (_dense); None where there is nothing to do."""
+    if not (avg or back):
+        return None
+
+    def finish():
+        if avg:
+            _average(dense, size)
+        if back:
+            back()
+    return finish
+
+
 def _seconds(timeout):
     """A timedelta's seconds (or a number's); None or 0: no limit."""
     return timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
@@ -509,13 +524,7 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
         def start(blocking):
             call = self.comm.Allreduce if blocking else self.comm.Iallreduce
             return [call(IN_PLACE, _array(t), op=op) for t in dense]
-
-        def finish():
-            if avg:
-                _average(dense, self.comm.size)
-            if back:
-                back()
-        return self._launch(tensors, sum(t.nbytes for t in tensors), start, finish if avg or back else None)
+        return self._launch(tensors, sum(t.nbytes for t in tensors), start, _finish(dense, back, avg, self.comm.size))
 
     def allreduce_coalesced(self, tensors, opts):
         return self.allreduce(tensors, opts)
@@ -566,13 +575,7 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
 
         def start(blocking):
             return [(self.comm.Reduce_scatter_block if blocking else self.comm.Ireduce_scatter_block)(inp, out, op=op)]
-
-        def finish():
-            if avg:
-                _average([dense], self.comm.size)
-            if back:
-                back()
-        return self._launch([output], inp.nbytes, start, finish if avg or back else None)
+        return self._launch([output], inp.nbytes, start, _finish([dense], back, avg, self.comm.size))
 
     reduce_scatter_single = _reduce_scatter_base     # torch 2.13's name for reduce_scatter_tensor's
 
@@ -604,10 +607,9 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
         dense, back = _dense(outputs)
         for out, ins in zip(dense, inputs):
             self.comm.Reduce_scatter_block(np.stack([_in(t) for t in ins]), _array(out), op=op)
-        if avg:
-            _average(dense, self.comm.size)
-        if back:
-            back()
+        done = _finish(dense, back, avg, self.comm.size)
+        if done:
+            done()
         return _Done(outputs)
 
     def reduce(self, tensors, opts):
@@ -618,11 +620,9 @@ class ProcessGroupShmcoll(dist.ProcessGroup):
             a = _array(t)
             self.comm.Reduce(IN_PLACE, a, op=op, root=root) if self.comm.rank == root else \
                 self.comm.Reduce(a, None, op=op, root=root)
-        if self.comm.rank == root:
-            if avg:
-                _average(dense, self.comm.size)
-            if back:
-                back()
+        done = _finish(dense, back, avg, self.comm.size)
+        if done and self.comm.rank == root:
+            done()
         return _Done(tensors)
 
     def gather(self, outputs, inputs, opts):
