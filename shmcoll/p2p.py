@@ -43,6 +43,13 @@ def _busy_as(comm, pp, pending):
     lib.sc_p2p_busy(bool(_busy))
 
 
+def hold(owner, pending):
+    """owner (its _p2p_poll() advances work outside shmcoll: the multi-node
+    face's MPI requests) has work pending that every wait here must
+    advance, as a communicator's pending calls are."""
+    _busy_as(owner, owner, pending)
+
+
 def _poll():
     if _busy:
         for comm in list(_busy.values()):
@@ -474,6 +481,7 @@ class _SendRequest(_P2PRequest):
 
 class _RecvRequest(_P2PRequest):
     _obj = False
+    _error = None           # this receive's own error (a truncated message), for its Wait or Test
 
     @classmethod
     def posted(cls, comm, buf, source, tag, stage):
@@ -513,7 +521,18 @@ class _RecvRequest(_P2PRequest):
 
     def _match(self, ahead):
         """Try to take its message (under the lock), passing over those the
-        unmatched receives posted before it (ahead) fit: True once matched."""
+        unmatched receives posted before it (ahead) fit: True once matched.
+        A message it cannot hold is taken all the same (as MPI's is) and
+        its error kept for this request's Wait or Test to raise: raised
+        here, from a poll, it would reach whichever call polled and leave
+        this receive posted, to take the next message in its place."""
+        try:
+            return self._take(ahead)
+        except MPIError as e:
+            self._error = e
+            return True
+
+    def _take(self, ahead):
         comm = self._comm
         if self._obj:
             got = _probe(comm._ctx, self._source, self._tag, False, True, ahead)
@@ -536,6 +555,10 @@ class _RecvRequest(_P2PRequest):
     def _test(self):
         if self._got is None and not self._cancelled:
             self._comm._p2p_poll()
+        if self._error is not None:
+            err, self._error = self._error, None
+            self._active, self._null, self._buf = False, True, None
+            raise err
         if self._cancelled:
             self._status = Status()
             self._status._found(ANY_SOURCE, ANY_TAG, 0)

@@ -247,6 +247,32 @@ def test_truncation(nbytes):
     assert run(job, 2, timeout=30) == [("mpi", ERR_TRUNCATE), "peer"]
 
 
+@pytest.mark.parametrize("nbytes", [64, 3 * RING])
+def test_truncated_while_another_receive_is_pending(nbytes):
+    """Under ERRORS_RETURN, a receive truncated while another receive is
+    pending (so matched in a poll, not at once) raises at its own wait and
+    the next receive gets the next message (it was left posted, took that
+    message in the next one's place, and the next one waited forever)."""
+    def job(comm):
+        comm.Set_errhandler(MPI.ERRORS_RETURN)
+        if comm.rank == 1:
+            comm.Send(data(1, 0, nbytes, np.uint8), 0, 4)
+            comm.Send(data(1, 0, 16, np.uint8, salt=1), 0, 4)
+            comm.Send(np.ones(1), 0, 99)
+            return None
+        pending = comm.Irecv(np.zeros(1), 1, 99)
+        err = None
+        try:
+            comm.Recv(np.zeros(nbytes // 2, np.uint8), 1, 4)
+        except MPIError as e:
+            err = e.Get_error_class()
+        got = np.zeros(16, np.uint8)
+        comm.Recv(got, 1, 4)
+        pending.Wait()
+        return err, np.array_equal(got, data(1, 0, 16, np.uint8, salt=1))
+    assert run(job, 2, timeout=30)[0] == (ERR_TRUNCATE, True)
+
+
 @pytest.mark.parametrize("call,cls", [(lambda c: c.Send(np.zeros(1), c.size), ERR_RANK),
                                       (lambda c: c.Recv(np.zeros(1), -7), ERR_RANK),
                                       (lambda c: c.Send(np.zeros(1), 0, -1), ERR_TAG),
