@@ -123,6 +123,20 @@ def test_user_messages_never_match_the_legs(env):
 
 
 @pytest.mark.parametrize("env", envs())
+@pytest.mark.parametrize("nodes", ["2,2", "3,1"])
+def test_face_point_to_point_within_a_node_is_shmcolls(env, nodes):
+    """Under `from shmcoll import MPI`, node-mates' messages go through
+    shmcoll (MPI's own probe never sees them), others' through MPI, and
+    together they keep MPI's rules: receives from any source in posting
+    order across both, no overtaking, derived datatypes as MPI delivers
+    them, a truncated receive raising MPI's error with the communicator
+    going on, and a rank waiting on one transport letting the other's
+    large message move (tests/mpi_progs/face_p2p.py)."""
+    rc, out, _ = mpiexec(env, 4, "face_p2p.py", nodes=nodes, timeout=90)
+    assert rc == 0 and "ok" in out.split(), out[-3000:]
+
+
+@pytest.mark.parametrize("env", envs())
 @pytest.mark.parametrize("nodes,split,undefined,dup_of_split", [
     ("2,2", [[1, 1]] * 4, [None, [1, 2], [1, 2], [1, 2]], [[2, 1], [2, 1], [2, 1], [1]]),
     ("3,1", [[2], [1, 1], [2], [1, 1]], [None, [2, 1], [2, 1], [2, 1]], [[3], [3], [3], [1]])])

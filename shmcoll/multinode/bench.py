@@ -18,7 +18,11 @@ import time
 import numpy as np
 
 OPS = ("barrier", "bcast", "reduce", "allreduce", "allgather", "gather", "scatter", "alltoall",
-       "reduce_scatter_block")
+       "reduce_scatter_block", "pingpong", "pingpong_across")
+# point-to-point through `from shmcoll import MPI` (its COMM_WORLD): rank 0
+# and its node-mate (shmcoll's shared memory), rank 0 and the next node's
+# first rank (MPI's, through the face's checks); the others wait
+P2P = ("pingpong", "pingpong_across")
 SIZES = "8,64,1K,16K,64K,256K,1M,4M,16M"
 
 
@@ -28,10 +32,18 @@ def _size(text):
     return int(t[:-1]) * units[t[-1]] if t and t[-1] in units else int(t)
 
 
-def _call(comm, op, n, p, MPI):
+def _call(comm, op, n, p, MPI, peer=1):
     """A zero-argument call of op on comm with n bytes (the whole buffer
-    for Bcast and the reductions, one rank's block for the others)."""
+    for Bcast and the reductions, one rank's block for the others, each
+    message of a ping-pong with peer)."""
     k = max(n // 8, 1) if op != "barrier" else 0
+    if op in P2P:
+        me, a = comm.Get_rank(), np.ones(k)
+        if me == 0:
+            return lambda: (comm.Send(a, peer, 1), comm.Recv(a, peer, 1))
+        if me == peer:
+            return lambda: (comm.Recv(a, 0, 1), comm.Send(a, 0, 1))
+        return lambda: None
     a, b = np.ones(k), np.zeros(k * p)
     if op == "barrier":
         return comm.Barrier
@@ -93,10 +105,19 @@ def main(argv=None):
     world = MPI.COMM_WORLD
     hier = shmcoll.from_mpi(world)
     p = world.Get_size()
+    face = None
+    if any(op in P2P for op in a.ops):
+        from .face import module
+        face = module("shmcoll.MPI").COMM_WORLD
+    across = int(hier.starts[1]) if len(hier.starts) > 1 else 1
     rows = []
     for op in a.ops:
         for n in ([0] if op == "barrier" else [_size(x) for x in a.sizes.split(",")]):
-            calls = {"shmcoll": _call(hier, op, n, p, MPI), "mpi": _call(world, op, n, p, MPI)}
+            if op in P2P:
+                peer = 1 if op == "pingpong" else across
+                calls = {"shmcoll": _call(face, op, n, p, MPI, peer), "mpi": _call(world, op, n, p, MPI, peer)}
+            else:
+                calls = {"shmcoll": _call(hier, op, n, p, MPI), "mpi": _call(world, op, n, p, MPI)}
             for fn in calls.values():
                 fn()
             reps = {k: _reps(world, fn, a.min_time) for k, fn in calls.items()}
@@ -105,10 +126,11 @@ def main(argv=None):
                 for k, fn in (calls.items() if r % 2 == 0 else reversed(calls.items())):
                     times[k].append(_time(world, fn, reps[k]))
             ratio = float(np.median(np.array(times["shmcoll"]) / np.array(times["mpi"])))
-            legs = n >= hier._below[op.replace("_block", "")]
+            legs = op in P2P or n >= hier._below[op.replace("_block", "")]
             row = {"op": op, "bytes": n, "shmcoll_us": 1e6 * float(np.median(times["shmcoll"])),
                    "mpi_us": 1e6 * float(np.median(times["mpi"])), "ratio": ratio,
-                   "path": "legs" if legs else "MPI's own"}
+                   "path": ("shmcoll" if op == "pingpong" else "MPI's") if op in P2P
+                   else "legs" if legs else "MPI's own"}
             rows.append(row)
             if world.Get_rank() == 0:
                 print(f"{op:>21} {n:>9} B  shmcoll {row['shmcoll_us']:10.2f} us  MPI {row['mpi_us']:10.2f} us  "
@@ -118,6 +140,8 @@ def main(argv=None):
         with open(a.json, "w") as f:
             json.dump({"library": MPI.Get_library_version().splitlines()[0], "ranks": p, "nodes": layout,
                        "argv": sys.argv, "rows": rows}, f, indent=1)
+    if face is not None:
+        face.hier.Free(keep=True)
     hier.Free()
     return 0
 

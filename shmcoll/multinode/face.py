@@ -49,9 +49,9 @@ def module(name):
         raise ImportError(f"shmcoll.MPI: this job's ranks are on several nodes, and between nodes shmcoll runs "
                           f"through the job's MPI library: install mpi4py built against it (pip install mpi4py; "
                           f"docs/multinode.md) ({e})") from None
-    from . import Hier, from_mpi
+    from . import Hier, from_mpi, p2p
 
-    class Intracomm(MPI.Intracomm):
+    class Intracomm(p2p.Routed, MPI.Intracomm):
         """An MPI communicator whose blocking collectives are its
         hierarchical communicator's (bound on the instance), as are the
         communicators made from it.  One made otherwise (Idup's, which
@@ -105,7 +105,7 @@ def module(name):
                 return free(self)
             hier.Free(keep=True)        # the handle this object shares is freed next, through it
             free(self)
-            for call in COLLECTIVES:
+            for call in COLLECTIVES + ("route",):
                 self.__dict__.pop(call, None)
 
     Intracomm.__module__ = name
@@ -117,7 +117,7 @@ def module(name):
         if not isinstance(hier, Hier):
             return hier                 # COMM_NULL
         comm = Intracomm(hier.mpi if handle is None else handle)
-        comm.hier = hier
+        comm.hier, comm.route = hier, p2p.Route(comm, hier)
         for call in COLLECTIVES:
             setattr(comm, call, getattr(hier, call))
         return comm
@@ -125,6 +125,7 @@ def module(name):
     world = face(from_mpi(MPI.COMM_WORLD), MPI.COMM_WORLD)
     m = _Module(name, __doc__)
     m._mpi, m.COMM_WORLD = MPI, world
+    m.__dict__.update(p2p.MODULE)
     m.__all__ = [n for n in dir(MPI) if not n.startswith("_")]
     return m
 

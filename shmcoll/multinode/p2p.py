@@ -1,0 +1,1280 @@
+"""Point-to-point on the face's hierarchical communicators (`from shmcoll
+import MPI` across nodes): a message between two ranks of one node goes
+through the node's shmcoll communicator, one between nodes through MPI.
+The pair of ranks alone decides which, so MPI's order between two ranks
+holds, whatever the calls.
+
+A receive from a given rank waits on that rank's transport.  A receive
+from any source (and one whose datatype only MPI can read, and any
+receive posted while such a one waits) is queued here and matched in
+posting order: each pass takes the transports' messages with their
+matched probes and hands each to the first queued receive it fits, as
+MPI's matching would.  Waits advance both transports: shmcoll's waits
+call this module's poll while it has work (MPI's progress, the queues),
+and a wait on MPI here tests while advancing shmcoll's, so a message
+moves while its owner waits on the other transport (MPI's progress rule).
+
+A derived datatype's message crosses the node as MPI packs it (MPI_PACKED
+matches every type), through a private duplicate of COMM_SELF."""
+import operator
+import os
+import threading
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import nonblocking, p2p as shm_p2p, request as shm_request, sendmodes
+from ..errors import ERR_CLASSES, ERRORS_RETURN, MPIError
+from ..request import Status as ShmStatus
+from .specs import Fallback, simple
+
+Intracomm, _Request, _Prequest, _Message = MPI.Intracomm, MPI.Request, MPI.Prequest, MPI.Message
+ANY_SOURCE, ANY_TAG, PROC_NULL = MPI.ANY_SOURCE, MPI.ANY_TAG, MPI.PROC_NULL
+LOCAL, REMOTE, ANY = "local", "remote", "any"
+
+
+# -- errors, statuses, bytes -------------------------------------------------------------------
+def _raise(exc):
+    """shmcoll's MPIError as mpi4py's MPI.Exception of the same class (the
+    codes differ: Open MPI's are not MPICH's), shmcoll's text chained."""
+    name = {v: k for k, v in ERR_CLASSES.items()}.get(exc.error_class, "ERR_OTHER")
+    raise MPI.Exception(getattr(MPI, name, MPI.ERR_OTHER)) from exc
+
+
+class _Translated:
+    """A block whose shmcoll MPIError raises as _raise gives it."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if isinstance(exc, MPIError):
+            _raise(exc)
+        return False
+
+
+_SHM = _Translated()
+
+
+def _fill(status, source, tag, nbytes, cancelled=False):
+    if status is not None:
+        status.Set_source(source)
+        status.Set_tag(tag)
+        status.Set_error(MPI.SUCCESS)
+        status.Set_elements(MPI.BYTE, nbytes)
+        status.Set_cancelled(cancelled)
+
+
+def _empty(status):
+    """An inactive request's status, as MPI gives it."""
+    _fill(status, ANY_SOURCE, ANY_TAG, 0)
+
+
+def _flat(spec, what, writable):
+    """A spec's items as a flat array over the user's memory; None where
+    only MPI reads it (a derived datatype; a spec mpi4py refuses, with its
+    error)."""
+    if spec is None:
+        return np.empty(0, np.uint8)
+    if (type(spec) is np.ndarray and spec.flags.c_contiguous and (spec.flags.writeable or not writable)
+            and spec.dtype.isnative and not spec.dtype.hasobject):
+        return spec         # the common case, as simple() would read it
+    try:
+        a = simple(spec, what, writable)
+    except (Fallback, TypeError, ValueError, BufferError):
+        return None
+    return a.view(np.uint8)
+
+
+_self, _self_lock = [], threading.Lock()
+
+
+def _selfcomm():
+    with _self_lock:
+        if not _self:
+            _self.append(MPI.COMM_SELF.Dup())
+        return _self[0]
+
+
+def _pack(spec):
+    """The message spec as MPI's packed bytes (MPI's own type engine reads it, and raises mpi4py's error)."""
+    c = _selfcomm()
+    with _self_lock:
+        req = c.Isend(spec, 0, 0)
+        st = MPI.Status()
+        c.Probe(0, 0, st)
+        out = np.empty(st.Get_count(MPI.BYTE), np.uint8)
+        c.Recv([out, MPI.PACKED], 0, 0)
+        req.Wait()
+    return out
+
+
+def _unpack(data, spec):
+    """Packed bytes into spec (MPI's ERR_TRUNCATE where they do not fit)."""
+    c = _selfcomm()
+    with _self_lock:
+        req = c.Isend([data, MPI.PACKED], 0, 0)
+        try:
+            c.Recv(spec, 0, 0)
+        finally:
+            req.Wait()
+
+
+def _outgoing(spec, what):
+    flat = _flat(spec, what, False)
+    return _pack(spec) if flat is None else flat
+
+
+# -- progress between the transports -------------------------------------------------------------
+class _Engine:
+    """What shmcoll's waits advance while this module has work: MPI's
+    progress (an MPI request of the face may be what a node peer's message
+    waits on) and the queued receives."""
+    live = {}                   # id -> the face's MPI requests that may be pending (mpi4py's are unhashable)
+    routes = set()              # routes with queued receives
+
+    def _p2p_poll(self):
+        for r in list(self.routes):
+            r.sweep()
+        if self.live:
+            for k, r in list(self.live.items()):
+                if _Request.__eq__(r, MPI.REQUEST_NULL):
+                    del self.live[k]
+            _selfcomm().Iprobe(0, 1)        # MPI's progress engine turns (both libraries progress in Iprobe)
+        self.held()
+
+    def held(self):
+        shm_p2p.hold(self, bool(self.routes or self.live))
+
+
+_ENGINE = _Engine()
+
+
+def _shm_busy():
+    return bool(shm_p2p._busy or nonblocking._busy)
+
+
+def _advance(spins):
+    """One turn of waiting: both transports' pending work, then the CPU for others."""
+    shm_request.progress()
+    if _ENGINE.live:
+        _selfcomm().Iprobe(0, 1)
+    if spins > 16:
+        os.sched_yield()
+
+
+def _mpi_track(req):
+    """req (a face request over an MPI handle) as pending work."""
+    _ENGINE.live[id(req)] = req
+    _ENGINE.held()
+    return req
+
+
+# -- requests ---------------------------------------------------------------------------------------------
+class _Op:
+    """A face request's operation that MPI's handle does not carry: poll()
+    advances it (True once done), complete(status) fills status and hands
+    back the received object."""
+    fields = None           # (source, tag, nbytes, cancelled) once done
+    result = None
+    error = None
+
+    def complete(self, status):
+        if self.error is not None:
+            raise self.error
+        _fill(status, *self.fields)
+        return self.result
+
+    def cancel(self):
+        pass
+
+
+class _Done(_Op):
+    def __init__(self, fields, result=None):
+        self.fields, self.result = fields, result
+
+    def poll(self):
+        return True
+
+
+class _Shm(_Op):
+    """A nonblocking call on the node's communicator."""
+
+    def __init__(self, route, inner, pickled=False):
+        self.route, self.inner, self.pickled = route, inner, pickled
+
+    def poll(self):
+        if self.fields is not None:
+            return True
+        st = ShmStatus()
+        with _SHM:
+            done, obj = self.inner.test(st) if self.pickled else (self.inner.Test(st), None)
+        if done:
+            self.fields = _fields(st) if self.route is None else self.route.fields(st)
+            self.result = obj
+        return done
+
+    def cancel(self):
+        self.inner.Cancel()
+
+
+class _Mpi(_Op):
+    """An MPI request a queued receive began (its message's Irecv)."""
+
+    def __init__(self, inner, pickled):
+        self.inner, self.pickled = inner, pickled
+        _mpi_track(inner)
+
+    def poll(self):
+        if self.fields is not None:
+            return True
+        st = MPI.Status()
+        done, obj = self.inner.test(st) if self.pickled else (_Request.Test(self.inner, st), None)
+        if done:
+            self.fields = (st.Get_source(), st.Get_tag(), st.Get_count(MPI.BYTE), st.Is_cancelled())
+            self.result = obj
+        return done
+
+    def cancel(self):
+        _Request.Cancel(self.inner)
+
+
+def _deliver(msg, fields, buf, pickled):
+    """A node message (fields: its translated status) into buf, or its object."""
+    with _SHM:
+        if pickled:
+            return msg.recv()
+        flat = _flat(buf, "Recv", True)
+        if flat is not None:
+            msg.Recv(flat)
+            return None
+        data = np.empty(fields[2], np.uint8)     # only MPI reads the datatype: its packed bytes, unpacked
+        msg.Recv(data)
+    _unpack(data, buf)
+    return None
+
+
+class _Recv(_Op):
+    """A queued receive: a sweep gives it its message, then it is that transport's."""
+    bound = None
+    cancelled = False
+
+    def __init__(self, route, buf, source, tag, pickled):
+        self.route, self.buf, self.source, self.tag, self.pickled = route, buf, source, tag, pickled
+
+    def fits(self, source, tag):
+        return self.source in (ANY_SOURCE, source) and self.tag in (ANY_TAG, tag)
+
+    def take(self, kind, msg, st):
+        """msg (kind: which transport holds it; st: its status there) is this receive's."""
+        if kind == REMOTE:
+            try:
+                self.bound = _Mpi(msg.irecv() if self.pickled else msg.Irecv(self.buf), self.pickled)
+            except Exception as e:      # the wait that completes this receive raises it
+                self.error, self.fields = e, _fields(st)
+            return
+        fields = self.route.fields(st)
+        try:
+            self.result = _deliver(msg, fields, self.buf, self.pickled)
+        except Exception as e:
+            self.error = e
+        self.fields = fields
+
+    def poll(self):
+        if self.fields is not None:
+            return True
+        if self.bound is None:
+            self.route.sweep()
+            if self.bound is None:
+                return self.fields is not None
+        if self.bound.poll():
+            self.fields, self.result = self.bound.fields, self.bound.result
+            return True
+        return False
+
+    def cancel(self):
+        if self.bound is not None:
+            self.bound.cancel()
+        elif self.route.unqueue(self):
+            self.fields = (ANY_SOURCE, ANY_TAG, 0, True)
+
+
+class _Pair(_Op):
+    """Two requests, done when both are (Isendrecv: the status is the second's)."""
+
+    def __init__(self, first, second):
+        self.reqs = [first, second]
+
+    def poll(self):
+        if self.fields is None and all(Request._poll(r) for r in self.reqs):
+            st = MPI.Status()
+            Request._take(self.reqs[0], None, False)
+            Request._take(self.reqs[1], st, False)
+            self.fields = _fields(st)
+        return self.fields is not None
+
+    def cancel(self):
+        for r in self.reqs:
+            r.Cancel()
+
+
+class _IdleOp(_Op):
+    """An inactive persistent request: done, with an empty status."""
+    fields = (ANY_SOURCE, ANY_TAG, 0, False)
+
+    def poll(self):
+        return True
+
+
+_IDLE = _IdleOp()
+
+
+def _shm(m):
+    """A message's node message; None for MPI's own handle."""
+    return getattr(m, "_shm", None)
+
+
+def _fields(st):
+    return st.Get_source(), st.Get_tag(), st.Get_count(MPI.BYTE), st.Is_cancelled()
+
+
+class _Face(type):
+    """The face's Request, Prequest and Message take mpi4py's own objects
+    (those of MPI's communicators: COMM_SELF's) as instances too, as the
+    module's names did before the face replaced them."""
+
+    def __instancecheck__(cls, obj):
+        return type.__instancecheck__(cls, obj) or isinstance(obj, cls._base)
+
+
+def _op(r):
+    """A request's face operation; None for MPI's own handle (mpi4py's objects have none)."""
+    return getattr(r, "_op", None)
+
+
+def _active(r):
+    """Whether a call on many requests waits for r: not null, nor an inactive persistent one."""
+    op = _op(r)
+    if op is None:
+        return getattr(r, "_started", bool(r))
+    return not r._null and op is not _IDLE
+
+
+def _stopped(r):
+    if getattr(r, "_started", False):
+        r._started = False
+
+
+class _Handles:
+    """What the face's Request and Message share: mpi4py's handle calls,
+    and comparisons that are MPI's between MPI's handles, while one of the
+    face's own (a null handle) equals only a null one, once it is null."""
+
+    @classmethod
+    def fromhandle(cls, handle):
+        return cls(cls._base.fromhandle(handle))
+
+    @classmethod
+    def fromint(cls, value):
+        return cls(cls._base.fromint(value))
+
+    @classmethod
+    def f2py(cls, value):
+        return cls(cls._base.f2py(value))
+
+    def __bool__(self):
+        return self._root.__bool__(self) if self._native(self) else self._alive()
+
+    def __eq__(self, other):
+        if not isinstance(other, self._root):
+            return NotImplemented
+        if self is other:
+            return True
+        if self._native(self) and self._native(other):
+            return self._root.__eq__(self, other)
+        return not other and not self
+
+    def __ne__(self, other):
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    def __hash__(self):
+        return id(self)
+
+
+class Request(_Handles, _Request, metaclass=_Face):
+    """mpi4py's Request, for the face's calls: MPI's own handle (a message
+    between nodes), or an operation on the node's communicator or queued
+    here, under a null handle MPI never sees (== REQUEST_NULL once
+    complete, as MPI's).  Its Wait and Test advance both transports, as do
+    the calls on many requests, which take MPI's own requests too."""
+    _base = _root = _Request
+    _op = None          # None: MPI's handle is the request
+    _null = True
+    _persistent = False
+
+    @classmethod
+    def _of(cls, op):
+        self = cls()
+        self._op, self._null = op, False
+        return self
+
+    @classmethod
+    def _mpi(cls, req):
+        return _mpi_track(cls(req))
+
+    @staticmethod
+    def _native(r):
+        return _op(r) is None
+
+    def _alive(self):
+        return not self._null
+
+    # -- one request (r: this class's or mpi4py's)
+    @staticmethod
+    def _poll(r):
+        """Advance; whether complete (inactive counts as complete)."""
+        op = _op(r)
+        if op is None:
+            return _Request.Get_status(r)
+        return r._null or op.poll()
+
+    @staticmethod
+    def _take(r, status, lower):
+        """Complete r, once _poll said so; the received object."""
+        op = _op(r)
+        if op is None:
+            _stopped(r)
+            return _Request.test(r, status)[1] if lower else _Request.Test(r, status) and None
+        if r._null:
+            _empty(status)
+            return None
+        if r._persistent:
+            r._op = _IDLE
+        else:
+            r._null = True
+        return op.complete(status)
+
+    def _wait(self, status, lower):
+        if _op(self) is None and not _shm_busy():
+            _stopped(self)
+            return _Request.wait(self, status) if lower else _Request.Wait(self, status) and None
+        spins = 0
+        while not Request._poll(self):
+            spins += 1
+            _advance(spins)
+        return Request._take(self, status, lower)
+
+    def _test(self, status, lower):
+        if _op(self) is None and not _shm_busy():
+            if _Request.Get_status(self):
+                _stopped(self)
+            return _Request.test(self, status) if lower else (_Request.Test(self, status), None)
+        shm_request.progress()
+        if not Request._poll(self):
+            return False, None
+        return True, Request._take(self, status, lower)
+
+    def Wait(self, status=None):
+        Request._wait(self, status, False)
+        return True
+
+    def wait(self, status=None):
+        return Request._wait(self, status, True)
+
+    def Test(self, status=None):
+        return Request._test(self, status, False)[0]
+
+    def test(self, status=None):
+        return Request._test(self, status, True)
+
+    def Get_status(self, status=None):
+        op = _op(self)
+        if op is None:
+            return _Request.Get_status(self, status)
+        if self._null:
+            _empty(status)
+            return True
+        if not op.poll():
+            return False
+        if op.error is None:
+            _fill(status, *op.fields)
+        return True
+
+    def get_status(self, status=None):
+        return Request.Get_status(self, status)
+
+    def Cancel(self):
+        op = _op(self)
+        if op is None:
+            return _Request.Cancel(self)
+        if not self._null:
+            op.cancel()
+
+    cancel = Cancel
+
+    def Free(self):
+        if _op(self) is None:
+            return _Request.Free(self)
+        self._null = True       # a queued receive still takes its message, as MPI's freed one does
+
+    free = Free
+
+    # -- on many: MPI's own calls where every request is MPI's (with
+    # shmcoll's work advanced between its tests while it has some)
+    @staticmethod
+    def _mpi_only(requests):
+        return all(_op(r) is None for r in requests)
+
+    @staticmethod
+    def _statuses(statuses, n):
+        if statuses is None:
+            return [None] * n
+        while len(statuses) < n:
+            statuses.append(MPI.Status())
+        return statuses
+
+    @classmethod
+    def _loop(cls, test, block, wait=None):
+        """MPI's test (a call on MPI's requests) until it says done; wait: MPI's blocking call, when shmcoll has no work."""
+        if wait is not None and not _shm_busy():
+            return wait()
+        spins = 0
+        while True:
+            if spins or not block:
+                shm_request.progress()
+            got = test()
+            if not block or got[0]:
+                return got[1]
+            spins += 1
+            _advance(spins)
+
+    @classmethod
+    def _all(cls, requests, statuses, lower, block):
+        sts, spins = cls._statuses(statuses, len(requests)), 0
+        if not block:
+            shm_request.progress()
+        while not all([cls._poll(r) for r in requests]):
+            if not block:
+                return False, None
+            spins += 1
+            _advance(spins)
+        return True, [cls._take(r, s, lower) for r, s in zip(requests, sts)]
+
+    @classmethod
+    def _any(cls, requests, status, lower, block):
+        spins = 0
+        if not block:
+            shm_request.progress()
+        while True:
+            live = [i for i, r in enumerate(requests) if _active(r)]
+            if not live:
+                _empty(status)
+                return MPI.UNDEFINED, True, None
+            for i in live:
+                if cls._poll(requests[i]):
+                    return i, True, cls._take(requests[i], status, lower)
+            if not block:
+                return MPI.UNDEFINED, False, None
+            spins += 1
+            _advance(spins)
+
+    @classmethod
+    def _some(cls, requests, statuses, lower, block):
+        spins = 0
+        if not block:
+            shm_request.progress()
+        while True:
+            live = [i for i, r in enumerate(requests) if _active(r)]
+            if not live:
+                return None, None
+            done = [i for i in live if cls._poll(requests[i])]
+            if done or not block:
+                sts = cls._statuses(statuses, len(done))
+                return done, [cls._take(requests[i], s, lower) for i, s in zip(done, sts)]
+            spins += 1
+            _advance(spins)
+
+    @classmethod
+    def Waitall(cls, requests, statuses=None):
+        if cls._mpi_only(requests):
+            cls._loop(lambda: (_Request.Testall(requests, statuses),) * 2, True,
+                      lambda: _Request.Waitall(requests, statuses))
+            for r in requests:
+                _stopped(r)
+            return True
+        cls._all(requests, statuses, False, True)
+        return True
+
+    @classmethod
+    def waitall(cls, requests, statuses=None):
+        if cls._mpi_only(requests):
+            return cls._loop(lambda: _Request.testall(requests, statuses), True,
+                             lambda: _Request.waitall(requests, statuses))
+        return cls._all(requests, statuses, True, True)[1]
+
+    @classmethod
+    def Testall(cls, requests, statuses=None):
+        if cls._mpi_only(requests):
+            return cls._loop(lambda: (True, _Request.Testall(requests, statuses)), False)
+        return cls._all(requests, statuses, False, False)[0]
+
+    @classmethod
+    def testall(cls, requests, statuses=None):
+        if cls._mpi_only(requests):
+            return cls._loop(lambda: (True, _Request.testall(requests, statuses)), False)
+        return cls._all(requests, statuses, True, False)
+
+    @classmethod
+    def Waitany(cls, requests, status=None):
+        if cls._mpi_only(requests):
+            def test():
+                i, flag = _Request.Testany(requests, status)
+                return flag, i
+            return cls._loop(test, True, lambda: _Request.Waitany(requests, status))
+        return cls._any(requests, status, False, True)[0]
+
+    @classmethod
+    def waitany(cls, requests, status=None):
+        if cls._mpi_only(requests):
+            def test():
+                i, flag, obj = _Request.testany(requests, status)
+                return flag, (i, obj)
+            return cls._loop(test, True, lambda: _Request.waitany(requests, status))
+        i, _, obj = cls._any(requests, status, True, True)
+        return i, obj
+
+    @classmethod
+    def Testany(cls, requests, status=None):
+        if cls._mpi_only(requests):
+            return cls._loop(lambda: (True, _Request.Testany(requests, status)), False)
+        return cls._any(requests, status, False, False)[:2]
+
+    @classmethod
+    def testany(cls, requests, status=None):
+        if cls._mpi_only(requests):
+            return cls._loop(lambda: (True, _Request.testany(requests, status)), False)
+        return cls._any(requests, status, True, False)
+
+    @classmethod
+    def Waitsome(cls, requests, statuses=None):
+        if cls._mpi_only(requests):
+            def test():
+                done = _Request.Testsome(requests, statuses)
+                return done is None or len(done) > 0, done
+            return cls._loop(test, True, lambda: _Request.Waitsome(requests, statuses))
+        return cls._some(requests, statuses, False, True)[0]
+
+    @classmethod
+    def waitsome(cls, requests, statuses=None):
+        if cls._mpi_only(requests):
+            def test():
+                done, objs = _Request.testsome(requests, statuses)
+                return done is None or len(done) > 0, (done, objs)
+            return cls._loop(test, True, lambda: _Request.waitsome(requests, statuses))
+        return cls._some(requests, statuses, True, True)
+
+    @classmethod
+    def Testsome(cls, requests, statuses=None):
+        if cls._mpi_only(requests):
+            return cls._loop(lambda: (True, _Request.Testsome(requests, statuses)), False)
+        return cls._some(requests, statuses, False, False)[0]
+
+    @classmethod
+    def testsome(cls, requests, statuses=None):
+        if cls._mpi_only(requests):
+            return cls._loop(lambda: (True, _Request.testsome(requests, statuses)), False)
+        return cls._some(requests, statuses, True, False)
+
+
+class _Started(_Op):
+    """A persistent request's current call (a face Request)."""
+
+    def __init__(self, req):
+        self.req = req
+
+    def poll(self):
+        if self.fields is None and Request._poll(self.req):
+            st = MPI.Status()
+            self.result = Request._take(self.req, st, True)
+            self.fields = _fields(st)
+        return self.fields is not None
+
+    def cancel(self):
+        self.req.Cancel()
+
+
+class Prequest(Request, _Prequest):
+    """mpi4py's Prequest, for the face's persistent calls: MPI's own (a
+    send between nodes), or one whose every Start makes the face's
+    nonblocking call anew (so a receive takes its place in the matching)."""
+    _base = _Prequest
+    _persistent = True
+
+    @classmethod
+    def _made(cls, make):
+        self = cls._of(_IDLE)
+        self._make = make
+        return self
+
+    @classmethod
+    def _mpi(cls, req):
+        return cls(req)
+
+    _started = False        # MPI's own: between Start and its completion (MPI cannot tell)
+
+    def Start(self):
+        if _op(self) is None:
+            _Prequest.Start(self)
+            self._started = True
+            _mpi_track(self)
+            return
+        if self._null:
+            raise MPI.Exception(MPI.ERR_REQUEST)
+        self._op = _Started(self._make())
+
+    @classmethod
+    def Startall(cls, requests):
+        if Request._mpi_only(requests):
+            _Prequest.Startall(requests)
+            for r in requests:
+                if type(r) is not _Prequest:        # mpi4py's own (COMM_SELF's): MPI's alone
+                    r._started = True
+                    _mpi_track(r)
+            return
+        for r in requests:
+            r.Start()
+
+
+class Message(_Handles, _Message, metaclass=_Face):
+    """mpi4py's Message, for the face's matched probes: MPI's own handle,
+    or a message the node's communicator holds (under a null handle)."""
+    _base = _root = _Message
+    _shm = None
+
+    @staticmethod
+    def _native(m):
+        return _shm(m) is None
+
+    def _alive(self):
+        return self._shm is not False
+
+    @classmethod
+    def _of(cls, msg, fields):
+        self = cls()
+        self._shm, self._fields = msg, fields
+        return self
+
+    def _recv(self, buf, status, pickled):
+        if _shm(self) is None:
+            return _Message.recv(self, status) if pickled else _Message.Recv(self, buf, status)
+        msg, self._shm = self._shm, False       # received: null from now on
+        if msg is False:
+            raise MPI.Exception(MPI.ERR_REQUEST)
+        obj = _deliver(msg, self._fields, buf, pickled)
+        _fill(status, *self._fields)
+        return obj
+
+    def Recv(self, buf, status=None):
+        Message._recv(self, buf, status, False)
+
+    def recv(self, status=None):
+        return Message._recv(self, None, status, True)
+
+    def Irecv(self, buf):
+        if _shm(self) is None:
+            return Request._mpi(_Message.Irecv(self, buf))
+        fields = self._fields
+        self._recv(buf, None, False)
+        return Request._of(_Done(fields))
+
+    def irecv(self):
+        if _shm(self) is None:
+            return Request._mpi(_Message.irecv(self))
+        fields = self._fields
+        return Request._of(_Done(fields, self._recv(None, None, True)))
+
+    @classmethod
+    def Probe(cls, comm, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        return comm.Mprobe(source, tag, status)
+
+    @classmethod
+    def Iprobe(cls, comm, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        return comm.Improbe(source, tag, status)
+
+    @classmethod
+    def probe(cls, comm, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        return comm.mprobe(source, tag, status)
+
+    @classmethod
+    def iprobe(cls, comm, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        return comm.improbe(source, tag, status)
+
+
+# -- the communicator's side ------------------------------------------------------------------------------
+OTHER = "other"     # PROC_NULL, a rank out of range, not a rank: MPI's own call answers it
+
+
+class Route:
+    """A face communicator's point-to-point: which transport reaches each
+    rank, and the receives queued for matching here."""
+
+    def __init__(self, comm, hier):
+        self.comm, self.node, self.size = comm, hier.node, hier.size
+        self.ranks = [int(r) for r in hier.nodes[hier.me]]         # node-local rank -> rank
+        self.local = {r: i for i, r in enumerate(self.ranks)}
+        self.queue, self.lock, self.flip = [], threading.Lock(), False
+        self.tag_ub = comm.Get_attr(MPI.TAG_UB)
+        self.node.Set_errhandler(ERRORS_RETURN)     # mpi4py's: an error raises, the communicator goes on
+
+    def where(self, rank):
+        """(LOCAL, node-local rank), (REMOTE, rank), (ANY, ANY_SOURCE) or (OTHER, None)."""
+        try:
+            r = operator.index(shm_p2p._truncated(rank))
+        except TypeError:
+            return OTHER, None
+        if r in self.local:
+            return LOCAL, self.local[r]
+        if r == ANY_SOURCE:
+            return ANY, r
+        return (REMOTE, r) if 0 <= r < self.size else (OTHER, None)
+
+    def fields(self, st):
+        """A node status's (rank, tag, bytes, cancelled)."""
+        src = st.Get_source()
+        return (self.ranks[src] if 0 <= src < len(self.ranks) else src), st.Get_tag(), st.nbytes, st.Is_cancelled()
+
+    # -- the queue
+    def post(self, buf, source, tag, pickled):
+        """A receive queued for matching here (MPI's checks of its tag first)."""
+        try:
+            tag = operator.index(shm_p2p._truncated(tag))
+        except TypeError:
+            raise TypeError(f"an integer is required for the tag, not {type(tag).__name__}") from None
+        if tag != ANY_TAG and not 0 <= tag <= self.tag_ub:
+            raise MPI.Exception(MPI.ERR_TAG)
+        op = _Recv(self, buf, operator.index(shm_p2p._truncated(source)), tag, pickled)
+        with self.lock:
+            self.queue.append(op)
+        _ENGINE.routes.add(self)
+        _ENGINE.held()
+        self.sweep()
+        return op
+
+    def unqueue(self, op):
+        with self.lock:
+            if op not in self.queue:
+                return False
+            self.queue.remove(op)
+        return True
+
+    def _kinds(self, source):
+        if source != ANY_SOURCE:
+            return (LOCAL,) if source in self.local else (REMOTE,)
+        self.flip = not self.flip       # neither transport's messages wait behind the other's
+        return (LOCAL, REMOTE) if self.flip else (REMOTE, LOCAL)
+
+    def _probe(self, kind, source, tag, matched, pickled=False):
+        """One look in kind's transport: (found: a message or True, status) or
+        (None, None).  pickled: MPI's message as mpi4py's mprobe makes it,
+        which its recv() reads (it holds a buffer of the message's size)."""
+        if kind == LOCAL:
+            if tag > shm_p2p.TAG_UB:
+                return None, None       # past shmcoll's tags (Open MPI's go to 2^31 - 1): no node message has it
+            st = ShmStatus()
+            s = shm_request.ANY_SOURCE if source == ANY_SOURCE else self.local[source]
+            with _SHM:
+                got = self.node.Improbe(s, _tag(tag), st) if matched else self.node.Iprobe(s, _tag(tag), st)
+            return (got, st) if got else (None, None)
+        st = MPI.Status()
+        got = (getattr(Intracomm, "improbe" if pickled else "Improbe")(self.comm, source, tag, st) if matched
+               else Intracomm.Iprobe(self.comm, source, tag, st))
+        return (got, st) if got else (None, None)
+
+    def _source_tag(self, kind, st):
+        return self.fields(st)[:2] if kind == LOCAL else (st.Get_source(), st.Get_tag())
+
+    def _give(self, kind, msg, st, upto):
+        """msg to the first queued receive (of the first upto) it fits; whether one took it."""
+        src, tag = self._source_tag(kind, st)
+        for op in self.queue[:upto]:
+            if op.fits(src, tag):
+                self.queue.remove(op)
+                op.take(kind, msg, st)
+                return True
+        return False
+
+    def sweep(self):
+        """Hand the transports' messages to the queued receives, in posting order."""
+        if not self.queue or not self.lock.acquire(blocking=False):
+            return                      # nothing queued, or a sweep under way (this thread's, from a poll)
+        try:
+            found = True
+            while found and self.queue:
+                found = False
+                for i, op in enumerate(self.queue):
+                    for kind in self._kinds(op.source):
+                        msg, st = self._probe(kind, op.source, op.tag, True, op.pickled)
+                        if msg is not None:
+                            found = self._give(kind, msg, st, i + 1)
+                            break
+                    if found:
+                        break
+            if not self.queue:
+                _ENGINE.routes.discard(self)
+        finally:
+            self.lock.release()
+
+    def look(self, source, tag, matched, pickled):
+        """One look for a message a receive posted now would take (a queued
+        receive's are theirs): (found, status as the transport's) or (None, None)."""
+        self.sweep()
+        for kind in self._kinds(source):
+            while True:
+                got, st = self._probe(kind, source, tag, matched, pickled)
+                if got is None:
+                    break
+                with self.lock:
+                    src, t = self._source_tag(kind, st)
+                    mine = not any(op.fits(src, t) for op in self.queue)
+                    if matched and not mine:
+                        self._give(kind, got, st, len(self.queue))
+                if mine:
+                    return kind, got, st
+                if not matched:
+                    break               # a queued receive's: the next sweep hands it over
+        return None, None, None
+
+
+def _tag(tag):
+    """A tag as the node's communicator reads it (shmcoll's ANY_TAG is MPICH's; Open MPI's may differ)."""
+    return shm_request.ANY_TAG if tag == ANY_TAG else tag
+
+
+def _route(comm):
+    return comm.__dict__.get("route")
+
+
+def _pending(r):
+    """Whether a blocking call on MPI alone must wait here instead (a queued receive, shmcoll's work)."""
+    return r.queue or _shm_busy()
+
+
+_NB = {"Send": "Isend", "Ssend": "Issend", "Rsend": "Irsend", "send": "isend", "ssend": "issend"}
+_INIT = {"Send_init": "Isend", "Ssend_init": "Issend", "Bsend_init": "Ibsend", "Rsend_init": "Irsend"}
+_PICKLED = {"send", "ssend", "bsend", "isend", "issend", "ibsend"}
+
+
+def _send(comm, mode, buf, dest, tag):
+    r = _route(comm)
+    kind, ld = r.where(dest) if r is not None else (OTHER, None)
+    if kind != LOCAL:
+        if r is not None and mode in _NB and _shm_busy():
+            Request._mpi(getattr(Intracomm, _NB[mode])(comm, buf, dest, tag)).Wait()
+            return None
+        return getattr(Intracomm, mode)(comm, buf, dest, tag)
+    data = buf if mode in _PICKLED else _outgoing(buf, mode)
+    with _SHM:
+        getattr(r.node, mode)(data, ld, tag)
+
+
+def _isend(comm, mode, buf, dest, tag):
+    r = _route(comm)
+    kind, ld = r.where(dest) if r is not None else (OTHER, None)
+    if kind != LOCAL:
+        req = getattr(Intracomm, mode)(comm, buf, dest, tag)
+        return req if r is None else Request._mpi(req)
+    data = buf if mode in _PICKLED else _outgoing(buf, mode)
+    with _SHM:
+        return Request._of(_Shm(r, getattr(r.node, mode)(data, ld, tag)))
+
+
+def _send_init(comm, mode, buf, dest, tag):
+    r = _route(comm)
+    if r is None or r.where(dest)[0] != LOCAL:
+        req = getattr(Intracomm, mode)(comm, buf, dest, tag)
+        return req if r is None else Prequest._mpi(req)
+    return Prequest._made(lambda: _isend(comm, _INIT[mode], buf, dest, tag))
+
+
+def _recv(comm, buf, source, tag, status, pickled):
+    r = _route(comm)
+    name = "recv" if pickled else "Recv"
+    if r is None:
+        return getattr(Intracomm, name)(comm, buf, source, tag, status)
+    kind, s = r.where(source)
+    if kind == OTHER or (kind == REMOTE and not _pending(r)):
+        return getattr(Intracomm, name)(comm, buf, source, tag, status)
+    if kind == LOCAL and not r.queue:
+        st = ShmStatus()
+        if pickled:
+            with _SHM:
+                obj = r.node.recv(buf, s, _tag(tag), st)
+            _fill(status, *r.fields(st))
+            return obj
+        flat = _flat(buf, "Recv", True)
+        if flat is not None:
+            with _SHM:
+                r.node.Recv(flat, s, _tag(tag), st)
+            _fill(status, *r.fields(st))
+            return None
+    if kind == REMOTE and not r.queue and not pickled:
+        return Request._mpi(Intracomm.Irecv(comm, buf, source, tag)).Wait(status) and None
+    return Request._of(r.post(buf, source, tag, pickled))._wait(status, True)
+
+
+def _irecv(comm, buf, source, tag, pickled):
+    r = _route(comm)
+    name = "irecv" if pickled else "Irecv"
+    if r is None:
+        return getattr(Intracomm, name)(comm, buf, source, tag)
+    kind, s = r.where(source)
+    if kind == OTHER or (kind == REMOTE and not r.queue):
+        return Request._mpi(getattr(Intracomm, name)(comm, buf, source, tag))
+    if kind == LOCAL and not r.queue:
+        flat = None if pickled else _flat(buf, "Irecv", True)
+        if pickled or flat is not None:
+            with _SHM:
+                inner = r.node.irecv(buf, s, _tag(tag)) if pickled else r.node.Irecv(flat, s, _tag(tag))
+            return Request._of(_Shm(r, inner, pickled))
+    return Request._of(r.post(buf, source, tag, pickled))
+
+
+def _probe(comm, name, source, tag, status):
+    """Probe, Iprobe, Mprobe, Improbe."""
+    r = _route(comm)
+    if r is None:
+        return getattr(Intracomm, name)(comm, source, tag, status)
+    matched, block, pickled = name[0] in "Mm" or name[1] == "m", name[0] not in "Ii", name[0] == "m" or name[:2] == "im"
+    kind, s = r.where(source)
+    if kind == OTHER or (kind == REMOTE and not r.queue and not (block and _shm_busy())):
+        got = getattr(Intracomm, name)(comm, source, tag, status)
+        return Message(got) if matched and got is not None else got
+    if kind == LOCAL and not r.queue:
+        st = ShmStatus()
+        with _SHM:
+            got = getattr(r.node, name)(s, _tag(tag), st)
+        if not got:
+            return got
+        fields = r.fields(st)
+        _fill(status, *fields)
+        return Message._of(got, fields) if matched else got
+    spins = 0
+    while True:
+        kind, got, st = r.look(source, tag, matched, pickled)
+        if got is not None:
+            fields = r.fields(st) if kind == LOCAL else _fields(st)
+            _fill(status, *fields)
+            if not matched:
+                return True
+            return Message._of(got, fields) if kind == LOCAL else Message(got)
+        if not block:
+            return None if matched else False
+        spins += 1
+        _advance(spins)
+
+
+def _copy(buf, what):
+    """The message buf holds now, as bytes of its own (a *_replace's send): MPI_PACKED matches any type."""
+    return [np.array(_outgoing(buf, what), np.uint8), MPI.PACKED]
+
+
+class Routed:
+    """The face communicator's point-to-point (a mixin of its Intracomm):
+    within the node through shmcoll, between nodes MPI's."""
+
+    def Send(self, buf, dest, tag=0):
+        r = self.__dict__.get("route")
+        if r is not None and type(dest) is int and type(buf) is np.ndarray and buf.flags.c_contiguous:
+            ld = r.local.get(dest)
+            if ld is not None:            # the common case, as _send would take it
+                try:
+                    return r.node.Send(buf, ld, tag)
+                except MPIError as e:
+                    _raise(e)
+        _send(self, "Send", buf, dest, tag)
+
+    def Ssend(self, buf, dest, tag=0):
+        _send(self, "Ssend", buf, dest, tag)
+
+    def Rsend(self, buf, dest, tag=0):
+        _send(self, "Rsend", buf, dest, tag)
+
+    def Bsend(self, buf, dest, tag=0):
+        _send(self, "Bsend", buf, dest, tag)
+
+    def send(self, obj, dest, tag=0):
+        _send(self, "send", obj, dest, tag)
+
+    def ssend(self, obj, dest, tag=0):
+        _send(self, "ssend", obj, dest, tag)
+
+    def bsend(self, obj, dest, tag=0):
+        _send(self, "bsend", obj, dest, tag)
+
+    def Isend(self, buf, dest, tag=0):
+        return _isend(self, "Isend", buf, dest, tag)
+
+    def Issend(self, buf, dest, tag=0):
+        return _isend(self, "Issend", buf, dest, tag)
+
+    def Irsend(self, buf, dest, tag=0):
+        return _isend(self, "Irsend", buf, dest, tag)
+
+    def Ibsend(self, buf, dest, tag=0):
+        return _isend(self, "Ibsend", buf, dest, tag)
+
+    def isend(self, obj, dest, tag=0):
+        return _isend(self, "isend", obj, dest, tag)
+
+    def issend(self, obj, dest, tag=0):
+        return _isend(self, "issend", obj, dest, tag)
+
+    def ibsend(self, obj, dest, tag=0):
+        return _isend(self, "ibsend", obj, dest, tag)
+
+    def Send_init(self, buf, dest, tag=0):
+        return _send_init(self, "Send_init", buf, dest, tag)
+
+    def Ssend_init(self, buf, dest, tag=0):
+        return _send_init(self, "Ssend_init", buf, dest, tag)
+
+    def Rsend_init(self, buf, dest, tag=0):
+        return _send_init(self, "Rsend_init", buf, dest, tag)
+
+    def Bsend_init(self, buf, dest, tag=0):
+        return _send_init(self, "Bsend_init", buf, dest, tag)
+
+    def Recv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        r = self.__dict__.get("route")
+        if (r is not None and status is None and not r.queue and type(source) is int and type(buf) is np.ndarray
+                and buf.flags.c_contiguous and buf.flags.writeable):
+            ls = r.local.get(source)
+            if ls is not None:            # the common case, as _recv would take it
+                try:
+                    return r.node.Recv(buf, ls, _tag(tag))
+                except MPIError as e:
+                    _raise(e)
+        _recv(self, buf, source, tag, status, False)
+
+    def recv(self, buf=None, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        return _recv(self, buf, source, tag, status, True)
+
+    def Irecv(self, buf, source=ANY_SOURCE, tag=ANY_TAG):
+        return _irecv(self, buf, source, tag, False)
+
+    def irecv(self, buf=None, source=ANY_SOURCE, tag=ANY_TAG):
+        return _irecv(self, buf, source, tag, True)
+
+    def Recv_init(self, buf, source=ANY_SOURCE, tag=ANY_TAG):
+        if _route(self) is None:
+            return Intracomm.Recv_init(self, buf, source, tag)
+        Intracomm.Recv_init(self, buf, source, tag).Free()     # MPI's checks of the arguments, now
+        return Prequest._made(lambda: _irecv(self, buf, source, tag, False))
+
+    def Probe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        return _probe(self, "Probe", source, tag, status)
+
+    def Iprobe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        return _probe(self, "Iprobe", source, tag, status)
+
+    def Mprobe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        return _probe(self, "Mprobe", source, tag, status)
+
+    def Improbe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        return _probe(self, "Improbe", source, tag, status)
+
+    probe, iprobe = Probe, Iprobe
+
+    def mprobe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        return _probe(self, "mprobe", source, tag, status)
+
+    def improbe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        return _probe(self, "improbe", source, tag, status)
+
+    def _mpi_pair(self, dest, source):
+        """Whether a send to dest and a receive from source are MPI's alone."""
+        r = _route(self)
+        return r is None or (r.where(dest)[0] in (REMOTE, OTHER) and r.where(source)[0] in (REMOTE, OTHER)
+                             and not _pending(r))
+
+    def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE, recvtag=ANY_TAG, status=None):
+        if self._mpi_pair(dest, source):
+            return Intracomm.Sendrecv(self, sendbuf, dest, sendtag, recvbuf, source, recvtag, status)
+        req = self.Isend(sendbuf, dest, sendtag)
+        try:
+            self.Recv(recvbuf, source, recvtag, status)
+        finally:
+            req.Wait()
+
+    def sendrecv(self, sendobj, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE, recvtag=ANY_TAG, status=None):
+        if self._mpi_pair(dest, source):
+            return Intracomm.sendrecv(self, sendobj, dest, sendtag, recvbuf, source, recvtag, status)
+        req = self.isend(sendobj, dest, sendtag)
+        try:
+            return self.recv(recvbuf, source, recvtag, status)
+        finally:
+            req.Wait()
+
+    def Sendrecv_replace(self, buf, dest, sendtag=0, source=ANY_SOURCE, recvtag=ANY_TAG, status=None):
+        if self._mpi_pair(dest, source):
+            return Intracomm.Sendrecv_replace(self, buf, dest, sendtag, source, recvtag, status)
+        self.Sendrecv(_copy(buf, "Sendrecv_replace"), dest, sendtag, buf, source, recvtag, status)
+
+    def Isendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE, recvtag=ANY_TAG):
+        if self._mpi_pair(dest, source):
+            req = Intracomm.Isendrecv(self, sendbuf, dest, sendtag, recvbuf, source, recvtag)
+            return req if _route(self) is None else Request._mpi(req)
+        return Request._of(_Pair(self.Isend(sendbuf, dest, sendtag), self.Irecv(recvbuf, source, recvtag)))
+
+    def Isendrecv_replace(self, buf, dest, sendtag=0, source=ANY_SOURCE, recvtag=ANY_TAG):
+        if self._mpi_pair(dest, source):
+            req = Intracomm.Isendrecv_replace(self, buf, dest, sendtag, source, recvtag)
+            return req if _route(self) is None else Request._mpi(req)
+        return self.Isendrecv(_copy(buf, "Isendrecv_replace"), dest, sendtag, buf, source, recvtag)
+
+    # -- the buffered sends' buffer, attached to both transports
+    def Attach_buffer(self, buf):
+        Intracomm.Attach_buffer(self, buf)
+        r = _route(self)
+        if r is not None:
+            r.node.Attach_buffer(_shm_buffer(buf))
+
+    def Detach_buffer(self):
+        r = _route(self)
+        if r is not None:
+            r.node.Detach_buffer()
+        return Intracomm.Detach_buffer(self)
+
+    def Flush_buffer(self):
+        Intracomm.Flush_buffer(self)
+        r = _route(self)
+        if r is not None:
+            r.node.Flush_buffer()
+
+
+def _shm_buffer(buf):
+    return sendmodes.BUFFER_AUTOMATIC if buf is MPI.BUFFER_AUTOMATIC else buf
+
+
+def Attach_buffer(buf):
+    MPI.Attach_buffer(buf)
+    sendmodes.Attach_buffer(_shm_buffer(buf))
+
+
+def Detach_buffer():
+    sendmodes.Detach_buffer()
+    return MPI.Detach_buffer()
+
+
+def Flush_buffer():
+    MPI.Flush_buffer()
+    sendmodes.Flush_buffer()
+
+
+def Iflush_buffer():
+    return Request._of(_Pair(Request._of(_Shm(None, sendmodes.Iflush_buffer())), Request._mpi(MPI.Iflush_buffer())))
+
+
+MODULE = {"Request": Request, "Prequest": Prequest, "Message": Message, "Attach_buffer": Attach_buffer,
+          "Detach_buffer": Detach_buffer, "Flush_buffer": Flush_buffer, "Iflush_buffer": Iflush_buffer}

@@ -1,0 +1,172 @@
+"""Run under mpiexec -n 4 with SHMCOLL_VIRTUAL_NODES=2,2 or 3,1: the
+face's point-to-point between ranks of one node goes through shmcoll
+(MPI's own probe on the same communicator never sees it), between nodes
+through MPI, and together they keep MPI's rules: receives from any source
+match in posting order across both transports, a message from one rank
+never overtakes an earlier one, a derived datatype's message arrives as
+MPI would deliver it, a truncated receive raises MPI's error and the
+communicator goes on, and a rank waiting on one transport lets a message
+on the other move.  Rank 0 prints "ok" at the end."""
+import os
+import sys
+
+import numpy as np
+from mpi4py import MPI as MPI4PY
+
+from shmcoll import MPI
+
+c = MPI.COMM_WORLD
+me, p = c.Get_rank(), c.Get_size()
+sizes = [int(x) for x in os.environ["SHMCOLL_VIRTUAL_NODES"].split(",")]
+LOCAL, REMOTE = 1, sizes[0]           # rank 0's node-mate and the first rank of the next node
+BIG = 4 << 20                         # doubles: 32 MiB, far past any eager size or ring
+
+
+def check(cond, *what):
+    if not cond:
+        raise AssertionError(f"rank {me}: {what}")
+
+
+def mpi_own_iprobe(source, tag):
+    """MPI's own probe on the face's communicator (its handle): what went through MPI."""
+    return MPI4PY.Intracomm.Iprobe(c, source, tag)
+
+
+# 1. which transport: the node-mate's message is shmcoll's, the other node's MPI's
+if me in (LOCAL, REMOTE):
+    c.Send(np.full(3, float(me)), dest=0, tag=5)
+if me == 0:
+    st = MPI.Status()
+    for src in (LOCAL, REMOTE):
+        c.Probe(src, 5, st)
+        check(st.Get_source() == src and st.Get_count(MPI.DOUBLE) == 3, src, st.Get_source())
+        check(mpi_own_iprobe(src, 5) == (src == REMOTE), "transport of", src)
+        got = np.zeros(3)
+        c.Recv(got, src, 5)
+        check((got == src).all(), got)
+c.Barrier()
+
+# 2. receives from any source match in posting order, whichever transport the message took
+if me == LOCAL:
+    c.Send(np.array([10.0]), 0, 1)
+elif me == REMOTE:
+    c.Send(np.array([20.0]), 0, 1)
+    c.Send(np.array([21.0]), 0, 1)
+elif me == 0:
+    bufs = [np.zeros(1) for _ in range(3)]
+    reqs = [c.Irecv(bufs[0], MPI.ANY_SOURCE, 1), c.Irecv(bufs[1], REMOTE, 1), c.Irecv(bufs[2], MPI.ANY_SOURCE, 1)]
+    sts = []
+    MPI.Request.Waitall(reqs, sts)
+    got = [b[0] for b in bufs]
+    check(sorted(got) == [10, 20, 21], got)
+    remote = [v for v in got if v >= 20]
+    check(remote == [20, 21], "the remote rank's messages overtook each other", got)
+    check([s.Get_source() for s in sts] == [LOCAL if v == 10 else REMOTE for v in got], got)
+c.Barrier()
+
+# 3. a receive from any source posted before one from the node-mate: the node-mate's first message is its
+if me == LOCAL:
+    c.send("first", 0, 2)
+    c.send("second", 0, 2)
+elif me == 0:
+    anyone = c.irecv(source=MPI.ANY_SOURCE, tag=2)
+    mate = c.recv(source=LOCAL, tag=2)
+    check(anyone.wait() == "first" and mate == "second", mate)
+c.Barrier()
+
+# 4. derived datatypes within the node, both ways, against numpy
+vec = MPI.DOUBLE.Create_vector(3, 1, 2).Commit()
+if me == LOCAL:
+    c.Send([np.arange(6.0), 1, vec], 0, 3)           # items 0, 2, 4
+    c.Send(np.array([7.0, 8.0, 9.0]), 0, 3)
+elif me == 0:
+    got = np.zeros(3)
+    st = MPI.Status()
+    c.Recv(got, LOCAL, 3, st)
+    check(np.array_equal(got, [0.0, 2.0, 4.0]) and st.Get_count(MPI.DOUBLE) == 3, got)
+    strided = np.full(6, -1.0)
+    c.Recv([strided, 1, vec], MPI.ANY_SOURCE, 3)
+    check(np.array_equal(strided, [7, -1, 8, -1, 9, -1]), strided)
+vec.Free()
+c.Barrier()
+
+# 5. a truncated receive within the node raises MPI's error there; the communicator goes on
+if me == LOCAL:
+    c.Send(np.arange(4.0), 0, 4)
+    c.Send(np.arange(2.0), 0, 4)
+elif me == 0:
+    try:
+        c.Recv(np.zeros(2), LOCAL, 4)
+        check(False, "no error for a truncated receive")
+    except MPI.Exception as e:
+        check(e.Get_error_class() == MPI.ERR_TRUNCATE, e)
+    got = np.zeros(2)
+    c.Recv(got, LOCAL, 4)
+    check(np.array_equal(got, [0.0, 1.0]), got)
+c.Barrier()
+
+# 6. progress: rank 0 waits on MPI (a receive from the other node) while its large send to its node-mate is
+# pending in shmcoll; the other node's message comes only once the node-mate has it all
+big = np.arange(BIG, dtype=np.float64)
+if me == 0:
+    req = c.Isend(big, LOCAL, 6)
+    token = np.zeros(1)
+    c.Recv(token, REMOTE, 6)
+    req.Wait()
+    check(token[0] == 1.0, token)
+elif me == LOCAL:
+    got = np.empty(BIG)
+    c.Recv(got, 0, 6)
+    check(np.array_equal(got, big), "the large message")
+    c.Send(np.ones(1), REMOTE, 6)
+elif me == REMOTE:
+    c.Recv(np.zeros(1), LOCAL, 6)
+    c.Send(np.ones(1), 0, 6)
+c.Barrier()
+
+# 7. and the other way: rank 0 waits in shmcoll (a receive from its node-mate) while its large send to the
+# other node is pending in MPI
+if me == 0:
+    req = c.Isend(big, REMOTE, 7)
+    token = np.zeros(1)
+    c.Recv(token, LOCAL, 7)
+    req.Wait()
+    check(token[0] == 2.0, token)
+elif me == REMOTE:
+    got = np.empty(BIG)
+    c.Recv(got, 0, 7)
+    check(np.array_equal(got, big), "the large message")
+    c.Send(np.full(1, 2.0), LOCAL, 7)
+elif me == LOCAL:
+    token = np.zeros(1)
+    c.Recv(token, REMOTE, 7)
+    c.Send(token, 0, 7)
+c.Barrier()
+
+# 8. matched probes from any source, and Waitany over both transports' requests
+if me in (LOCAL, REMOTE):
+    c.Send(np.full(2, float(me)), 0, 8)
+    c.Send(np.full(1, float(me)), 0, 9)
+elif me == 0:
+    seen = []
+    for _ in range(2):
+        st = MPI.Status()
+        msg = c.Mprobe(MPI.ANY_SOURCE, 8, st)
+        got = np.zeros(2)
+        msg.Recv(got)
+        check((got == st.Get_source()).all(), got, st.Get_source())
+        seen.append(st.Get_source())
+    check(sorted(seen) == [LOCAL, REMOTE], seen)
+    bufs = {LOCAL: np.zeros(1), REMOTE: np.zeros(1)}
+    reqs = [c.Irecv(bufs[LOCAL], LOCAL, 9), c.Irecv(bufs[REMOTE], REMOTE, 9)]
+    done = set()
+    for _ in range(2):
+        st = MPI.Status()
+        i = MPI.Request.Waitany(reqs, st)
+        done.add(i)
+        src = (LOCAL, REMOTE)[i]
+        check(st.Get_source() == src and bufs[src][0] == src, i, st.Get_source())
+    check(done == {0, 1} and MPI.Request.Waitany(reqs) == MPI.UNDEFINED, done)
+c.Barrier()
+if me == 0:
+    sys.stdout.write("ok\n")
