@@ -1085,9 +1085,12 @@ class Routed:
 
     def Send(self, buf, dest, tag=0):
         r = self.__dict__.get("route")
-        if r is not None and type(dest) is int and type(buf) is np.ndarray and buf.flags.c_contiguous:
+        if r is not None and type(dest) is int:       # the common cases, as _send would take them
             ld = r.local.get(dest)
-            if ld is not None:            # the common case, as _send would take it
+            if ld is None:
+                if 0 <= dest < r.size and not _shm_busy():
+                    return Intracomm.Send(self, buf, dest, tag)
+            elif type(buf) is np.ndarray and buf.flags.c_contiguous:
                 try:
                     return r.node.Send(buf, ld, tag)
                 except MPIError as e:
@@ -1147,10 +1150,12 @@ class Routed:
 
     def Recv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         r = self.__dict__.get("route")
-        if (r is not None and status is None and not r.queue and type(source) is int and type(buf) is np.ndarray
-                and buf.flags.c_contiguous and buf.flags.writeable):
+        if r is not None and not r.queue and type(source) is int:     # the common cases, as _recv would take them
             ls = r.local.get(source)
-            if ls is not None:            # the common case, as _recv would take it
+            if ls is None:
+                if 0 <= source < r.size and not _shm_busy():
+                    return Intracomm.Recv(self, buf, source, tag, status)
+            elif status is None and type(buf) is np.ndarray and buf.flags.c_contiguous and buf.flags.writeable:
                 try:
                     return r.node.Recv(buf, ls, _tag(tag))
                 except MPIError as e:
