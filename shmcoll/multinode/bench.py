@@ -141,6 +141,7 @@ def main(argv=None):
             json.dump({"library": MPI.Get_library_version().splitlines()[0], "ranks": p, "nodes": layout,
                        "argv": sys.argv, "rows": rows}, f, indent=1)
     if face is not None:
+        face.route.close()
         face.hier.Free(keep=True)
     hier.Free()
     return 0

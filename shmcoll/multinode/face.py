@@ -103,6 +103,7 @@ def module(name):
             hier = self.__dict__.get("hier")
             if hier is None or hier.freed or self == MPI.COMM_WORLD:
                 return free(self)
+            self.__dict__["route"].close()
             hier.Free(keep=True)        # the handle this object shares is freed next, through it
             free(self)
             for call in COLLECTIVES + ("route",):

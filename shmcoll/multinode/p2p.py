@@ -110,14 +110,13 @@ def _pack(spec):
 
 
 def _unpack(data, spec):
-    """Packed bytes into spec (MPI's ERR_TRUNCATE where they do not fit)."""
+    """Packed bytes into spec (MPI's ERR_TRUNCATE where they do not fit).
+    The receive is posted first: a spec MPI refuses raises before a byte is sent."""
     c = _selfcomm()
     with _self_lock:
-        req = c.Isend([data, MPI.PACKED], 0, 0)
-        try:
-            c.Recv(spec, 0, 0)
-        finally:
-            req.Wait()
+        req = c.Irecv(spec, 0, 0)
+        c.Send([data, MPI.PACKED], 0, 0)
+        req.Wait()
 
 
 def _outgoing(spec, what):
@@ -133,25 +132,31 @@ class _Engine:
     live = {}                   # id -> the face's MPI requests that may be pending (mpi4py's are unhashable)
     routes = set()              # routes with queued receives
 
+    on = False                  # in shmcoll's pending work (p2p.hold)
+
     def _p2p_poll(self):
         for r in list(self.routes):
             r.sweep()
         if self.live:
             for k, r in list(self.live.items()):
-                if _Request.__eq__(r, MPI.REQUEST_NULL):
+                if _Request.__eq__(r, MPI.REQUEST_NULL):        # completed through mpi4py's own calls
                     del self.live[k]
             _selfcomm().Iprobe(0, 1)        # MPI's progress engine turns (both libraries progress in Iprobe)
         self.held()
 
     def held(self):
-        shm_p2p.hold(self, bool(self.routes or self.live))
+        on = bool(self.routes or self.live)
+        if on != self.on:
+            self.on = on
+            shm_p2p.hold(self, on)
 
 
 _ENGINE = _Engine()
 
 
 def _shm_busy():
-    return bool(shm_p2p._busy or nonblocking._busy)
+    """Whether shmcoll has pending work (other than this module's own, which a wait on MPI advances itself)."""
+    return len(shm_p2p._busy) > _ENGINE.on or bool(nonblocking._busy)
 
 
 def _advance(spins):
@@ -168,6 +173,12 @@ def _mpi_track(req):
     _ENGINE.live[id(req)] = req
     _ENGINE.held()
     return req
+
+
+def _untrack(req):
+    """req is complete (or inactive)."""
+    if _ENGINE.live.pop(id(req), None) is not None and not _ENGINE.live:
+        _ENGINE.held()
 
 
 # -- requests ---------------------------------------------------------------------------------------------
@@ -353,16 +364,8 @@ def _op(r):
 
 
 def _active(r):
-    """Whether a call on many requests waits for r: not null, nor an inactive persistent one."""
-    op = _op(r)
-    if op is None:
-        return getattr(r, "_started", bool(r))
-    return not r._null and op is not _IDLE
-
-
-def _stopped(r):
-    if getattr(r, "_started", False):
-        r._started = False
+    """Whether a call on many requests waits for r (a face operation's): not null, nor an inactive persistent one."""
+    return not r._null and r._op is not _IDLE
 
 
 class _Handles:
@@ -444,7 +447,7 @@ class Request(_Handles, _Request, metaclass=_Face):
         """Complete r, once _poll said so; the received object."""
         op = _op(r)
         if op is None:
-            _stopped(r)
+            _untrack(r)
             return _Request.test(r, status)[1] if lower else _Request.Test(r, status) and None
         if r._null:
             _empty(status)
@@ -457,7 +460,7 @@ class Request(_Handles, _Request, metaclass=_Face):
 
     def _wait(self, status, lower):
         if _op(self) is None and not _shm_busy():
-            _stopped(self)
+            _untrack(self)
             return _Request.wait(self, status) if lower else _Request.Wait(self, status) and None
         spins = 0
         while not Request._poll(self):
@@ -468,7 +471,7 @@ class Request(_Handles, _Request, metaclass=_Face):
     def _test(self, status, lower):
         if _op(self) is None and not _shm_busy():
             if _Request.Get_status(self):
-                _stopped(self)
+                _untrack(self)
             return _Request.test(self, status) if lower else (_Request.Test(self, status), None)
         shm_request.progress()
         if not Request._poll(self):
@@ -561,19 +564,38 @@ class Request(_Handles, _Request, metaclass=_Face):
             _advance(spins)
         return True, [cls._take(r, s, lower) for r, s in zip(requests, sts)]
 
+    @staticmethod
+    def _natives(requests):
+        """The indices of MPI's handles among requests, and those requests."""
+        native = [i for i, r in enumerate(requests) if _op(r) is None]
+        return native, [requests[i] for i in native]
+
     @classmethod
     def _any(cls, requests, status, lower, block):
+        """The face's operations polled here, MPI's handles by MPI's Testany
+        (which alone knows an inactive persistent request of mpi4py's)."""
+        native, sub = cls._natives(requests)
         spins = 0
         if not block:
             shm_request.progress()
         while True:
-            live = [i for i, r in enumerate(requests) if _active(r)]
-            if not live:
-                _empty(status)
-                return MPI.UNDEFINED, True, None
+            live = [i for i, r in enumerate(requests) if _op(r) is not None and _active(r)]
             for i in live:
                 if cls._poll(requests[i]):
                     return i, True, cls._take(requests[i], status, lower)
+            waiting = bool(live)
+            if sub:
+                if lower:
+                    j, flag, obj = _Request.testany(sub, status)
+                else:
+                    (j, flag), obj = _Request.Testany(sub, status), None
+                if flag and j != MPI.UNDEFINED:
+                    _untrack(sub[j])
+                    return native[j], True, obj
+                waiting = waiting or not flag       # flag and UNDEFINED: each of them null or inactive
+            if not waiting:
+                _empty(status)
+                return MPI.UNDEFINED, True, None
             if not block:
                 return MPI.UNDEFINED, False, None
             spins += 1
@@ -581,17 +603,34 @@ class Request(_Handles, _Request, metaclass=_Face):
 
     @classmethod
     def _some(cls, requests, statuses, lower, block):
+        native, sub = cls._natives(requests)
         spins = 0
         if not block:
             shm_request.progress()
         while True:
-            live = [i for i, r in enumerate(requests) if _active(r)]
-            if not live:
+            live = [i for i, r in enumerate(requests) if _op(r) is not None and _active(r)]
+            out = []
+            for i in live:
+                if cls._poll(requests[i]):
+                    st = MPI.Status()
+                    out.append((i, st, cls._take(requests[i], st, lower)))
+            waiting = bool(live)
+            if sub:
+                sts = []
+                done, objs = _Request.testsome(sub, sts) if lower else (_Request.Testsome(sub, sts), None)
+                if done is not None:            # None: each of them null or inactive
+                    waiting = True
+                    for k, j in enumerate(done):
+                        _untrack(sub[j])
+                        out.append((native[j], sts[k], objs[k] if lower else None))
+            if not waiting:
                 return None, None
-            done = [i for i in live if cls._poll(requests[i])]
-            if done or not block:
-                sts = cls._statuses(statuses, len(done))
-                return done, [cls._take(requests[i], s, lower) for i, s in zip(done, sts)]
+            if out or not block:
+                out.sort(key=lambda t: t[0])
+                for (_, st, _), dst in zip(out, cls._statuses(statuses, len(out))):
+                    if dst is not None:
+                        _fill(dst, *_fields(st))
+                return [t[0] for t in out], [t[2] for t in out]
             spins += 1
             _advance(spins)
 
@@ -601,7 +640,7 @@ class Request(_Handles, _Request, metaclass=_Face):
             cls._loop(lambda: (_Request.Testall(requests, statuses),) * 2, True,
                       lambda: _Request.Waitall(requests, statuses))
             for r in requests:
-                _stopped(r)
+                _untrack(r)
             return True
         cls._all(requests, statuses, False, True)
         return True
@@ -721,15 +760,12 @@ class Prequest(Request, _Prequest):
     def _mpi(cls, req):
         return cls(req)
 
-    _started = False        # MPI's own: between Start and its completion (MPI cannot tell)
-
     def Start(self):
         if _op(self) is None:
             _Prequest.Start(self)
-            self._started = True
             _mpi_track(self)
             return
-        if self._null:
+        if self._null or self._op is not _IDLE:        # freed, or started and not completed
             raise MPI.Exception(MPI.ERR_REQUEST)
         self._op = _Started(self._make())
 
@@ -739,7 +775,6 @@ class Prequest(Request, _Prequest):
             _Prequest.Startall(requests)
             for r in requests:
                 if type(r) is not _Prequest:        # mpi4py's own (COMM_SELF's): MPI's alone
-                    r._started = True
                     _mpi_track(r)
             return
         for r in requests:
@@ -784,9 +819,12 @@ class Message(_Handles, _Message, metaclass=_Face):
     def Irecv(self, buf):
         if _shm(self) is None:
             return Request._mpi(_Message.Irecv(self, buf))
-        fields = self._fields
-        self._recv(buf, None, False)
-        return Request._of(_Done(fields))
+        op = _Done(self._fields)
+        try:
+            self._recv(buf, None, False)
+        except Exception as e:          # MPI's Irecv raises a truncation at its Wait
+            op.error = e
+        return Request._of(op)
 
     def irecv(self):
         if _shm(self) is None:
@@ -820,17 +858,32 @@ class Route:
     rank, and the receives queued for matching here."""
 
     def __init__(self, comm, hier):
-        self.comm, self.node, self.size = comm, hier.node, hier.size
+        """Collective over comm: the node's communicator is duplicated for
+        the user's messages, which raise their errors (mpi4py's way: the
+        communicator goes on), where the collectives' legs abort."""
+        self.comm, self.size = comm, hier.size
+        self.node = hier.node.Dup()
+        self.node.Set_errhandler(ERRORS_RETURN)
         self.ranks = [int(r) for r in hier.nodes[hier.me]]         # node-local rank -> rank
         self.local = {r: i for i, r in enumerate(self.ranks)}
-        self.queue, self.lock, self.flip = [], threading.Lock(), False
-        self.tag_ub = comm.Get_attr(MPI.TAG_UB)
-        self.node.Set_errhandler(ERRORS_RETURN)     # mpi4py's: an error raises, the communicator goes on
+        self.queue, self.lock, self.flip, self.prefer = [], threading.Lock(), False, None
+        self.tag_ub = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)      # Open MPI gives it on COMM_WORLD only
+
+    def close(self):
+        """The communicator is being freed (collective): receives still
+        queued fail with ERR_COMM at their wait, as nothing can match them now."""
+        with self.lock:
+            for op in self.queue:
+                op.error, op.fields = MPI.Exception(MPI.ERR_COMM), (ANY_SOURCE, ANY_TAG, 0, False)
+            self.queue = []
+        _ENGINE.routes.discard(self)
+        _ENGINE.held()
+        self.node.Free()
 
     def where(self, rank):
         """(LOCAL, node-local rank), (REMOTE, rank), (ANY, ANY_SOURCE) or (OTHER, None)."""
         try:
-            r = operator.index(shm_p2p._truncated(rank))
+            r = _int(rank)
         except TypeError:
             return OTHER, None
         if r in self.local:
@@ -847,13 +900,12 @@ class Route:
     # -- the queue
     def post(self, buf, source, tag, pickled):
         """A receive queued for matching here (MPI's checks of its tag first)."""
-        try:
-            tag = operator.index(shm_p2p._truncated(tag))
-        except TypeError:
-            raise TypeError(f"an integer is required for the tag, not {type(tag).__name__}") from None
+        tag = _int(tag)
         if tag != ANY_TAG and not 0 <= tag <= self.tag_ub:
             raise MPI.Exception(MPI.ERR_TAG)
-        op = _Recv(self, buf, operator.index(shm_p2p._truncated(source)), tag, pickled)
+        if not pickled and _flat(buf, "Irecv", True) is None:
+            _checked(self.comm, "Recv_init", buf, tag)
+        op = _Recv(self, buf, _int(source), tag, pickled)
         with self.lock:
             self.queue.append(op)
         _ENGINE.routes.add(self)
@@ -866,12 +918,17 @@ class Route:
             if op not in self.queue:
                 return False
             self.queue.remove(op)
+            if not self.queue:
+                _ENGINE.routes.discard(self)
+        _ENGINE.held()
         return True
 
     def _kinds(self, source):
         if source != ANY_SOURCE:
             return (LOCAL,) if source in self.local else (REMOTE,)
-        self.flip = not self.flip       # neither transport's messages wait behind the other's
+        if self.prefer is not None:     # a probe from any source found a message there: a receive after it takes it
+            return (self.prefer, REMOTE if self.prefer == LOCAL else LOCAL)
+        self.flip = not self.flip       # else neither transport's messages wait behind the other's
         return (LOCAL, REMOTE) if self.flip else (REMOTE, LOCAL)
 
     def _probe(self, kind, source, tag, matched, pickled=False):
@@ -900,6 +957,7 @@ class Route:
         for op in self.queue[:upto]:
             if op.fits(src, tag):
                 self.queue.remove(op)
+                self.prefer = None
                 op.take(kind, msg, st)
                 return True
         return False
@@ -924,6 +982,7 @@ class Route:
                 _ENGINE.routes.discard(self)
         finally:
             self.lock.release()
+        _ENGINE.held()
 
     def look(self, source, tag, matched, pickled):
         """One look for a message a receive posted now would take (a queued
@@ -940,10 +999,23 @@ class Route:
                     if matched and not mine:
                         self._give(kind, got, st, len(self.queue))
                 if mine:
+                    self.prefer = None if matched else kind
                     return kind, got, st
                 if not matched:
                     break               # a queued receive's: the next sweep hands it over
         return None, None, None
+
+
+def _checked(comm, init, buf, tag, rank=None):
+    """MPI's checks of a call's buffer and tag, now (init: its persistent
+    form, made and freed unstarted, to this rank: PROC_NULL skips the
+    buffer's), for a call whose own MPI call comes later or never."""
+    getattr(Intracomm, init)(comm, buf, comm.Get_rank() if rank is None else rank, tag).Free()
+
+
+def _int(x):
+    """A rank or tag as mpi4py reads it (a float truncates; a str is mpi4py's TypeError)."""
+    return operator.index(shm_p2p._truncated(x))
 
 
 def _tag(tag):
@@ -973,7 +1045,7 @@ def _send(comm, mode, buf, dest, tag):
             Request._mpi(getattr(Intracomm, _NB[mode])(comm, buf, dest, tag)).Wait()
             return None
         return getattr(Intracomm, mode)(comm, buf, dest, tag)
-    data = buf if mode in _PICKLED else _outgoing(buf, mode)
+    tag, data = _int(tag), buf if mode in _PICKLED else _outgoing(buf, mode)
     with _SHM:
         getattr(r.node, mode)(data, ld, tag)
 
@@ -984,7 +1056,7 @@ def _isend(comm, mode, buf, dest, tag):
     if kind != LOCAL:
         req = getattr(Intracomm, mode)(comm, buf, dest, tag)
         return req if r is None else Request._mpi(req)
-    data = buf if mode in _PICKLED else _outgoing(buf, mode)
+    tag, data = _int(tag), buf if mode in _PICKLED else _outgoing(buf, mode)
     with _SHM:
         return Request._of(_Shm(r, getattr(r.node, mode)(data, ld, tag)))
 
@@ -994,6 +1066,7 @@ def _send_init(comm, mode, buf, dest, tag):
     if r is None or r.where(dest)[0] != LOCAL:
         req = getattr(Intracomm, mode)(comm, buf, dest, tag)
         return req if r is None else Prequest._mpi(req)
+    _checked(comm, mode, buf, tag)
     return Prequest._made(lambda: _isend(comm, _INIT[mode], buf, dest, tag))
 
 
@@ -1050,7 +1123,10 @@ def _probe(comm, name, source, tag, status):
     if kind == OTHER or (kind == REMOTE and not r.queue and not (block and _shm_busy())):
         got = getattr(Intracomm, name)(comm, source, tag, status)
         return Message(got) if matched and got is not None else got
-    if kind == LOCAL and not r.queue:
+    past = type(tag) is int and tag > shm_p2p.TAG_UB       # past shmcoll's tags: no node message has it
+    if past and tag > r.tag_ub:
+        raise MPI.Exception(MPI.ERR_TAG)
+    if kind == LOCAL and not r.queue and not past and not (block and _ENGINE.on):    # else MPI's progress too
         st = ShmStatus()
         with _SHM:
             got = getattr(r.node, name)(s, _tag(tag), st)
@@ -1085,7 +1161,7 @@ class Routed:
 
     def Send(self, buf, dest, tag=0):
         r = self.__dict__.get("route")
-        if r is not None and type(dest) is int:       # the common cases, as _send would take them
+        if r is not None and type(dest) is int and type(tag) is int:     # the common cases, as _send takes them
             ld = r.local.get(dest)
             if ld is None:
                 if 0 <= dest < r.size and not _shm_busy():
@@ -1174,7 +1250,7 @@ class Routed:
     def Recv_init(self, buf, source=ANY_SOURCE, tag=ANY_TAG):
         if _route(self) is None:
             return Intracomm.Recv_init(self, buf, source, tag)
-        Intracomm.Recv_init(self, buf, source, tag).Free()     # MPI's checks of the arguments, now
+        _checked(self, "Recv_init", buf, tag, source)
         return Prequest._made(lambda: _irecv(self, buf, source, tag, False))
 
     def Probe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
@@ -1246,10 +1322,14 @@ class Routed:
             r.node.Attach_buffer(_shm_buffer(buf))
 
     def Detach_buffer(self):
+        got = Intracomm.Detach_buffer(self)
         r = _route(self)
         if r is not None:
-            r.node.Detach_buffer()
-        return Intracomm.Detach_buffer(self)
+            try:
+                r.node.Detach_buffer()
+            except MPIError:
+                pass
+        return got
 
     def Flush_buffer(self):
         Intracomm.Flush_buffer(self)
@@ -1268,8 +1348,13 @@ def Attach_buffer(buf):
 
 
 def Detach_buffer():
-    sendmodes.Detach_buffer()
-    return MPI.Detach_buffer()
+    """MPI's (its error, or what it hands back where none was attached), then shmcoll's, if it has one."""
+    got = MPI.Detach_buffer()
+    try:
+        sendmodes.Detach_buffer()
+    except MPIError:
+        pass
+    return got
 
 
 def Flush_buffer():
