@@ -27,7 +27,7 @@ def write_isa_header():
 
 
 write_isa_header()
-SOURCES = ["core.c", "exec.c", "nbc.c", "twins.c", "copy.c", "reduce.c", "pyfast.c", "pages.c", "peers.c", "p2p.c", "chan.c", "mpiflat.c"]
+SOURCES = ["core.c", "exec.c", "nbc.c", "twins.c", "copy.c", "reduce.c", "pyfast.c", "pages.c", "peers.c", "p2p.c", "chan.c", "mpiflat.c", "route.c"]
 
 ffibuilder = FFI()
 ffibuilder.cdef("\n".join(open(os.path.join(HERE, h)).read() for h in CDEF_HEADERS))

@@ -310,6 +310,7 @@ void sc_p2p_free(sc_comm_t *c);
 int64_t sc_p2p_helped(sc_comm_t *c);   /* bytes this rank wrote into its receivers' buffers (shared rendezvous) */
 void *sc_py_p2p(int i);
 void *sc_py_flat(void);
+void *sc_py_route(void);
 /* A small collective of the hierarchical communicator straight to MPI
  * (csrc/mpiflat.c), as shmcoll/multinode/flatc.py fills it: the MPI
  * function, the communicator's, MPI_BYTE's and MPI_IN_PLACE's handles

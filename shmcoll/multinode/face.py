@@ -106,7 +106,7 @@ def module(name):
             self.__dict__["route"].close()
             hier.Free(keep=True)        # the handle this object shares is freed next, through it
             free(self)
-            for call in COLLECTIVES + ("route",):
+            for call in COLLECTIVES + p2p.C_ENTRIES + ("route",):
                 self.__dict__.pop(call, None)
 
     Intracomm.__module__ = name
@@ -119,6 +119,7 @@ def module(name):
             return hier                 # COMM_NULL
         comm = Intracomm(hier.mpi if handle is None else handle)
         comm.hier, comm.route = hier, p2p.Route(comm, hier)
+        p2p.install(comm)
         for call in COLLECTIVES:
             setattr(comm, call, getattr(hier, call))
         return comm

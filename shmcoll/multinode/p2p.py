@@ -18,12 +18,15 @@ A derived datatype's message crosses the node as MPI packs it (MPI_PACKED
 matches every type), through a private duplicate of COMM_SELF."""
 import operator
 import os
+import sys
 import threading
 
 import numpy as np
 from mpi4py import MPI
 
 from .. import nonblocking, p2p as shm_p2p, request as shm_request, sendmodes
+from .._core import ffi, lib
+from ..device import _new_cfunction
 from ..errors import ERR_CLASSES, ERRORS_RETURN, MPIError
 from ..request import Status as ShmStatus
 from .specs import Fallback, simple
@@ -1021,6 +1024,23 @@ def _int(x):
 def _tag(tag):
     """A tag as the node's communicator reads it (shmcoll's ANY_TAG is MPICH's; Open MPI's may differ)."""
     return shm_request.ANY_TAG if tag == ANY_TAG else tag
+
+
+C_ENTRIES = ("Send", "Recv")
+
+
+def install(comm):
+    """comm's Send and Recv as C entries (csrc/route.c) over Routed's,
+    which they call for all but the common case."""
+    r = comm.route
+    if ANY_TAG != shm_request.ANY_TAG:
+        return                          # the entry hands a node-mate's receive MPI's ANY_TAG as it is
+    for name, names, rank, tag in (("Send", ("buf", "dest", "tag"), None, 0),
+                                   ("Recv", ("buf", "source", "tag", "status"), ANY_SOURCE, ANY_TAG)):
+        state = (name == "Recv", tuple(sys.intern(n) for n in names), r.local, getattr(r.node, name),
+                 getattr(Intracomm, name), comm, getattr(type(comm), name).__get__(comm), r.size, r.queue,
+                 shm_p2p._busy, nonblocking._busy, MPIError, _raise, rank, tag)
+        comm.__dict__[name] = _new_cfunction(int(ffi.cast("uintptr_t", lib.sc_py_route())), state, None)
 
 
 def _route(comm):
