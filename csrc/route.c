@@ -44,7 +44,7 @@ static PyObject *route(PyObject *self, PyObject *const *args, size_t nargsf, PyO
     PyObject *buf = a[0], *rank = a[1] ? a[1] : PyTuple_GET_ITEM(self, R_RANK);
     PyObject *tag = a[2] ? a[2] : PyTuple_GET_ITEM(self, R_TAG), *status = recv && a[3] ? a[3] : Py_None;
     if (!buf || !PyLong_CheckExact(rank) || !PyLong_CheckExact(tag) || !plain(buf, recv)
-        || (recv && PyList_GET_SIZE(PyTuple_GET_ITEM(self, R_QUEUE))))
+        || PyList_GET_SIZE(PyTuple_GET_ITEM(self, R_QUEUE)))        /* a queued receive: its sweeps too */
         return decline(self, args, nargsf, kw);
     PyObject *local = PyDict_GetItemWithError(PyTuple_GET_ITEM(self, R_LOCAL), rank), *out;
     if (local) {

@@ -27,6 +27,7 @@ from mpi4py import MPI
 from .. import nonblocking, p2p as shm_p2p, request as shm_request, sendmodes
 from .._core import ffi, lib
 from ..device import _new_cfunction
+from .. import errors as shm_errors
 from ..errors import ERR_CLASSES, ERRORS_RETURN, MPIError
 from ..request import Status as ShmStatus
 from .specs import Fallback, simple
@@ -37,11 +38,17 @@ LOCAL, REMOTE, ANY = "local", "remote", "any"
 
 
 # -- errors, statuses, bytes -------------------------------------------------------------------
-def _raise(exc):
+def _translated(exc):
     """shmcoll's MPIError as mpi4py's MPI.Exception of the same class (the
-    codes differ: Open MPI's are not MPICH's), shmcoll's text chained."""
+    codes differ: Open MPI's are not MPICH's), shmcoll's text its cause."""
     name = {v: k for k, v in ERR_CLASSES.items()}.get(exc.error_class, "ERR_OTHER")
-    raise MPI.Exception(getattr(MPI, name, MPI.ERR_OTHER)) from exc
+    out = MPI.Exception(getattr(MPI, name, MPI.ERR_OTHER))
+    out.__cause__ = exc
+    return out
+
+
+def _raise(exc):
+    raise _translated(exc) from exc
 
 
 class _Translated:
@@ -144,7 +151,7 @@ class _Engine:
             for k, r in list(self.live.items()):
                 if _Request.__eq__(r, MPI.REQUEST_NULL):        # completed through mpi4py's own calls
                     del self.live[k]
-            _selfcomm().Iprobe(0, 1)        # MPI's progress engine turns (both libraries progress in Iprobe)
+            _kick()
         self.held()
 
     def held(self):
@@ -158,15 +165,25 @@ _ENGINE = _Engine()
 
 
 def _shm_busy():
-    """Whether shmcoll has pending work (other than this module's own, which a wait on MPI advances itself)."""
-    return len(shm_p2p._busy) > _ENGINE.on or bool(nonblocking._busy)
+    """Whether a wait on MPI must advance other work: shmcoll's pending
+    calls (not this module's entry in them, for its MPI requests) or
+    receives queued here."""
+    return len(shm_p2p._busy) > _ENGINE.on or bool(nonblocking._busy) or bool(_ENGINE.routes)
+
+
+def _kick():
+    """Turn MPI's progress engine: MPI_Request_get_status of a pending
+    request does in both libraries (MPICH's Iprobe on COMM_SELF does not
+    reach a collective's progress)."""
+    for r in _ENGINE.live.values():
+        if not isinstance(r, _Prequest) and not _Request.Get_status(r):
+            return          # persistent ones left out: asked so, MPICH crossed mpi4py's persistent test's messages
 
 
 def _advance(spins):
     """One turn of waiting: both transports' pending work, then the CPU for others."""
     shm_request.progress()
-    if _ENGINE.live:
-        _selfcomm().Iprobe(0, 1)
+    _kick()
     if spins > 16:
         os.sched_yield()
 
@@ -194,13 +211,19 @@ class _Op:
     error = None
 
     def complete(self, status):
-        if self.error is not None:
-            raise self.error
         _fill(status, *self.fields)
+        if self.error is not None:
+            if status is not None and isinstance(self.error, MPI.Exception):
+                status.Set_error(self.error.Get_error_class())
+            raise self.error
         return self.result
 
     def cancel(self):
         pass
+
+    def block(self):
+        """Wait in the transport's own wait where it has one (shmcoll's
+        doorbell, not a loop of tests); it advances the others' work too."""
 
 
 class _Done(_Op):
@@ -221,12 +244,27 @@ class _Shm(_Op):
         if self.fields is not None:
             return True
         st = ShmStatus()
-        with _SHM:
+        try:
             done, obj = self.inner.test(st) if self.pickled else (self.inner.Test(st), None)
+        except MPIError as e:           # this receive's own (a truncation): raised by its wait
+            self.error, self.fields = _translated(e), (st.Get_source(), st.Get_tag(), 0, False)
+            return True
         if done:
             self.fields = _fields(st) if self.route is None else self.route.fields(st)
             self.result = obj
         return done
+
+    def block(self):
+        if self.fields is not None:
+            return
+        st = ShmStatus()
+        try:        # Waitall's C entry: Wait's loop in Python sleeps 0.1 ms a turn where 4 ranks share 2 CPUs
+            obj = self.inner.wait(st) if self.pickled else shm_request.Request.Waitall([self.inner], [st]) and None
+        except MPIError as e:
+            self.error, self.fields = _translated(e), (st.Get_source(), st.Get_tag(), 0, False)
+            return
+        self.fields = _fields(st) if self.route is None else self.route.fields(st)
+        self.result = obj
 
     def cancel(self):
         self.inner.Cancel()
@@ -243,7 +281,11 @@ class _Mpi(_Op):
         if self.fields is not None:
             return True
         st = MPI.Status()
-        done, obj = self.inner.test(st) if self.pickled else (_Request.Test(self.inner, st), None)
+        try:
+            done, obj = self.inner.test(st) if self.pickled else (_Request.Test(self.inner, st), None)
+        except MPI.Exception as e:      # this receive's own: raised by its wait
+            self.error, self.fields = e, _fields(st)
+            return True
         if done:
             self.fields = (st.Get_source(), st.Get_tag(), st.Get_count(MPI.BYTE), st.Is_cancelled())
             self.result = obj
@@ -462,9 +504,19 @@ class Request(_Handles, _Request, metaclass=_Face):
         return op.complete(status)
 
     def _wait(self, status, lower):
-        if _op(self) is None and not _shm_busy():
+        op = _op(self)
+        if op is None:
+            if not _shm_busy():
+                _untrack(self)
+                return _Request.wait(self, status) if lower else _Request.Wait(self, status) and None
+            spins = 0
+            while not (done := _Request.test(self, status) if lower else (_Request.Test(self, status), None))[0]:
+                spins += 1          # MPI's own test, never Get_status then Test (MPICH's Iflush_buffer fails that)
+                _advance(spins)
             _untrack(self)
-            return _Request.wait(self, status) if lower else _Request.Wait(self, status) and None
+            return done[1]
+        if not self._null:
+            op.block()
         spins = 0
         while not Request._poll(self):
             spins += 1
@@ -560,12 +612,25 @@ class Request(_Handles, _Request, metaclass=_Face):
         sts, spins = cls._statuses(statuses, len(requests)), 0
         if not block:
             shm_request.progress()
+        else:
+            for r in requests:              # shmcoll's own waits first: they advance the rest's work too
+                if _op(r) is not None and not r._null:
+                    r._op.block()
         while not all([cls._poll(r) for r in requests]):
             if not block:
                 return False, None
             spins += 1
             _advance(spins)
-        return True, [cls._take(r, s, lower) for r, s in zip(requests, sts)]
+        out, failed = [], False
+        for r, st in zip(requests, sts):
+            try:
+                out.append(cls._take(r, st, lower))
+            except MPI.Exception as e:          # MPI's: every request completes, the error in its status
+                failed, _ = True, st is not None and st.Set_error(e.Get_error_class())
+                out.append(None)
+        if failed:
+            raise MPI.Exception(MPI.ERR_IN_STATUS)
+        return True, out
 
     @staticmethod
     def _natives(requests):
@@ -745,6 +810,11 @@ class _Started(_Op):
     def cancel(self):
         self.req.Cancel()
 
+    def block(self):
+        op = _op(self.req)
+        if op is not None:
+            op.block()
+
 
 class Prequest(Request, _Prequest):
     """mpi4py's Prequest, for the face's persistent calls: MPI's own (a
@@ -873,8 +943,9 @@ class Route:
         self.tag_ub = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)      # Open MPI gives it on COMM_WORLD only
 
     def close(self):
-        """The communicator is being freed (collective): receives still
-        queued fail with ERR_COMM at their wait, as nothing can match them now."""
+        """The communicator is being freed (collective; MPI lets its pending
+        calls complete, these cannot): receives still queued, and calls in
+        flight within the node, fail with ERR_COMM at their waits."""
         with self.lock:
             for op in self.queue:
                 op.error, op.fields = MPI.Exception(MPI.ERR_COMM), (ANY_SOURCE, ANY_TAG, 0, False)
@@ -1061,7 +1132,7 @@ def _send(comm, mode, buf, dest, tag):
     r = _route(comm)
     kind, ld = r.where(dest) if r is not None else (OTHER, None)
     if kind != LOCAL:
-        if r is not None and mode in _NB and _shm_busy():
+        if r is not None and mode in _NB and _pending(r):
             Request._mpi(getattr(Intracomm, _NB[mode])(comm, buf, dest, tag)).Wait()
             return None
         return getattr(Intracomm, mode)(comm, buf, dest, tag)
@@ -1127,8 +1198,14 @@ def _irecv(comm, buf, source, tag, pickled):
     if kind == LOCAL and not r.queue:
         flat = None if pickled else _flat(buf, "Irecv", True)
         if pickled or flat is not None:
-            with _SHM:
+            try:
                 inner = r.node.irecv(buf, s, _tag(tag)) if pickled else r.node.Irecv(flat, s, _tag(tag))
+            except MPIError as e:           # a message already here that does not fit: MPI raises at the wait
+                if e.error_class != shm_errors.ERR_TRUNCATE:
+                    _raise(e)
+                op = _Done((source, tag, 0, False))
+                op.error = _translated(e)
+                return Request._of(op)
             return Request._of(_Shm(r, inner, pickled))
     return Request._of(r.post(buf, source, tag, pickled))
 
@@ -1184,7 +1261,7 @@ class Routed:
         if r is not None and type(dest) is int and type(tag) is int:     # the common cases, as _send takes them
             ld = r.local.get(dest)
             if ld is None:
-                if 0 <= dest < r.size and not _shm_busy():
+                if 0 <= dest < r.size and not r.queue and not _shm_busy():
                     return Intracomm.Send(self, buf, dest, tag)
             elif type(buf) is np.ndarray and buf.flags.c_contiguous:
                 try:
@@ -1358,6 +1435,31 @@ class Routed:
             r.node.Flush_buffer()
 
 
+# MPI's own nonblocking and persistent collectives on the face's
+# communicators: their requests are tracked, so that a wait in shmcoll turns
+# MPI's progress while one is out (a node-mate's message may wait on it)
+_NBC = ("Ibarrier", "Ibcast", "Igather", "Igatherv", "Iscatter", "Iscatterv", "Iallgather", "Iallgatherv",
+        "Ialltoall", "Ialltoallv", "Ialltoallw", "Ireduce", "Iallreduce", "Ireduce_scatter_block",
+        "Ireduce_scatter", "Iscan", "Iexscan")
+_PERSISTENT = tuple(n[1:] + "_init" for n in _NBC)
+
+
+def _tracking(name, persistent):
+    def call(self, *args, **kw):
+        req = getattr(Intracomm, name)(self, *args, **kw)
+        if _route(self) is None:
+            return req
+        return Prequest._mpi(req) if persistent else Request._mpi(req)
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = f"MPI's {name}, its request tracked (a wait in shmcoll turns MPI's progress while it is out)."
+    return call
+
+
+for _name in _NBC + _PERSISTENT:
+    if hasattr(Intracomm, _name):
+        setattr(Routed, _name, _tracking(_name, _name in _PERSISTENT))
+
+
 def _shm_buffer(buf):
     return sendmodes.BUFFER_AUTOMATIC if buf is MPI.BUFFER_AUTOMATIC else buf
 
@@ -1383,7 +1485,12 @@ def Flush_buffer():
 
 
 def Iflush_buffer():
-    return Request._of(_Pair(Request._of(_Shm(None, sendmodes.Iflush_buffer())), Request._mpi(MPI.Iflush_buffer())))
+    """shmcoll's buffered sends flushed now, MPI's request for its own (a
+    request MPICH cannot test after Get_status: waited on by itself)."""
+    req = MPI.Iflush_buffer()
+    with _SHM:
+        sendmodes.Flush_buffer()
+    return Request(req)         # not tracked: _kick's Get_status on it breaks its Test under MPICH
 
 
 MODULE = {"Request": Request, "Prequest": Prequest, "Message": Message, "Attach_buffer": Attach_buffer,

@@ -6,7 +6,7 @@ match in posting order across both transports, a message from one rank
 never overtakes an earlier one, a derived datatype's message arrives as
 MPI would deliver it, a truncated receive raises MPI's error and the
 communicator goes on, and a rank waiting on one transport lets a message
-on the other move; and the defects a review found stay fixed (9-12).
+on the other move; and the defects two reviews found stay fixed (9-14).
 Rank 0 prints "ok" at the end."""
 import os
 import sys
@@ -237,6 +237,51 @@ elif me == LOCAL:
     c.Recv(np.zeros(1), 0, 17)
 else:
     c.Dup().Free()
+c.Barrier()
+
+# 13. a wait within the node turns MPI's progress for MPI's own nonblocking collective (rank 0 waits on its
+# node-mate, who waits on the other node, whose message comes once its Ibarrier completes)
+req = c.Ibarrier()
+if me == 0:
+    got = np.zeros(1)
+    c.Recv(got, LOCAL, 18)
+    check(got[0] == 42.0, got)
+elif me == LOCAL:
+    req.Wait()
+    c.Recv(np.zeros(1), REMOTE, 19)
+    c.Send(np.full(1, 42.0), 0, 18)
+elif me == REMOTE:
+    req.Wait()
+    c.Send(np.zeros(1), LOCAL, 19)
+req.Wait()
+c.Barrier()
+
+# 14. a blocking send to the other node sweeps a receive from any source queued before it (the node-mate's
+# large message to it is what lets the other node receive); then a truncated receive in a Waitall is
+# MPI's ERR_IN_STATUS, the error in its status, the other request complete
+if me == 0:
+    got = np.empty(BIG)
+    anyone = c.Irecv(got, MPI.ANY_SOURCE, 20)
+    c.Send(big, REMOTE, 21)
+    anyone.Wait()
+    check(np.array_equal(got, big), "the node-mate's large message")
+    short, fine = np.zeros(1), np.zeros(1)
+    reqs, sts = [c.Irecv(short, LOCAL, 22), c.Irecv(fine, LOCAL, 23)], []
+    try:
+        MPI.Request.Waitall(reqs, sts)
+        check(False, "no error")
+    except MPI.Exception as e:
+        check(e.Get_error_class() == MPI.ERR_IN_STATUS, e)
+    check(sts[0].Get_error() == MPI.ERR_TRUNCATE and fine[0] == 5.0 and not reqs[0] and not reqs[1], sts[0].Get_error())
+elif me == LOCAL:
+    c.Send(big, 0, 20)
+    c.Send(np.zeros(1), REMOTE, 24)
+    c.Send(np.zeros(2), 0, 22)
+    c.Send(np.full(1, 5.0), 0, 23)
+elif me == REMOTE:
+    c.Recv(np.zeros(1), LOCAL, 24)
+    got = np.empty(BIG)
+    c.Recv(got, 0, 21)
 c.Barrier()
 if me == 0:
     sys.stdout.write("ok\n")
