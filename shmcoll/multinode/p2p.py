@@ -525,9 +525,10 @@ class Request(_Handles, _Request, metaclass=_Face):
 
     def _test(self, status, lower):
         if _op(self) is None and not _shm_busy():
-            if _Request.Get_status(self):
+            done = _Request.test(self, status) if lower else (_Request.Test(self, status), None)
+            if done[0]:         # MPI's own test alone, as in _wait: MPICH's Iflush_buffer fails Get_status then Test
                 _untrack(self)
-            return _Request.test(self, status) if lower else (_Request.Test(self, status), None)
+            return done
         shm_request.progress()
         if not Request._poll(self):
             return False, None
