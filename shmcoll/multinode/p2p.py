@@ -28,7 +28,7 @@ from .. import nonblocking, p2p as shm_p2p, request as shm_request, sendmodes
 from .._core import ffi, lib
 from ..device import _new_cfunction
 from .. import errors as shm_errors
-from ..errors import ERR_CLASSES, ERRORS_RETURN, MPIError
+from ..errors import ERRORS_RETURN, MPIError
 from ..request import Status as ShmStatus
 from .specs import Fallback, simple
 
@@ -41,7 +41,7 @@ LOCAL, REMOTE, ANY = "local", "remote", "any"
 def _translated(exc):
     """shmcoll's MPIError as mpi4py's MPI.Exception of the same class (the
     codes differ: Open MPI's are not MPICH's), shmcoll's text its cause."""
-    name = {v: k for k, v in ERR_CLASSES.items()}.get(exc.error_class, "ERR_OTHER")
+    name = shm_errors._CLASS_NAMES.get(exc.error_class, "ERR_OTHER")
     out = MPI.Exception(getattr(MPI, name, MPI.ERR_OTHER))
     out.__cause__ = exc
     return out
@@ -167,7 +167,7 @@ _ENGINE = _Engine()
 def _shm_busy():
     """Whether a wait on MPI must advance other work: shmcoll's pending
     calls (not this module's entry in them, for its MPI requests) or
-    receives queued here."""
+    receives queued here (a route with any is in _ENGINE.routes)."""
     return len(shm_p2p._busy) > _ENGINE.on or bool(nonblocking._busy) or bool(_ENGINE.routes)
 
 
@@ -241,30 +241,26 @@ class _Shm(_Op):
         self.route, self.inner, self.pickled = route, inner, pickled
 
     def poll(self):
-        if self.fields is not None:
-            return True
-        st = ShmStatus()
-        try:
-            done, obj = self.inner.test(st) if self.pickled else (self.inner.Test(st), None)
-        except MPIError as e:           # this receive's own (a truncation): raised by its wait
-            self.error, self.fields = _translated(e), (st.Get_source(), st.Get_tag(), 0, False)
-            return True
-        if done:
-            self.fields = _fields(st) if self.route is None else self.route.fields(st)
-            self.result = obj
-        return done
+        if self.fields is None:
+            self._run(lambda st: self.inner.test(st) if self.pickled else (self.inner.Test(st), None))
+        return self.fields is not None
 
     def block(self):
-        if self.fields is not None:
-            return
+        if self.fields is None:         # Waitall's C entry: Wait's loop in Python sleeps 0.1 ms a turn where 4 ranks share 2 CPUs
+            self._run(lambda st: (True, self.inner.wait(st)) if self.pickled
+                      else (shm_request.Request.Waitall([self.inner], [st]), None))
+
+    def _run(self, call):
+        """call(status) -> (done, object): its outcome kept; its error (a
+        truncation, this receive's own) raised by the wait that completes it."""
         st = ShmStatus()
-        try:        # Waitall's C entry: Wait's loop in Python sleeps 0.1 ms a turn where 4 ranks share 2 CPUs
-            obj = self.inner.wait(st) if self.pickled else shm_request.Request.Waitall([self.inner], [st]) and None
+        try:
+            done, obj = call(st)
         except MPIError as e:
             self.error, self.fields = _translated(e), (st.Get_source(), st.Get_tag(), 0, False)
             return
-        self.fields = _fields(st) if self.route is None else self.route.fields(st)
-        self.result = obj
+        if done:
+            self.fields, self.result = self.route.fields(st), obj
 
     def cancel(self):
         self.inner.Cancel()
@@ -287,8 +283,7 @@ class _Mpi(_Op):
             self.error, self.fields = e, _fields(st)
             return True
         if done:
-            self.fields = (st.Get_source(), st.Get_tag(), st.Get_count(MPI.BYTE), st.Is_cancelled())
-            self.result = obj
+            self.fields, self.result = _fields(st), obj
         return done
 
     def cancel(self):
@@ -313,7 +308,6 @@ def _deliver(msg, fields, buf, pickled):
 class _Recv(_Op):
     """A queued receive: a sweep gives it its message, then it is that transport's."""
     bound = None
-    cancelled = False
 
     def __init__(self, route, buf, source, tag, pickled):
         self.route, self.buf, self.source, self.tag, self.pickled = route, buf, source, tag, pickled
@@ -627,7 +621,9 @@ class Request(_Handles, _Request, metaclass=_Face):
             try:
                 out.append(cls._take(r, st, lower))
             except MPI.Exception as e:          # MPI's: every request completes, the error in its status
-                failed, _ = True, st is not None and st.Set_error(e.Get_error_class())
+                failed = True
+                if st is not None:
+                    st.Set_error(e.Get_error_class())
                 out.append(None)
         if failed:
             raise MPI.Exception(MPI.ERR_IN_STATUS)
@@ -1119,11 +1115,6 @@ def _route(comm):
     return comm.__dict__.get("route")
 
 
-def _pending(r):
-    """Whether a blocking call on MPI alone must wait here instead (a queued receive, shmcoll's work)."""
-    return r.queue or _shm_busy()
-
-
 _NB = {"Send": "Isend", "Ssend": "Issend", "Rsend": "Irsend", "send": "isend", "ssend": "issend"}
 _INIT = {"Send_init": "Isend", "Ssend_init": "Issend", "Bsend_init": "Ibsend", "Rsend_init": "Irsend"}
 _PICKLED = {"send", "ssend", "bsend", "isend", "issend", "ibsend"}
@@ -1133,7 +1124,7 @@ def _send(comm, mode, buf, dest, tag):
     r = _route(comm)
     kind, ld = r.where(dest) if r is not None else (OTHER, None)
     if kind != LOCAL:
-        if r is not None and mode in _NB and _pending(r):
+        if r is not None and mode in _NB and _shm_busy():
             Request._mpi(getattr(Intracomm, _NB[mode])(comm, buf, dest, tag)).Wait()
             return None
         return getattr(Intracomm, mode)(comm, buf, dest, tag)
@@ -1168,7 +1159,7 @@ def _recv(comm, buf, source, tag, status, pickled):
     if r is None:
         return getattr(Intracomm, name)(comm, buf, source, tag, status)
     kind, s = r.where(source)
-    if kind == OTHER or (kind == REMOTE and not _pending(r)):
+    if kind == OTHER or (kind == REMOTE and not _shm_busy()):
         return getattr(Intracomm, name)(comm, buf, source, tag, status)
     if kind == LOCAL and not r.queue:
         st = ShmStatus()
@@ -1262,7 +1253,7 @@ class Routed:
         if r is not None and type(dest) is int and type(tag) is int:     # the common cases, as _send takes them
             ld = r.local.get(dest)
             if ld is None:
-                if 0 <= dest < r.size and not r.queue and not _shm_busy():
+                if 0 <= dest < r.size and not _shm_busy():
                     return Intracomm.Send(self, buf, dest, tag)
             elif type(buf) is np.ndarray and buf.flags.c_contiguous:
                 try:
@@ -1270,57 +1261,6 @@ class Routed:
                 except MPIError as e:
                     _raise(e)
         _send(self, "Send", buf, dest, tag)
-
-    def Ssend(self, buf, dest, tag=0):
-        _send(self, "Ssend", buf, dest, tag)
-
-    def Rsend(self, buf, dest, tag=0):
-        _send(self, "Rsend", buf, dest, tag)
-
-    def Bsend(self, buf, dest, tag=0):
-        _send(self, "Bsend", buf, dest, tag)
-
-    def send(self, obj, dest, tag=0):
-        _send(self, "send", obj, dest, tag)
-
-    def ssend(self, obj, dest, tag=0):
-        _send(self, "ssend", obj, dest, tag)
-
-    def bsend(self, obj, dest, tag=0):
-        _send(self, "bsend", obj, dest, tag)
-
-    def Isend(self, buf, dest, tag=0):
-        return _isend(self, "Isend", buf, dest, tag)
-
-    def Issend(self, buf, dest, tag=0):
-        return _isend(self, "Issend", buf, dest, tag)
-
-    def Irsend(self, buf, dest, tag=0):
-        return _isend(self, "Irsend", buf, dest, tag)
-
-    def Ibsend(self, buf, dest, tag=0):
-        return _isend(self, "Ibsend", buf, dest, tag)
-
-    def isend(self, obj, dest, tag=0):
-        return _isend(self, "isend", obj, dest, tag)
-
-    def issend(self, obj, dest, tag=0):
-        return _isend(self, "issend", obj, dest, tag)
-
-    def ibsend(self, obj, dest, tag=0):
-        return _isend(self, "ibsend", obj, dest, tag)
-
-    def Send_init(self, buf, dest, tag=0):
-        return _send_init(self, "Send_init", buf, dest, tag)
-
-    def Ssend_init(self, buf, dest, tag=0):
-        return _send_init(self, "Ssend_init", buf, dest, tag)
-
-    def Rsend_init(self, buf, dest, tag=0):
-        return _send_init(self, "Rsend_init", buf, dest, tag)
-
-    def Bsend_init(self, buf, dest, tag=0):
-        return _send_init(self, "Bsend_init", buf, dest, tag)
 
     def Recv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         r = self.__dict__.get("route")
@@ -1375,7 +1315,7 @@ class Routed:
         """Whether a send to dest and a receive from source are MPI's alone."""
         r = _route(self)
         return r is None or (r.where(dest)[0] in (REMOTE, OTHER) and r.where(source)[0] in (REMOTE, OTHER)
-                             and not _pending(r))
+                             and not _shm_busy())
 
     def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE, recvtag=ANY_TAG, status=None):
         if self._mpi_pair(dest, source):
@@ -1434,6 +1374,25 @@ class Routed:
         r = _route(self)
         if r is not None:
             r.node.Flush_buffer()
+
+
+def _forward(helper, mode, pickled):
+    """Routed's method for a send mode: helper's call (_send, _isend, _send_init) with mode."""
+    if pickled:
+        def call(self, obj, dest, tag=0):
+            return helper(self, mode, obj, dest, tag)
+    else:
+        def call(self, buf, dest, tag=0):
+            return helper(self, mode, buf, dest, tag)
+    call.__name__, call.__qualname__ = mode, f"Routed.{mode}"
+    return call
+
+
+for _helper, _modes in ((_send, ("Ssend", "Rsend", "Bsend", "send", "ssend", "bsend")),
+                        (_isend, ("Isend", "Issend", "Irsend", "Ibsend", "isend", "issend", "ibsend")),
+                        (_send_init, tuple(_INIT))):
+    for _mode in _modes:
+        setattr(Routed, _mode, _forward(_helper, _mode, _mode in _PICKLED))
 
 
 # MPI's own nonblocking and persistent collectives on the face's
