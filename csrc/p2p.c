@@ -1248,7 +1248,7 @@ static PyObject *py_sent(PyObject *m, PyObject *const *a, Py_ssize_t n)
 
 static PyObject *status(sc_comm_t *sh, int rc, const int64_t *out, PyObject *extra)
 {
-    resume(sh, rc);
+    resume(sh, rc);         /* first: no Python object is made or freed without the GIL */
     if (rc == SC_EINTR && PyErr_Occurred()) return NULL;
     if (extra) return Py_BuildValue("(iLLLO)", rc, (long long)out[0], (long long)out[1], (long long)out[2], extra);
     return Py_BuildValue("(iLLL)", rc, (long long)out[0], (long long)out[1], (long long)out[2]);
@@ -1283,8 +1283,9 @@ static PyObject *py_recv(PyObject *m, PyObject *const *a, Py_ssize_t n)
     if (PyErr_Occurred()) { release(&b); release(&ab); return NULL; }
     sc_comm_t *sh = arm(c);
     int rc = recv(c, src, tag, &ah, b.buf, b.len, block, out, block ? NULL : &st);
+    resume(sh, rc);
     PyObject *hv = rc == STAGING ? PyLong_FromVoidPtr(st) : Py_NewRef(Py_None);
-    PyObject *r = hv ? status(sh, rc, out, hv) : (resume(sh, rc), NULL);
+    PyObject *r = hv ? status(sh, rc, out, hv) : NULL;
     Py_XDECREF(hv);
     release(&b);
     release(&ab);
@@ -1305,7 +1306,8 @@ static PyObject *py_probe(PyObject *m, PyObject *const *a, Py_ssize_t n)
     if (PyErr_Occurred()) { release(&ab); return NULL; }
     sc_comm_t *sh = arm(c);
     int rc = probe(c, src, tag, &ah, block, detach, out, &h);
-    PyObject *hv = PyLong_FromVoidPtr(h), *r = hv ? status(sh, rc, out, hv) : (resume(sh, rc), NULL);
+    resume(sh, rc);
+    PyObject *hv = PyLong_FromVoidPtr(h), *r = hv ? status(sh, rc, out, hv) : NULL;
     Py_XDECREF(hv);
     release(&ab);
     return r;
