@@ -59,6 +59,10 @@ _lock = threading.RLock()
 _local = threading.local()      # .held: the _Held of this thread's call
 
 
+#: torch 2.11 has no UntypedStorage._swap_data_ptr_: there storages stay where torch put them
+_SWAP = hasattr(torch.UntypedStorage, "_swap_data_ptr_")
+
+
 def _to_arena(s):
     """Move storage s into this rank's arena, where peers copy it with
     plain loads and stores instead of process_vm_readv, on the second call
@@ -76,7 +80,7 @@ def _to_arena(s):
     calls, held until their futures are set.
     Called with _lock held."""
     ptr, n = s.data_ptr(), s.nbytes()
-    if not s.resizable() or s.is_shared() or ptr in _busy or threading.active_count() > 1 + len(_Completer.live):
+    if not _SWAP or not s.resizable() or s.is_shared() or ptr in _busy or threading.active_count() > 1 + len(_Completer.live):
         return
     if _seen.pop(ptr, None) != n:
         _seen[ptr] = n

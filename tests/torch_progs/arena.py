@@ -35,7 +35,8 @@ for k in range(3):
     assert torch.equal(t, torch.from_numpy(want)) and torch.equal(view, t[10:20]), (k, t[:4], want[:4])
     assert np.array_equal(sees, want) and np.array_equal(a, want), (k, sees[:4], a[:4], want[:4])
     want = want * n
-assert places == [(False, False, False), (True, False, False), (True, False, False)], places
+moves = hasattr(torch.UntypedStorage, "_swap_data_ptr_")         # torch 2.11 cannot move one
+assert places == [(False, False, False), (moves, False, False), (moves, False, False)], places
 small = torch.ones(8) * (r + 1)
 for _ in range(3):
     dist.all_reduce(small)

@@ -107,7 +107,12 @@ o = zt()
 dist.reduce_scatter_tensor(o, (torch.arange(12.0 * n).reshape(3, 4 * n) + r).t())
 out.append(("transposed reduce_scatter_tensor", o.tolist()))
 outs = [zt() for _ in range(n)]
-dist.all_to_all(outs, [tr(10 * i) for i in range(n)])
+try:
+    dist.all_to_all(outs, [tr(10 * i) for i in range(n)])
+except RuntimeError as e:       # torch 2.11's gloo has none: what it must give, from rank q's tr(10 * r)
+    if backend != "gloo" or "does not support alltoall" not in str(e):
+        raise
+    outs = [(torch.arange(12.0).reshape(3, 4) + 100 * q + 10 * r).t() for q in range(n)]
 out.append(("transposed all_to_all", [o.tolist() for o in outs]))
 if backend == "shmcoll":        # strided slices, which gloo reduces as if contiguous: against the sums
     base = torch.zeros(4, 6)
