@@ -208,6 +208,24 @@ EXAMPLES = os.path.join(os.path.dirname(PROGS), "..", "examples")
 
 
 @pytest.mark.parametrize("env", envs())
+@pytest.mark.parametrize("n,nodes", [(2, "1,1"), (4, "2,2")])
+def test_flat_rows_follow_the_machine(env, n, nodes):
+    """Where the machine's ranks outnumber its CPUs (4 ranks here on 2) a
+    call is MPI's own below FLAT_BELOW's row; where each has a CPU of its
+    own, below that row with OWN_CPUS's changes; a Dup chooses alike."""
+    from shmcoll.multinode.hier import FLAT_BELOW, OWN_CPUS
+    rc, out, _ = mpiexec(env, n, "flat_rows.py", nodes=nodes)
+    assert rc == 0, out[-3000:]
+    line = [x for x in out.splitlines() if x.startswith("rows ")]
+    assert line, out[-3000:]
+    name = "Open MPI" if LIBS[env] == "Open" else "MPICH"
+    want = dict(FLAT_BELOW[name])
+    if n <= len(os.sched_getaffinity(0)):
+        want.update(OWN_CPUS[name])
+    assert eval(line[0][5:]) == (want, want)
+
+
+@pytest.mark.parametrize("env", envs())
 @pytest.mark.parametrize("nodes,n", [("2,2", 4), ("3,1", 4)])
 @pytest.mark.parametrize("name", ["halo", "kmeans", "master_worker", "power_iteration", "sample_sort"])
 def test_examples_same_under_mpi_and_the_hierarchical_world(env, nodes, n, name):

@@ -26,23 +26,24 @@ def from_mpi(comm=None, *, options=None, abort_on_error=True, flat_below=None, n
     network: whether the MPI legs cross a network (default: when comm's
     ranks are on several machines), where each byte should cross once."""
     MPI = mpi()
-    flat = flat_table(MPI.Get_library_version(), flat_below)
+    flat_table(MPI.Get_library_version(), flat_below)   # bad flat_below raises here, before anything is made
     comm = MPI.COMM_WORLD if comm is None else comm
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
         raise TypeError(f"shmcoll.from_mpi(): an mpi4py intracommunicator, not {comm!r}")
-    hier = build(comm.Dup(), options, flat, network)     # MPI's own calls, and the user's, on the duplicate
+    hier = build(comm.Dup(), options, flat_below, network)     # MPI's own calls, and the user's, on the duplicate
     if abort_on_error and hier.size > 1:
         _abort_on_error(hier)
     return hier
 
 
-def build(own, options, flat, network):
+def build(own, options, flat_below, network):
     """The hierarchical communicator over own, an MPI communicator it then
     owns (frees with itself); collective over own.  Where a node cannot
     set up its shared memory, every rank of own raises (and what was made
     is freed, own too)."""
     MPI = mpi()
     node_mpi, crowded, one_machine = node_split(own)
+    flat = flat_table(MPI.Get_library_version(), flat_below, crowded=crowded)
     p2p = own.Split(0, own.Get_rank())          # the legs' point-to-point (a Dup would copy the user's attributes)
     local = node_mpi.Get_rank()
     leaders = own.Split(0 if local == 0 else MPI.UNDEFINED, own.Get_rank())
@@ -65,7 +66,7 @@ def build(own, options, flat, network):
         raise RuntimeError(f"shmcoll: no hierarchical communicator: on rank {failed[0][0]} of its "
                            f"{len(where)}, {failed[0][1]}")
     return Hier(own, node_mpi, leaders if local == 0 else None, up, node, where[:, 0], where[:, 1], flat, p2p,
-                not one_machine if network is None else bool(network), options)
+                not one_machine if network is None else bool(network), options, flat_below)
 
 
 def _abort_on_error(hier):

@@ -44,6 +44,16 @@ FLAT_BELOW = {
     "Open MPI": {"barrier": None, "bcast": 256 * K, "reduce": M, "allreduce": 128 * K, "allgather": 64 * K,
                  "gather": 4 * M, "scatter": 256 * K, "alltoall": 256 * K, "reduce_scatter": 256 * K},
 }
+# Where each rank of the machine has a CPU of its own (16 ranks as 4
+# virtual nodes of 4 on 16 cores, bench/README.md "Issue 47 on 16
+# cores"), these rows differ: MPI's shared-memory calls run in parallel
+# there, and its own Reduce (MPICH, 16 KiB-1 MiB: legs 0.94-1.22 of it),
+# Allreduce (MPICH, 16 KiB: 1.11), Scatter (Open MPI, 1-16 MiB: 1.9-4.0)
+# and Alltoall (Open MPI, 256 KiB-1 MiB: 1.06-1.26) beat the legs.
+OWN_CPUS = {
+    "MPICH": {"reduce": 4 * M, "allreduce": 64 * K},
+    "Open MPI": {"scatter": None, "alltoall": 4 * M},
+}
 
 
 SPREAD = 16 * K       # from here an Allreduce's MPI leg is spread over the node's ranks
@@ -67,11 +77,13 @@ class Flat(Exception):
     """This call is MPI's own: the legs lose at its size."""
 
 
-def flat_table(library, given=None, env=os.environ):
+def flat_table(library, given=None, env=os.environ, crowded=True):
     """The sizes below which each collective is MPI's own: given (an int
     for all, or a dict by collective), else SHMCOLL_FLAT_BELOW (bytes, for
-    all), over the library's row."""
-    row = dict(FLAT_BELOW["Open MPI" if library.startswith("Open MPI") else "MPICH"])
+    all), over the library's row (crowded: the machine's ranks outnumber
+    its CPUs; else with OWN_CPUS's changes)."""
+    name = "Open MPI" if library.startswith("Open MPI") else "MPICH"
+    row = {**FLAT_BELOW[name], **({} if crowded else OWN_CPUS[name])}
     if given is None and env.get("SHMCOLL_FLAT_BELOW", "").strip():
         text = env["SHMCOLL_FLAT_BELOW"].strip()
         if not text.isdigit():
@@ -115,8 +127,8 @@ class Hier:
     MPI among each node's local rank 0 (None on the others)."""
 
     def __init__(self, mpi_comm, node_mpi, leaders, up, node, node_of, local_of, flat_below, p2p, network=True,
-                 options=None):
-        self.up, self.network, self.options, self._table = up, network, options, flat_below
+                 options=None, given=None):
+        self.up, self.network, self.options, self._given = up, network, options, given
         self._below = {k: float("inf") if v is None else v for k, v in flat_below.items()}
         self._ip, self._sum = mpi().IN_PLACE, mpi().SUM       # looked up once: the checks below are per call
         self.p2p = p2p          # a duplicate of mpi_comm: the user's Send/Recv on this one (mpi_comm's) never match it
@@ -742,7 +754,7 @@ class Hier:
         if comm == mpi().COMM_NULL:
             return comm
         from . import build
-        return build(comm, self.options, self._table, self.network)
+        return build(comm, self.options, self._given, self.network)
 
     def Dup(self, info=None):
         return self._derived(self.mpi.Dup(info))
