@@ -246,9 +246,14 @@ class _Shm(_Op):
         return self.fields is not None
 
     def block(self):
-        if self.fields is None:         # Waitall's C entry: Wait's loop in Python sleeps 0.1 ms a turn where 4 ranks share 2 CPUs
-            self._run(lambda st: (True, self.inner.wait(st)) if self.pickled
-                      else (shm_request.Request.Waitall([self.inner], [st]), None))
+        if self.fields is None:
+            st = ShmStatus()
+            try:
+                obj = self.inner.wait(st) if self.pickled else self.inner.Wait(st)
+            except MPIError as e:       # this receive's own (a truncation): raised by the wait that completes it
+                self.error, self.fields = _translated(e), (st.Get_source(), st.Get_tag(), 0, False)
+                return
+            self.fields, self.result = self.route.fields(st), None if not self.pickled else obj
 
     def _run(self, call):
         """call(status) -> (done, object): its outcome kept; its error (a
@@ -699,8 +704,29 @@ class Request(_Handles, _Request, metaclass=_Face):
             spins += 1
             _advance(spins)
 
+    @staticmethod
+    def _node_all(requests):
+        """Waitall of the node's calls alone, no status asked for (a halo
+        exchange between node-mates): each one's wait in turn, as _all
+        would, without its general passes; False (nothing done) where any
+        request is of another kind."""
+        for r in requests:
+            if type(r) is not Request or r._null or type(r._op) is not _Shm:
+                return False
+        for r in requests:
+            r._op.block()               # its outcome kept (fields, error) until all are done: a wait
+        failed = False                  # interrupted leaves them to a later call, as _all's
+        for r in requests:
+            r._null = True
+            failed = failed or r._op.error is not None      # its own (a truncation)
+        if failed:
+            raise MPI.Exception(MPI.ERR_IN_STATUS)
+        return True
+
     @classmethod
     def Waitall(cls, requests, statuses=None):
+        if statuses is None and cls._node_all(requests):
+            return True
         if cls._mpi_only(requests):
             cls._loop(lambda: (_Request.Testall(requests, statuses),) * 2, True,
                       lambda: _Request.Waitall(requests, statuses))
@@ -965,8 +991,8 @@ class Route:
 
     def fields(self, st):
         """A node status's (rank, tag, bytes, cancelled)."""
-        src = st.Get_source()
-        return (self.ranks[src] if 0 <= src < len(self.ranks) else src), st.Get_tag(), st.nbytes, st.Is_cancelled()
+        nbytes, cancelled, src, tag = st._m[:4]         # its fields' array (shmcoll.request.Status)
+        return (self.ranks[src] if 0 <= src < len(self.ranks) else src), tag, nbytes, bool(cancelled)
 
     # -- the queue
     def post(self, buf, source, tag, pickled):
@@ -1134,14 +1160,20 @@ def _send(comm, mode, buf, dest, tag):
 
 
 def _isend(comm, mode, buf, dest, tag):
-    r = _route(comm)
-    kind, ld = r.where(dest) if r is not None else (OTHER, None)
-    if kind != LOCAL:
-        req = getattr(Intracomm, mode)(comm, buf, dest, tag)
-        return req if r is None else Request._mpi(req)
-    tag, data = _int(tag), buf if mode in _PICKLED else _outgoing(buf, mode)
-    with _SHM:
-        return Request._of(_Shm(r, getattr(r.node, mode)(data, ld, tag)))
+    r = comm.__dict__.get("route")
+    ld = r.local.get(dest) if r is not None and type(dest) is int else None
+    if ld is None:
+        kind, ld = r.where(dest) if r is not None else (OTHER, None)
+        if kind != LOCAL:
+            req = getattr(Intracomm, mode)(comm, buf, dest, tag)
+            return req if r is None else Request._mpi(req)
+    if type(tag) is not int:
+        tag = _int(tag)
+    try:
+        inner = getattr(r.node, mode)(buf if mode in _PICKLED else _outgoing(buf, mode), ld, tag)
+    except MPIError as e:
+        _raise(e)
+    return Request._of(_Shm(r, inner))
 
 
 def _send_init(comm, mode, buf, dest, tag):
@@ -1180,7 +1212,11 @@ def _recv(comm, buf, source, tag, status, pickled):
 
 
 def _irecv(comm, buf, source, tag, pickled):
-    r = _route(comm)
+    r = comm.__dict__.get("route")
+    if (r is not None and not pickled and type(source) is int and type(tag) is int and not r.queue
+            and source in r.local and type(buf) is np.ndarray and buf.flags.c_contiguous and buf.flags.writeable
+            and buf.dtype.isnative and not buf.dtype.hasobject):
+        return _irecv_node(r, buf, r.local[source], source, tag, False)     # the common case: as _flat reads it
     name = "irecv" if pickled else "Irecv"
     if r is None:
         return getattr(Intracomm, name)(comm, buf, source, tag)
@@ -1190,16 +1226,21 @@ def _irecv(comm, buf, source, tag, pickled):
     if kind == LOCAL and not r.queue:
         flat = None if pickled else _flat(buf, "Irecv", True)
         if pickled or flat is not None:
-            try:
-                inner = r.node.irecv(buf, s, _tag(tag)) if pickled else r.node.Irecv(flat, s, _tag(tag))
-            except MPIError as e:           # a message already here that does not fit: MPI raises at the wait
-                if e.error_class != shm_errors.ERR_TRUNCATE:
-                    _raise(e)
-                op = _Done((source, tag, 0, False))
-                op.error = _translated(e)
-                return Request._of(op)
-            return Request._of(_Shm(r, inner, pickled))
+            return _irecv_node(r, buf if pickled else flat, s, source, tag, pickled)
     return Request._of(r.post(buf, source, tag, pickled))
+
+
+def _irecv_node(r, buf, s, source, tag, pickled):
+    """The node's receive from its rank s (source in comm) into buf (its object: pickled)."""
+    try:
+        inner = r.node.irecv(buf, s, _tag(tag)) if pickled else r.node.Irecv(buf, s, _tag(tag))
+    except MPIError as e:           # a message already here that does not fit: MPI raises at the wait
+        if e.error_class != shm_errors.ERR_TRUNCATE:
+            _raise(e)
+        op = _Done((source, tag, 0, False))
+        op.error = _translated(e)
+        return Request._of(op)
+    return Request._of(_Shm(r, inner, pickled))
 
 
 def _probe(comm, name, source, tag, status):

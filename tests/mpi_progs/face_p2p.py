@@ -273,11 +273,25 @@ if me == 0:
     except MPI.Exception as e:
         check(e.Get_error_class() == MPI.ERR_IN_STATUS, e)
     check(sts[0].Get_error() == MPI.ERR_TRUNCATE and fine[0] == 5.0 and not reqs[0] and not reqs[1], sts[0].Get_error())
+    # the same without statuses (node-mates' requests alone: the face's shorter path), a send among them
+    short, fine = np.zeros(1), np.zeros(1)
+    reqs = [c.Irecv(short, LOCAL, 25), c.Isend(np.full(1, 7.0), LOCAL, 27), c.Irecv(fine, LOCAL, 26)]
+    try:
+        MPI.Request.Waitall(reqs)
+        check(False, "no error without statuses")
+    except MPI.Exception as e:
+        check(e.Get_error_class() == MPI.ERR_IN_STATUS, e)
+    check(fine[0] == 6.0 and not any(reqs), (fine, reqs))
 elif me == LOCAL:
     c.Send(big, 0, 20)
     c.Send(np.zeros(1), REMOTE, 24)
     c.Send(np.zeros(2), 0, 22)
     c.Send(np.full(1, 5.0), 0, 23)
+    got = np.zeros(1)
+    c.Recv(got, 0, 27)                  # sent after 0 posted its receive of 25: the truncation is found in the wait
+    check(got[0] == 7.0, got)
+    c.Send(np.zeros(2), 0, 25)
+    c.Send(np.full(1, 6.0), 0, 26)
 elif me == REMOTE:
     c.Recv(np.zeros(1), LOCAL, 24)
     got = np.empty(BIG)
