@@ -80,8 +80,14 @@ const int64_t *sc_cache_get(sc_comm_t *c, const int64_t *key) { return lookup(c,
 static int poll_signals(sc_comm_t *c)
 {
     if (!c->hooks.saved) return 0;
-    PyEval_RestoreThread(c->hooks.saved);
+    /* A handler may call into shmcoll on this thread's context: it must
+     * find the GIL held (no saved state to restore) and may leave the
+     * hooks cleared, so the wait's own are kept aside meanwhile. */
+    sc_hooks_t mine = c->hooks;
+    PyEval_RestoreThread(mine.saved);
+    c->hooks.saved = NULL;
     int raised = PyErr_CheckSignals() < 0;
+    c->hooks = mine;
     c->hooks.saved = PyEval_SaveThread();
     return raised;
 }

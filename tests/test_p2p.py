@@ -1024,3 +1024,41 @@ def test_a_request_of_a_freed_communicator_raises_its_error():
             req.Wait()
         return e.value.Get_error_class() == ERR_COMM
     assert run(job, 2) == [True, True]
+
+
+@pytest.mark.parametrize("how", ["send", "isend", "iprobe"])
+def test_a_signal_handler_calls_point_to_point_while_its_rank_waits(how):
+    """Rank 0 waits in Recv for a message that rank 1 sends only once it
+    has the message rank 0's SIGALRM handler sends: the handler's call
+    runs inside the wait (its signal poll) and must find the GIL held (it
+    hung in PyEval_RestoreThread)."""
+    def job(comm):
+        if comm.rank == 0:
+            seen = []
+
+            def handler(*_):
+                if how == "iprobe":
+                    seen.append(comm.Iprobe(1, 99))
+                if how == "isend":
+                    comm.Isend(np.full(1, 7.0), 1, 50).Wait()
+                else:
+                    comm.send("from the handler", 1, 50)
+            old = signal.signal(signal.SIGALRM, handler)
+            try:
+                signal.setitimer(signal.ITIMER_REAL, 0.05)
+                b = np.zeros(4)
+                comm.Recv(b, 1, 1)
+            finally:
+                signal.signal(signal.SIGALRM, old)
+            return seen, b.tolist()
+        got = np.zeros(1)
+        if how == "isend":
+            comm.Recv(got, 0, 50)
+            got = got[0]
+        else:
+            got = comm.recv(source=0, tag=50)
+        comm.Send(np.full(4, 2.0), 0, 1)
+        return got
+    first, second = run(job, 2, timeout=30)
+    assert first == ([False] if how == "iprobe" else [], [2.0] * 4)
+    assert second == (7.0 if how == "isend" else "from the handler")
