@@ -208,21 +208,34 @@ EXAMPLES = os.path.join(os.path.dirname(PROGS), "..", "examples")
 
 
 @pytest.mark.parametrize("env", envs())
-@pytest.mark.parametrize("n,nodes", [(2, "1,1"), (4, "2,2")])
-def test_flat_rows_follow_the_machine(env, n, nodes):
-    """Where the machine's ranks outnumber its CPUs (4 ranks here on 2) a
-    call is MPI's own below FLAT_BELOW's row; where each has a CPU of its
-    own, below that row with OWN_CPUS's changes; a Dup chooses alike."""
+@pytest.mark.parametrize("n,nodes,how", [(2, "1,1", ""), (4, "2,2", ""), (4, "2,2", "mixed"), (3, "2,1", "mixed")])
+def test_flat_rows_follow_the_machine(env, n, nodes, how):
+    """Where some machine's ranks outnumber its CPUs (4 ranks here on 2, or
+    half the ranks made to say so: machines that differ) a call is MPI's
+    own below FLAT_BELOW's row; where each has a CPU of its own, below
+    that row with OWN_CPUS's changes.  Every rank, and a Dup and a Split,
+    choose alike (they differed: a hang)."""
     from shmcoll.multinode.hier import FLAT_BELOW, OWN_CPUS
-    rc, out, _ = mpiexec(env, n, "flat_rows.py", nodes=nodes)
+    rc, out, _ = mpiexec(env, n, "flat_rows.py", *([how] if how else []), nodes=nodes)
     assert rc == 0, out[-3000:]
     line = [x for x in out.splitlines() if x.startswith("rows ")]
     assert line, out[-3000:]
     name = "Open MPI" if LIBS[env] == "Open" else "MPICH"
     want = dict(FLAT_BELOW[name])
-    if n <= len(os.sched_getaffinity(0)):
+    if n <= len(os.sched_getaffinity(0)) and not how:
         want.update(OWN_CPUS[name])
-    assert eval(line[0][5:]) == (want, want)
+    assert line[0] == f"rows {(want, want, want)!r} agree sum"
+
+
+@pytest.mark.parametrize("env", envs())
+def test_flat_below_is_checked_and_kept(env):
+    """from_mpi(flat_below=) takes bytes (an int or numpy integer) or a dict
+    of them by collective, refuses anything else before it makes anything,
+    and keeps a copy of a dict (a later change to the caller's does not
+    reach the communicator or those made from it)."""
+    rc, out, _ = mpiexec(env, 2, "flat_rows.py", "args", nodes="1,1")
+    assert rc == 0, out[-3000:]
+    assert "refused 9 kept" in out, out[-3000:]
 
 
 @pytest.mark.parametrize("env", envs())

@@ -6,7 +6,7 @@ import traceback
 
 import numpy as np
 
-from .hier import Hier, flat_table
+from .hier import Hier, flat_given, flat_table
 from .layout import close_node, node_comm, node_split, virtual_nodes
 from .specs import mpi
 
@@ -26,7 +26,7 @@ def from_mpi(comm=None, *, options=None, abort_on_error=True, flat_below=None, n
     network: whether the MPI legs cross a network (default: when comm's
     ranks are on several machines), where each byte should cross once."""
     MPI = mpi()
-    flat_table(MPI.Get_library_version(), flat_below)   # bad flat_below raises here, before anything is made
+    flat_below = flat_given(flat_below)     # bad flat_below raises here, before anything is made
     comm = MPI.COMM_WORLD if comm is None else comm
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
         raise TypeError(f"shmcoll.from_mpi(): an mpi4py intracommunicator, not {comm!r}")
@@ -36,20 +36,26 @@ def from_mpi(comm=None, *, options=None, abort_on_error=True, flat_below=None, n
     return hier
 
 
-def build(own, options, flat_below, network):
+def build(own, options, flat_below, network, inherited=(False, False)):
     """The hierarchical communicator over own, an MPI communicator it then
     owns (frees with itself); collective over own.  Where a node cannot
     set up its shared memory, every rank of own raises (and what was made
-    is freed, own too)."""
+    is freed, own too).  inherited: the communicator it is made from's
+    (this machine crowded, some machine crowded), which a subset of its
+    ranks does not show."""
     MPI = mpi()
     node_mpi, crowded, one_machine = node_split(own)
-    flat = flat_table(MPI.Get_library_version(), flat_below, crowded=crowded)
+    crowded = crowded or inherited[0]
     p2p = own.Split(0, own.Get_rank())          # the legs' point-to-point (a Dup would copy the user's attributes)
     local = node_mpi.Get_rank()
     leaders = own.Split(0 if local == 0 else MPI.UNDEFINED, own.Get_rank())
     up = own.Split(local, own.Get_rank())       # each node's local rank l, over the nodes: HAN's "up" level
     index = node_mpi.bcast(leaders.Get_rank() if local == 0 else None, root=0)
-    where = np.array(own.allgather((index, local)), np.int64).reshape(-1, 2)
+    got = own.allgather((index, local, crowded))
+    where = np.array([g[:2] for g in got], np.int64).reshape(-1, 2)
+    # one choice on every rank (each call's path must agree): crowded if any machine is
+    anywhere = any(g[2] for g in got) or inherited[1]
+    flat = flat_table(MPI.Get_library_version(), flat_below, crowded=anywhere)
     node = err = None
     try:
         node = node_comm(node_mpi, options, crowded)
@@ -66,7 +72,7 @@ def build(own, options, flat_below, network):
         raise RuntimeError(f"shmcoll: no hierarchical communicator: on rank {failed[0][0]} of its "
                            f"{len(where)}, {failed[0][1]}")
     return Hier(own, node_mpi, leaders if local == 0 else None, up, node, where[:, 0], where[:, 1], flat, p2p,
-                not one_machine if network is None else bool(network), options, flat_below)
+                not one_machine if network is None else bool(network), options, flat_below, (crowded, anywhere))
 
 
 def _abort_on_error(hier):

@@ -17,6 +17,7 @@ this one (Dup, Split, ...) are hierarchical too; everything else
 (point-to-point, the other communicator calls, object collectives) is the
 MPI communicator's."""
 import functools
+import operator
 import os
 import sys
 
@@ -77,11 +78,35 @@ class Flat(Exception):
     """This call is MPI's own: the legs lose at its size."""
 
 
+def flat_given(given):
+    """from_mpi's flat_below, checked: None, bytes for every collective,
+    or a copy of a dict of bytes (or None: never) by collective."""
+    if given is None:
+        return None
+    if isinstance(given, dict):
+        unknown = set(given) - set(FLAT_BELOW["MPICH"])
+        if unknown:
+            raise ValueError(f"flat_below: no collective {sorted(map(str, unknown))}; "
+                             f"these are {sorted(FLAT_BELOW['MPICH'])}")
+        return {k: None if v is None else _bytes(v, f"flat_below[{k!r}]") for k, v in given.items()}
+    return _bytes(given, "flat_below")
+
+
+def _bytes(v, what):
+    if isinstance(v, bool) or not hasattr(type(v), "__index__"):
+        raise TypeError(f"{what}: a number of bytes (an int), not {v!r}")
+    v = operator.index(v)
+    if v < 0:
+        raise ValueError(f"{what}: a number of bytes, not {v}")
+    return v
+
+
 def flat_table(library, given=None, env=os.environ, crowded=True):
-    """The sizes below which each collective is MPI's own: given (an int
-    for all, or a dict by collective), else SHMCOLL_FLAT_BELOW (bytes, for
-    all), over the library's row (crowded: the machine's ranks outnumber
-    its CPUs; else with OWN_CPUS's changes)."""
+    """The sizes below which each collective is MPI's own: given (as
+    flat_given returns it: an int for all, or a dict by collective), else
+    SHMCOLL_FLAT_BELOW (bytes, for all), over the library's row (crowded:
+    some machine's ranks outnumber its CPUs; else with OWN_CPUS's
+    changes)."""
     name = "Open MPI" if library.startswith("Open MPI") else "MPICH"
     row = {**FLAT_BELOW[name], **({} if crowded else OWN_CPUS[name])}
     if given is None and env.get("SHMCOLL_FLAT_BELOW", "").strip():
@@ -92,9 +117,6 @@ def flat_table(library, given=None, env=os.environ, crowded=True):
     if isinstance(given, int):
         row = dict.fromkeys(row, given)
     elif given:
-        unknown = set(given) - set(row)
-        if unknown:
-            raise ValueError(f"flat_below: no collective {sorted(unknown)}; these are {sorted(row)}")
         row.update(given)
     return row
 
@@ -127,8 +149,8 @@ class Hier:
     MPI among each node's local rank 0 (None on the others)."""
 
     def __init__(self, mpi_comm, node_mpi, leaders, up, node, node_of, local_of, flat_below, p2p, network=True,
-                 options=None, given=None):
-        self.up, self.network, self.options, self._given = up, network, options, given
+                 options=None, given=None, crowded=(True, True)):
+        self.up, self.network, self.options, self._given, self._crowded = up, network, options, given, crowded
         self._below = {k: float("inf") if v is None else v for k, v in flat_below.items()}
         self._ip, self._sum = mpi().IN_PLACE, mpi().SUM       # looked up once: the checks below are per call
         self.p2p = p2p          # a duplicate of mpi_comm: the user's Send/Recv on this one (mpi_comm's) never match it
@@ -754,7 +776,7 @@ class Hier:
         if comm == mpi().COMM_NULL:
             return comm
         from . import build
-        return build(comm, self.options, self._given, self.network)
+        return build(comm, self.options, self._given, self.network, self._crowded)
 
     def Dup(self, info=None):
         return self._derived(self.mpi.Dup(info))
