@@ -90,6 +90,8 @@ class MPIError(ShmcollError):
     """An error with an MPI error class (MPI.Exception): a receive shorter
     than its message (ERR_TRUNCATE), a rank, tag or request out of range."""
 
+    found = None        # a truncated receive's message: (source, tag, bytes), for the status MPI fills
+
     def __init__(self, error_class, message=""):
         super().__init__(message or _CLASS_NAMES.get(error_class, f"error class {error_class}"))
         self.error_class = error_class

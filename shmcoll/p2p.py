@@ -194,8 +194,10 @@ class PointToPoint:
         if rc >= 0 or rc == lib.SC_EAGAIN:
             return rc
         if rc == lib.SC_ETRUNCATE:
-            self._bad(MPIError(ERR_TRUNCATE, f"{what}: message of {got[3]} bytes from rank {got[1]} (tag {got[2]}) "
-                                             f"truncated: the receive buffer is shorter"))
+            e = MPIError(ERR_TRUNCATE, f"{what}: message of {got[3]} bytes from rank {got[1]} (tag {got[2]}) "
+                                       f"truncated: the receive buffer is shorter")
+            e.found = (got[1], got[2], got[3])
+            self._bad(e)
         self._fail(rc, what)
 
     def _p2p_poll(self):

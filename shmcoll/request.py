@@ -11,6 +11,8 @@ import array
 import os
 import weakref
 
+from .errors import MPIError
+
 PROC_NULL = -1          # MPICH's values: a program that prints them sees what it would under MPICH
 ANY_SOURCE = -2
 ANY_TAG = -1
@@ -153,6 +155,12 @@ def _fill(status, got):
         status._set(got)
 
 
+def _failed(status, e):
+    """A receive's own error into status, as MPI's: the truncated message's source and tag, and the error."""
+    if status is not None and e.found is not None:
+        status._found(*e.found, error=e.error_class)
+
+
 class Request:
     """A pending operation.  Subclasses implement _test() -> bool (advance
     without blocking; True once complete, self._status and self._result
@@ -208,7 +216,11 @@ class Request:
 
     def Wait(self, status=None):
         if self._active:
-            self._wait()
+            try:
+                self._wait()
+            except MPIError as e:
+                _failed(status, e)
+                raise
             _fill(status, self._complete()[0])
         else:
             _fill(status, _EMPTY)
@@ -226,8 +238,12 @@ class Request:
             _fill(status, _EMPTY)
             return True
         progress()
-        if not self._test():
-            return False
+        try:
+            if not self._test():
+                return False
+        except MPIError as e:
+            _failed(status, e)
+            raise
         _fill(status, self._complete()[0] if complete else self._status)
         return True
 

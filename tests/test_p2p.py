@@ -273,6 +273,32 @@ def test_truncated_while_another_receive_is_pending(nbytes):
     assert run(job, 2, timeout=30)[0] == (ERR_TRUNCATE, True)
 
 
+@pytest.mark.parametrize("nbytes", [64, 3 * RING])
+@pytest.mark.parametrize("how", ["Wait", "Test"])
+def test_a_truncated_receive_fills_its_status(nbytes, how):
+    """As MPI's: the status of a receive that raises ERR_TRUNCATE names the
+    message's source and tag (a receive from any source and tag, posted
+    before its message arrives), and its error."""
+    def job(comm):
+        comm.Set_errhandler(MPI.ERRORS_RETURN)
+        if comm.rank == 1:
+            comm.Recv(np.zeros(1), 0, 1)             # the receive below is posted: its message comes after
+            comm.Send(np.zeros(nbytes, np.uint8), 0, 9)
+            return None
+        req, st = comm.Irecv(np.zeros(nbytes // 2, np.uint8), ANY_SOURCE, ANY_TAG), Status()
+        comm.Send(np.zeros(1), 1, 1)
+        try:
+            if how == "Wait":
+                req.Wait(st)
+            else:
+                while not req.Test(st):
+                    pass
+        except MPIError as e:
+            return e.Get_error_class(), st.Get_source(), st.Get_tag(), st.Get_error()
+        return None
+    assert run(job, 2, timeout=30)[0] == (ERR_TRUNCATE, 1, 9, ERR_TRUNCATE)
+
+
 @pytest.mark.parametrize("call,cls", [(lambda c: c.Send(np.zeros(1), c.size), ERR_RANK),
                                       (lambda c: c.Recv(np.zeros(1), -7), ERR_RANK),
                                       (lambda c: c.Send(np.zeros(1), 0, -1), ERR_TAG),

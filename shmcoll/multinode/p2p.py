@@ -251,7 +251,7 @@ class _Shm(_Op):
             try:
                 obj = self.inner.wait(st) if self.pickled else self.inner.Wait(st)
             except MPIError as e:       # this receive's own (a truncation): raised by the wait that completes it
-                self.error, self.fields = _translated(e), (st.Get_source(), st.Get_tag(), 0, False)
+                self.error, self.fields = _translated(e), self.route.fields(st)[:2] + (0, False)
                 return
             self.fields, self.result = self.route.fields(st), None if not self.pickled else obj
 
@@ -262,7 +262,7 @@ class _Shm(_Op):
         try:
             done, obj = call(st)
         except MPIError as e:
-            self.error, self.fields = _translated(e), (st.Get_source(), st.Get_tag(), 0, False)
+            self.error, self.fields = _translated(e), self.route.fields(st)[:2] + (0, False)
             return
         if done:
             self.fields, self.result = self.route.fields(st), obj
@@ -710,6 +710,8 @@ class Request(_Handles, _Request, metaclass=_Face):
         exchange between node-mates): each one's wait in turn, as _all
         would, without its general passes; False (nothing done) where any
         request is of another kind."""
+        if type(requests) not in (list, tuple):
+            return False                # the general path takes (or refuses) any other sequence
         for r in requests:
             if type(r) is not Request or r._null or type(r._op) is not _Shm:
                 return False
@@ -1237,7 +1239,7 @@ def _irecv_node(r, buf, s, source, tag, pickled):
     except MPIError as e:           # a message already here that does not fit: MPI raises at the wait
         if e.error_class != shm_errors.ERR_TRUNCATE:
             _raise(e)
-        op = _Done((source, tag, 0, False))
+        op = _Done((r.ranks[e.found[0]], e.found[1], 0, False) if e.found else (source, tag, 0, False))
         op.error = _translated(e)
         return Request._of(op)
     return Request._of(_Shm(r, inner, pickled))
