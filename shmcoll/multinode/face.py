@@ -95,6 +95,14 @@ def module(name):
         def Disconnect(self):
             self._release(MPI.Intracomm.Disconnect)
 
+        def Get_attr(self, keyval):
+            """MPI's, but TAG_UB no larger than a node-mate's message may
+            carry (Open MPI's 2^31 - 1 is past shmcoll's 2^29 - 1)."""
+            value = MPI.Intracomm.Get_attr(self, keyval)
+            if keyval == MPI.TAG_UB and value is not None and "route" in self.__dict__:
+                return min(value, p2p.shm_p2p.TAG_UB)
+            return value
+
         def __reduce__(self):
             """COMM_WORLD pickles as this module's (mpi4py pickles only the predefined communicators)."""
             return "COMM_WORLD" if self == MPI.COMM_WORLD else MPI.Intracomm.__reduce__(self)

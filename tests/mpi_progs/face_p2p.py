@@ -334,6 +334,15 @@ elif me == LOCAL:
     c.Send(np.zeros(2), 0, 29)
     c.Recv(np.zeros(1), 0, 31)
     c.Send(np.zeros(1), 0, 30)
+# 17. TAG_UB is one a node-mate's message can carry (Open MPI's own is 2^31 - 1, past shmcoll's 2^29 - 1)
+ub = c.Get_attr(MPI.TAG_UB)
+check(32767 <= ub <= (1 << 29) - 1, ub)
+if me == 0:
+    c.Send(np.full(1, 3.0), LOCAL, ub)
+elif me == LOCAL:
+    got = np.zeros(1)
+    c.Recv(got, 0, ub)
+    check(got[0] == 3.0, got)
 c.Barrier()
 if me == 0:
     sys.stdout.write("ok\n")
