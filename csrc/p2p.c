@@ -1650,8 +1650,8 @@ static PyObject *fast(PyObject *self, PyObject *const *args, size_t nargsf, PyOb
     release(&sb);
     release(&rb);
     if (rc == SC_EINTR && PyErr_Occurred()) return NULL;
-    if (rc) return failed(self, rc, out);
-    if (st) {
+    if (rc && rc != SC_ETRUNCATE) return failed(self, rc, out);
+    if (st) {       /* a truncated message's too, as MPI fills it: its source, tag and size */
         PyObject *names = PyTuple_GET_ITEM(self, 5), *v[5] = { PyLong_FromLongLong(out[0]), PyLong_FromLongLong(out[1]),
                                                                 PyLong_FromLongLong(out[2]), PyLong_FromLong(0),
                                                                 Py_NewRef(Py_False) };
@@ -1662,6 +1662,7 @@ static PyObject *fast(PyObject *self, PyObject *const *args, size_t nargsf, PyOb
         }
         if (bad) return NULL;
     }
+    if (rc) return failed(self, rc, out);
     Py_RETURN_NONE;
 }
 

@@ -185,18 +185,29 @@ class PointToPoint:
         _busy_as(self, pp, bool(pp.sends or pp.recvs))
 
     def _p2p_failed(self, what, rc, got):
-        """A fast entry's failure: raise as the method would (the communicator broken first)."""
+        """A fast entry's failure: raise as the method would (the communicator
+        broken first); an Irecv whose message was here but longer than its
+        buffer, as MPI's, raises at its completion (its error handler
+        returning)."""
         self._usable()
+        if what == "Irecv" and rc == lib.SC_ETRUNCATE and not self._errhandler.fatal and not self._talking:
+            try:
+                self._p2p_check(rc, what, got)
+            except MPIError as e:
+                return _RecvRequest.failed(self, e)
         self._p2p_check(rc, what, got)
 
-    def _p2p_check(self, rc, what, got=None):
-        """rc from a C entry: itself when not an error, else raise (the job aborted)."""
+    def _p2p_check(self, rc, what, got=None, status=None):
+        """rc from a C entry: itself when not an error, else raise (the job
+        aborted); a truncated message's source, tag and size into status,
+        as MPI fills it."""
         if rc >= 0 or rc == lib.SC_EAGAIN:
             return rc
         if rc == lib.SC_ETRUNCATE:
             e = MPIError(ERR_TRUNCATE, f"{what}: message of {got[3]} bytes from rank {got[1]} (tag {got[2]}) "
                                        f"truncated: the receive buffer is shorter")
             e.found = (got[1], got[2], got[3])
+            request._failed(status, e)
             self._bad(e)
         self._fail(rc, what)
 
@@ -259,7 +270,7 @@ class PointToPoint:
             got = _recv(self._ctx, source, tag, buf, True, None, None)
         except (BufferError, TypeError, ValueError):
             got = _recv(self._ctx, source, tag, _buffer(self, buf, "Recv", True), True, None, None)
-        self._p2p_check(got[0], "Recv", got)
+        self._p2p_check(got[0], "Recv", got, status)
         if status is not None:
             status._found(got[1], got[2], got[3])
 
@@ -486,6 +497,15 @@ class _RecvRequest(_P2PRequest):
     _error = None           # this receive's own error (a truncated message), for its Wait or Test
 
     @classmethod
+    def failed(cls, comm, e):
+        """An Irecv whose message it took and truncated when made: e raises at its Wait or Test."""
+        self = object.__new__(cls)
+        Request.__init__(self)
+        self._comm, self._what, self._source, self._tag, self._who = comm, "Irecv", e.found[0], e.found[1], -1
+        self._got, self._stage, self._cancelled, self._buf, self._error = None, None, False, None, e
+        return self
+
+    @classmethod
     def posted(cls, comm, buf, source, tag, stage):
         """An Irecv the C entry checked and posts, matching nothing now (stage
         None: receives posted before it match first, or no message is here),
@@ -646,7 +666,7 @@ class Message:
         comm, got = self._comm, self._got
         self._got = None
         out = _mrecv(comm._ctx, got[4], buf)
-        comm._p2p_check(out[0], "Message.Recv", out)
+        comm._p2p_check(out[0], "Message.Recv", out, status)
         if status is not None:
             status._found(out[1], out[2], out[3])
         return out

@@ -156,9 +156,11 @@ def _fill(status, got):
 
 
 def _failed(status, e):
-    """A receive's own error into status, as MPI's: the truncated message's source and tag, and the error."""
+    """A receive's own error into status, as MPI's single completions fill
+    it: the truncated message's source, tag and size (its error field is
+    for the calls on many)."""
     if status is not None and e.found is not None:
-        status._found(*e.found, error=e.error_class)
+        status._found(*e.found)
 
 
 class Request:

@@ -274,29 +274,46 @@ def test_truncated_while_another_receive_is_pending(nbytes):
 
 
 @pytest.mark.parametrize("nbytes", [64, 3 * RING])
-@pytest.mark.parametrize("how", ["Wait", "Test"])
+@pytest.mark.parametrize("how", ["Wait", "Test", "arrived", "Recv", "Sendrecv", "Mrecv"])
 def test_a_truncated_receive_fills_its_status(nbytes, how):
     """As MPI's: the status of a receive that raises ERR_TRUNCATE names the
-    message's source and tag (a receive from any source and tag, posted
-    before its message arrives), and its error."""
+    message's source, tag and size (its error field is for the calls on
+    many), whether the receive was posted before its message (Wait, Test)
+    or made after it arrived ("arrived": the Irecv itself does not raise,
+    its Wait does), blocking, or of a matched probe."""
     def job(comm):
         comm.Set_errhandler(MPI.ERRORS_RETURN)
         if comm.rank == 1:
-            comm.Recv(np.zeros(1), 0, 1)             # the receive below is posted: its message comes after
-            comm.Send(np.zeros(nbytes, np.uint8), 0, 9)
+            comm.Recv(np.zeros(1), 0, 1)             # rank 0's receive is posted (or not needed) by now
+            long = comm.Isend(np.zeros(nbytes, np.uint8), 0, 9)
+            comm.Send(np.zeros(1), 0, 2)
+            long.Wait()
+            if how == "Sendrecv":
+                comm.Recv(np.zeros(1), 0, 3)
             return None
-        req, st = comm.Irecv(np.zeros(nbytes // 2, np.uint8), ANY_SOURCE, ANY_TAG), Status()
+        st, small = Status(), np.zeros(nbytes // 2, np.uint8)
+        req = comm.Irecv(small, ANY_SOURCE, ANY_TAG) if how in ("Wait", "Test") else None
         comm.Send(np.zeros(1), 1, 1)
         try:
             if how == "Wait":
                 req.Wait(st)
-            else:
+            elif how == "Test":
                 while not req.Test(st):
                     pass
+            elif how == "arrived":
+                comm.Recv(np.zeros(1), 1, 2)         # sent after the long one: that one is here (or begun)
+                req = comm.Irecv(small, 1, 9)
+                req.Wait(st)
+            elif how == "Recv":
+                comm.Recv(small, 1, 9, st)
+            elif how == "Sendrecv":
+                comm.Sendrecv(np.zeros(1), 1, 3, small, 1, 9, st)
+            else:
+                comm.Mprobe(1, 9).Recv(small, st)
         except MPIError as e:
-            return e.Get_error_class(), st.Get_source(), st.Get_tag(), st.Get_error()
+            return e.Get_error_class(), st.Get_source(), st.Get_tag(), st.Get_count(MPI.BYTE), st.Get_error()
         return None
-    assert run(job, 2, timeout=30)[0] == (ERR_TRUNCATE, 1, 9, ERR_TRUNCATE)
+    assert run(job, 2, timeout=30)[0] == (ERR_TRUNCATE, 1, 9, nbytes, MPI.SUCCESS)
 
 
 @pytest.mark.parametrize("call,cls", [(lambda c: c.Send(np.zeros(1), c.size), ERR_RANK),

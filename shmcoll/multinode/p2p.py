@@ -1197,17 +1197,16 @@ def _recv(comm, buf, source, tag, status, pickled):
         return getattr(Intracomm, name)(comm, buf, source, tag, status)
     if kind == LOCAL and not r.queue:
         st = ShmStatus()
-        if pickled:
-            with _SHM:
-                obj = r.node.recv(buf, s, _tag(tag), st)
+        flat = None if pickled else _flat(buf, "Recv", True)
+        if pickled or flat is not None:
+            try:
+                obj = r.node.recv(buf, s, _tag(tag), st) if pickled else r.node.Recv(flat, s, _tag(tag), st)
+            except MPIError as e:       # a truncated message's status, as MPI fills it
+                if e.found is not None:
+                    _fill(status, r.ranks[e.found[0]], e.found[1], e.found[2])
+                _raise(e)
             _fill(status, *r.fields(st))
             return obj
-        flat = _flat(buf, "Recv", True)
-        if flat is not None:
-            with _SHM:
-                r.node.Recv(flat, s, _tag(tag), st)
-            _fill(status, *r.fields(st))
-            return None
     if kind == REMOTE and not r.queue and not pickled:
         return Request._mpi(Intracomm.Irecv(comm, buf, source, tag)).Wait(status) and None
     return Request._of(r.post(buf, source, tag, pickled))._wait(status, True)

@@ -329,11 +329,19 @@ if me == 0:
         pass
     c.Send(np.zeros(1), LOCAL, 31)
     reqs[0].Wait()
+    st = MPI.Status()
+    try:                                # a blocking receive's too
+        c.Recv(np.zeros(1), MPI.ANY_SOURCE, 32, st)
+        check(False, "no truncation in Recv")
+    except MPI.Exception as e:
+        check(e.Get_error_class() == MPI.ERR_TRUNCATE and (st.Get_source(), st.Get_tag()) == (LOCAL, 32),
+              e, st.Get_source(), st.Get_tag())
 elif me == LOCAL:
     c.Recv(np.zeros(1), 0, 28)
     c.Send(np.zeros(2), 0, 29)
     c.Recv(np.zeros(1), 0, 31)
     c.Send(np.zeros(1), 0, 30)
+    c.Send(np.zeros(2), 0, 32)
 # 17. TAG_UB is one a node-mate's message can carry (Open MPI's own is 2^31 - 1, past shmcoll's 2^29 - 1)
 ub = c.Get_attr(MPI.TAG_UB)
 check(32767 <= ub <= (1 << 29) - 1, ub)
