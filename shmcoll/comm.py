@@ -83,11 +83,24 @@ def collective(fn):
 def locked(fn):
     """Under this communicator's lock for fn's name (mpi4py's lock table
     for its lower-case collectives, MPI._comm_lock_table): threads making
-    one of them on a communicator take turns."""
+    one of them on a communicator take turns.  The thread that holds it
+    calling again (from a signal handler inside the call) is refused: it
+    would wait on itself for ever."""
+    name = fn.__name__
+
     @functools.wraps(fn)
     def method(self, *args, **kw):
-        with self.__dict__.setdefault("_locks", {}).setdefault(fn.__name__, threading.Lock()):
-            return fn(self, *args, **kw)
+        lock = self.__dict__.setdefault("_locks", {}).setdefault(name, threading.Lock())
+        owners, me = self.__dict__.setdefault("_lock_owners", {}), threading.get_ident()
+        if owners.get(name) == me:
+            raise RuntimeError(f"{name}: this thread is already inside {name} on this communicator (called "
+                               f"again from a signal handler?); one communicator serves one call at a time")
+        with lock:
+            owners[name] = me
+            try:
+                return fn(self, *args, **kw)
+            finally:
+                owners[name] = None
     return method
 
 

@@ -30,7 +30,7 @@ SMALL = 256 << 10       # reduce_small_bytes' least default (bench/README.md, "F
 P2P_MIN = 1024              # a point-to-point ring's least bytes (a few headers and eager messages)
 P2P_BUDGET = 16 << 20       # the n^2 rings' bytes by default, each 4 KiB - 1 MiB
 ABORT_REASONS = {1: "raised an exception", 2: "died", 3: "passed bad or mismatched arguments", 4: "exited",
-                 5: "timed out waiting for a peer", 6: "was interrupted (KeyboardInterrupt)",
+                 5: "timed out waiting for a peer", 6: "was interrupted (a signal: Ctrl-C, or a handler that raised)",
                  7: "could not read or write a peer's memory (single copy)",
                  8: "found that the ranks' calls differ", 9: "never joined the job (shmcoll.init under another launcher)"}
 ABORT_CALLED = 0x100     # | errorcode: a rank called Comm.Abort(errorcode)
@@ -535,8 +535,9 @@ class Device:
         if rc == lib.SC_EINTR:
             return KeyboardInterrupt()
         if rc == lib.SC_EBUSY:
-            return RuntimeError(f"{what}: another thread of rank {me} is inside a collective on this "
-                                f"communicator; one communicator serves one thread at a time")
+            return RuntimeError(f"{what}: another thread of rank {me}, or this one from a signal handler, is "
+                                f"inside a collective on this communicator; one communicator serves one call at "
+                                f"a time")
         if rc in (lib.SC_EMISMATCH, lib.SC_EDIFFER):
             return self.mismatch(what, me, c.err_code, c.err_when, c.err_rank, c.err_a, c.err_b, names)
         return RuntimeError(f"{what}: engine error {rc}")

@@ -1105,3 +1105,32 @@ def test_a_signal_handler_calls_point_to_point_while_its_rank_waits(how):
     first, second = run(job, 2, timeout=30)
     assert first == ([False] if how == "iprobe" else [], [2.0] * 4)
     assert second == (7.0 if how == "isend" else "from the handler")
+
+
+def test_a_signal_handler_calling_the_lowercase_collective_its_rank_is_in_is_refused():
+    """A handler's comm.allreduce while its rank waits in comm.allreduce
+    waited on its own thread's lock for ever; it is refused with an error
+    naming the call, and the outer call goes on (rank 1 joins it once the
+    handler has told it so)."""
+    def job(comm):
+        if comm.rank == 0:
+            seen = []
+
+            def handler(*_):
+                try:
+                    comm.allreduce(5)
+                except RuntimeError as e:
+                    seen.append(str(e))
+                comm.send("go", 1, 50)
+            old = signal.signal(signal.SIGALRM, handler)
+            try:
+                signal.setitimer(signal.ITIMER_REAL, 0.05)
+                total = comm.allreduce(1)
+            finally:
+                signal.signal(signal.SIGALRM, old)
+            return total, seen
+        comm.recv(source=0, tag=50)
+        return comm.allreduce(2), []
+    first, second = run(job, 2, timeout=30)
+    assert first[0] == second[0] == 3
+    assert len(first[1]) == 1 and "already inside allreduce" in first[1][0], first[1]
