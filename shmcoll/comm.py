@@ -206,10 +206,15 @@ class Comm(PointToPoint, SendModes, Communicators, Nonblocking):
             self._spread(exc)
         raise exc
 
+    def _returns(self):
+        """Whether a local error raises here alone: the error handler
+        returns and the running call has reached no other rank."""
+        return not self._errhandler.fatal and not self._talking
+
     def _bad(self, exc):
         """A local error: abort so the other ranks raise too, unless the
-        error handler returns and no other rank has been reached."""
-        if not self._errhandler.fatal and not self._talking:
+        error handler returns (_returns)."""
+        if self._returns():
             raise exc
         self._dev.abort(self.rank, 3)
         self._break(exc)

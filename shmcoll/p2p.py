@@ -190,7 +190,7 @@ class PointToPoint:
         buffer, as MPI's, raises at its completion (its error handler
         returning)."""
         self._usable()
-        if what == "Irecv" and rc == lib.SC_ETRUNCATE and not self._errhandler.fatal and not self._talking:
+        if what == "Irecv" and rc == lib.SC_ETRUNCATE and self._returns():
             try:
                 self._p2p_check(rc, what, got)
             except MPIError as e:

@@ -80,14 +80,19 @@ def _empty(status):
     _fill(status, ANY_SOURCE, ANY_TAG, 0)
 
 
+def _plain(spec, writable):
+    """Whether spec is a plain array C reads (or writes) as it is."""
+    return (type(spec) is np.ndarray and spec.flags.c_contiguous and (spec.flags.writeable or not writable)
+            and spec.dtype.isnative and not spec.dtype.hasobject)
+
+
 def _flat(spec, what, writable):
     """A spec's items as a flat array over the user's memory; None where
     only MPI reads it (a derived datatype; a spec mpi4py refuses, with its
     error)."""
     if spec is None:
         return np.empty(0, np.uint8)
-    if (type(spec) is np.ndarray and spec.flags.c_contiguous and (spec.flags.writeable or not writable)
-            and spec.dtype.isnative and not spec.dtype.hasobject):
+    if _plain(spec, writable):
         return spec         # the common case, as simple() would read it
     try:
         a = simple(spec, what, writable)
@@ -247,13 +252,7 @@ class _Shm(_Op):
 
     def block(self):
         if self.fields is None:
-            st = ShmStatus()
-            try:
-                obj = self.inner.wait(st) if self.pickled else self.inner.Wait(st)
-            except MPIError as e:       # this receive's own (a truncation): raised by the wait that completes it
-                self.error, self.fields = _translated(e), self.route.fields(st)[:2] + (0, False)
-                return
-            self.fields, self.result = self.route.fields(st), None if not self.pickled else obj
+            self._run(lambda st: (True, self.inner.wait(st)) if self.pickled else (self.inner.Wait(st), None))
 
     def _run(self, call):
         """call(status) -> (done, object): its outcome kept; its error (a
@@ -1215,8 +1214,7 @@ def _recv(comm, buf, source, tag, status, pickled):
 def _irecv(comm, buf, source, tag, pickled):
     r = comm.__dict__.get("route")
     if (r is not None and not pickled and type(source) is int and type(tag) is int and not r.queue
-            and source in r.local and type(buf) is np.ndarray and buf.flags.c_contiguous and buf.flags.writeable
-            and buf.dtype.isnative and not buf.dtype.hasobject):
+            and source in r.local and _plain(buf, True)):
         return _irecv_node(r, buf, r.local[source], source, tag, False)     # the common case: as _flat reads it
     name = "irecv" if pickled else "Irecv"
     if r is None:
